@@ -1,0 +1,257 @@
+package limiter
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Class is a waiting request's priority class.
+type Class uint8
+
+// Priority classes, lowest first.
+const (
+	Low Class = iota
+	Normal
+	High
+)
+
+// ParseClass reads "high" or "low" (any case); anything else is Normal.
+func ParseClass(s string) Class {
+	switch {
+	case strings.EqualFold(s, "high"):
+		return High
+	case strings.EqualFold(s, "low"):
+		return Low
+	}
+	return Normal
+}
+
+// String returns the class name.
+func (c Class) String() string {
+	return [...]string{"low", "normal", "high"}[c]
+}
+
+// weight scales a class's score: high counts double, low half.
+var weight = [...]float64{Low: 0.5, Normal: 1, High: 2}
+
+// agingPeriod is the wait after which a waiter's score has doubled, so that a
+// low request waiting long enough overtakes newer high ones.
+const agingPeriod = 30 * time.Second
+
+// Outcome is how an admission ended.
+type Outcome uint8
+
+// Outcomes of Acquire.
+const (
+	Admitted  Outcome = iota
+	Full              // refused at once: a dimension had no room
+	Timeout           // waited the whole wait without a slot
+	QueueFull         // refused at once: max_waiting requests already wait
+	Aborted           // the request's context ended while it waited
+)
+
+// Result reports an admission. Dim is the refusing dimension (TotalDim for
+// the total) when Outcome is not Admitted; Waited is the time spent queued.
+type Result struct {
+	Outcome Outcome
+	Dim     int
+	Waited  time.Duration
+}
+
+// WaitOptions say whether and how a request may wait for a slot.
+type WaitOptions struct {
+	Wait       time.Duration // 0: refuse at once
+	MaxWaiting int           // bound on queued requests in the zone; 0: none
+	Class      Class
+}
+
+// queue holds the waiting requests of a zone, one FIFO list per class.
+//
+// Invariants, with mu held: no queued waiter fits (dispatchLocked runs
+// after every change that can make one fit); pending counts the queued
+// waiters plus the requests between entering the slow path and leaving it,
+// so a Release that reads pending == 0 knows nobody can be missed: such a
+// request raises pending before its own attempt, which then sees the freed
+// slot.
+type queue struct {
+	clock   Clock
+	mu      sync.Mutex
+	pending atomic.Int64
+	queued  atomic.Int64
+	lists   [High + 1]waitList
+	seq     uint64
+}
+
+type waiter struct {
+	req        *Request
+	class      Class
+	arrived    time.Time
+	seq        uint64
+	ready      chan struct{} // closed when a slot is handed over
+	granted    bool
+	prev, next *waiter
+}
+
+type waitList struct{ head, tail *waiter }
+
+// Waiting returns how many requests are queued now.
+func (z *Zone) Waiting() int64 { return z.queued.Load() }
+
+// Acquire admits req, waiting up to opt.Wait for room. A request that waits
+// uses no goroutine of its own beyond the caller's: a Release hands it the
+// slot directly and wakes it.
+func (z *Zone) Acquire(ctx context.Context, req *Request, opt WaitOptions) Result {
+	if opt.Wait <= 0 {
+		if ok, d := z.TryAcquire(req); !ok {
+			return Result{Outcome: Full, Dim: d}
+		}
+		return Result{Outcome: Admitted}
+	}
+	if z.pending.Load() == 0 {
+		if ok, _ := z.tryAcquire(req, true); ok {
+			return Result{Outcome: Admitted}
+		}
+	}
+
+	z.mu.Lock()
+	z.pending.Add(1)
+	z.dispatchLocked()
+	ok, d := z.tryAcquire(req, true)
+	if ok {
+		z.pending.Add(-1)
+		z.mu.Unlock()
+		return Result{Outcome: Admitted}
+	}
+	if opt.MaxWaiting > 0 && z.queued.Load() >= int64(opt.MaxWaiting) {
+		z.pending.Add(-1)
+		z.mu.Unlock()
+		return Result{Outcome: QueueFull, Dim: d}
+	}
+	z.seq++
+	w := &waiter{req: req, class: opt.Class, arrived: z.clock.Now(), seq: z.seq, ready: make(chan struct{})}
+	z.lists[w.class].push(w)
+	z.queued.Add(1)
+	z.mu.Unlock()
+
+	timeout, stop := z.clock.After(opt.Wait)
+	defer stop()
+	outcome := Timeout
+	select {
+	case <-w.ready:
+		return Result{Outcome: Admitted, Waited: z.clock.Now().Sub(w.arrived)}
+	case <-ctx.Done():
+		outcome = Aborted
+	case <-timeout:
+	}
+
+	z.mu.Lock()
+	waited := z.clock.Now().Sub(w.arrived)
+	if w.granted { // a slot came as the wait ended
+		z.mu.Unlock()
+		if outcome == Aborted {
+			z.Release(req)
+			return Result{Outcome: Aborted, Waited: waited}
+		}
+		return Result{Outcome: Admitted, Waited: waited}
+	}
+	z.lists[w.class].remove(w)
+	z.queued.Add(-1)
+	z.pending.Add(-1)
+	ok, d = false, 0
+	if outcome == Timeout {
+		ok, d = z.tryAcquire(req, true)
+	}
+	z.mu.Unlock()
+	if ok {
+		return Result{Outcome: Admitted, Waited: waited}
+	}
+	return Result{Outcome: outcome, Dim: d, Waited: waited}
+}
+
+// kick hands free slots to waiters, if there are any.
+func (z *Zone) kick() {
+	if z.pending.Load() == 0 {
+		return
+	}
+	z.mu.Lock()
+	z.dispatchLocked()
+	z.mu.Unlock()
+}
+
+// dispatchLocked admits waiters while any fits, best score first. Within a
+// class the oldest waiter that fits is that class's best; a waiter whose key
+// is full is skipped, so it never blocks waiters with other keys.
+func (z *Zone) dispatchLocked() {
+	for z.queued.Load() > 0 {
+		now := z.clock.Now()
+		var best *waiter
+		for c := High; ; c-- {
+			for w := z.lists[c].head; w != nil; w = w.next {
+				if ok, _ := z.tryAcquire(w.req, false); ok {
+					if best == nil || outranks(w, best, now) {
+						best = w
+					}
+					break
+				}
+			}
+			if c == Low {
+				break
+			}
+		}
+		if best == nil {
+			return
+		}
+		if ok, _ := z.tryAcquire(best.req, true); !ok {
+			continue // a newcomer took the room in between; look again
+		}
+		z.lists[best.class].remove(best)
+		z.queued.Add(-1)
+		z.pending.Add(-1)
+		best.granted = true
+		close(best.ready)
+	}
+}
+
+// outranks reports whether a goes before b at time now: higher score
+// (weight × (1 + waited/30s)), then higher class, then first come.
+func outranks(a, b *waiter, now time.Time) bool {
+	sa, sb := score(a, now), score(b, now)
+	if sa != sb {
+		return sa > sb
+	}
+	if a.class != b.class {
+		return a.class > b.class
+	}
+	return a.seq < b.seq
+}
+
+func score(w *waiter, now time.Time) float64 {
+	return weight[w.class] * (1 + float64(now.Sub(w.arrived))/float64(agingPeriod))
+}
+
+func (l *waitList) push(w *waiter) {
+	w.prev, w.next = l.tail, nil
+	if l.tail == nil {
+		l.head = w
+	} else {
+		l.tail.next = w
+	}
+	l.tail = w
+}
+
+func (l *waitList) remove(w *waiter) {
+	if w.prev == nil {
+		l.head = w.next
+	} else {
+		w.prev.next = w.next
+	}
+	if w.next == nil {
+		l.tail = w.prev
+	} else {
+		w.next.prev = w.prev
+	}
+	w.prev, w.next = nil, nil
+}

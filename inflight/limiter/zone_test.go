@@ -1,0 +1,191 @@
+package limiter
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+func req(lim *Limits, keys ...string) *Request {
+	return &Request{Keys: keys, Max: make([]int64, len(keys)), Limits: lim}
+}
+
+func mustAdmit(t *testing.T, z *Zone, r *Request) {
+	t.Helper()
+	if ok, d := z.TryAcquire(r); !ok {
+		t.Fatalf("refused by dimension %d, want admitted", d)
+	}
+}
+
+func mustRefuse(t *testing.T, z *Zone, r *Request, wantDim int) {
+	t.Helper()
+	if ok, d := z.TryAcquire(r); ok || d != wantDim {
+		t.Fatalf("TryAcquire = %v, dim %d; want refused by dim %d", ok, d, wantDim)
+	}
+}
+
+func TestCapPerKeyAndIsolation(t *testing.T) {
+	z := NewZone(1, false, nil)
+	lim := &Limits{Max: []int64{2}}
+	a1, a2, a3, b := req(lim, "a"), req(lim, "a"), req(lim, "a"), req(lim, "b")
+	mustAdmit(t, z, a1)
+	mustAdmit(t, z, a2)
+	mustRefuse(t, z, a3, 0)
+	mustAdmit(t, z, b) // another key is not affected
+	z.Release(a1)
+	mustAdmit(t, z, a3) // a freed slot admits the next
+	for _, r := range []*Request{a2, a3, b} {
+		z.Release(r)
+	}
+	if z.Held(0) != 0 || z.Keys(0) != 0 {
+		t.Fatalf("after release: held %d, keys %d; want 0, 0", z.Held(0), z.Keys(0))
+	}
+}
+
+func TestAllOrNothing(t *testing.T) {
+	z := NewZone(2, true, nil)
+	lim := &Limits{Max: []int64{5, 1}, Total: 10}
+	holder := req(lim, "client", "tenant")
+	mustAdmit(t, z, holder)
+	// The tenant dimension is full: the client dimension and the total must
+	// stay as they were.
+	mustRefuse(t, z, req(lim, "client", "tenant"), 1)
+	if got := z.Held(0); got != 1 {
+		t.Fatalf("client held %d after a refusal, want 1", got)
+	}
+	if got := z.Held(TotalDim); got != 1 {
+		t.Fatalf("total %d after a refusal, want 1", got)
+	}
+	z.Release(holder)
+	if z.Held(0)+z.Held(1)+z.Held(TotalDim) != 0 || z.Keys(0)+z.Keys(1) != 0 {
+		t.Fatal("counts not back at zero")
+	}
+}
+
+func TestTotalCapsAcrossKeys(t *testing.T) {
+	z := NewZone(1, true, nil)
+	lim := &Limits{Max: []int64{10}, Total: 2}
+	mustAdmit(t, z, req(lim, "a"))
+	mustAdmit(t, z, req(lim, "b"))
+	mustRefuse(t, z, req(lim, "c"), TotalDim)
+	if got := z.Keys(0); got != 2 {
+		t.Fatalf("keys %d after total refusal, want 2", got)
+	}
+}
+
+func TestEmptyKeyIsNotLimited(t *testing.T) {
+	z := NewZone(2, false, nil)
+	lim := &Limits{Max: []int64{1, 1}}
+	for i := range 5 {
+		mustAdmit(t, z, req(lim, "", fmt.Sprint(i)))
+	}
+	if z.Keys(0) != 0 {
+		t.Fatal("an empty key was counted")
+	}
+}
+
+func TestPerRequestMax(t *testing.T) {
+	z := NewZone(1, false, nil)
+	lim := &Limits{Max: []int64{0}} // resolved per request
+	r := func(max int64) *Request { return &Request{Keys: []string{"k"}, Max: []int64{max}, Limits: lim} }
+	mustAdmit(t, z, r(2))
+	mustAdmit(t, z, r(2))
+	mustRefuse(t, z, r(2), 0)
+	mustAdmit(t, z, r(3))
+}
+
+func TestReloadCarriesCountsAndLowersCap(t *testing.T) {
+	z := NewZone(1, false, nil)
+	old := &Limits{Max: []int64{5}}
+	z.Adopt(old)
+	inflight := []*Request{req(old, "k"), req(old, "k"), req(old, "k")}
+	for _, r := range inflight {
+		mustAdmit(t, z, r)
+	}
+	// Reload: the new handler lowers the cap to 2 while 3 are in flight.
+	lowered := &Limits{Max: []int64{2}}
+	z.Adopt(lowered)
+	z.Retire(old)
+	mustRefuse(t, z, req(lowered, "k"), 0)
+	z.Release(inflight[0])
+	mustRefuse(t, z, req(lowered, "k"), 0) // 2 still in flight: at the cap
+	z.Release(inflight[1])
+	mustAdmit(t, z, req(lowered, "k"))
+}
+
+func TestConcurrentNeverExceedsMax(t *testing.T) {
+	const max, workers, rounds = 3, 16, 2000
+	z := NewZone(2, true, nil)
+	lim := &Limits{Max: []int64{max, max + 1}, Total: 2 * max}
+	var cur [4]atomic.Int64
+	var peak [4]atomic.Int64
+	var admitted, refused atomic.Int64
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range rounds {
+				k := fmt.Sprint((w + i) % 4)
+				r := req(lim, k, "tenant")
+				if ok, _ := z.TryAcquire(r); !ok {
+					refused.Add(1)
+					continue
+				}
+				admitted.Add(1)
+				n := cur[(w+i)%4].Add(1)
+				for p := peak[(w+i)%4].Load(); n > p && !peak[(w+i)%4].CompareAndSwap(p, n); p = peak[(w+i)%4].Load() {
+				}
+				cur[(w+i)%4].Add(-1)
+				z.Release(r)
+			}
+		}()
+	}
+	wg.Wait()
+	for k := range peak {
+		if p := peak[k].Load(); p > max {
+			t.Errorf("key %d saw %d in flight, max %d", k, p, max)
+		}
+	}
+	if admitted.Load()+refused.Load() != workers*rounds {
+		t.Errorf("admitted %d + refused %d != %d", admitted.Load(), refused.Load(), workers*rounds)
+	}
+	if admitted.Load() == 0 {
+		t.Error("nothing admitted")
+	}
+	if z.Held(0)+z.Held(1)+z.Held(TotalDim) != 0 || z.Keys(0)+z.Keys(1) != 0 {
+		t.Error("counts not back at zero")
+	}
+}
+
+func TestEmptiedMapsAreReplaced(t *testing.T) {
+	z := NewZone(1, false, nil)
+	lim := &Limits{Max: []int64{1}}
+	var held []*Request
+	for i := range numShards * shrinkAt * 2 {
+		r := req(lim, fmt.Sprint(i))
+		mustAdmit(t, z, r)
+		held = append(held, r)
+	}
+	for _, r := range held {
+		z.Release(r)
+	}
+	for i := range z.shards {
+		if p := z.shards[i].peak[0]; p >= shrinkAt {
+			t.Fatalf("shard %d still has a map sized for %d keys", i, p)
+		}
+	}
+	if z.Keys(0) != 0 {
+		t.Fatal("keys left")
+	}
+}
+
+func TestReleaseOfUnheldKeyIsHarmless(t *testing.T) {
+	z := NewZone(1, false, nil)
+	lim := &Limits{Max: []int64{1}}
+	z.Release(req(lim, "never"))
+	if z.Held(0) != 0 {
+		t.Fatalf("held %d", z.Held(0))
+	}
+}
