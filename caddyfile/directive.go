@@ -1,0 +1,174 @@
+// Package caddyfile registers the `inflight` Caddyfile directive and its
+// default place in the directive order.
+package caddyfile
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight"
+)
+
+func init() {
+	httpcaddyfile.RegisterHandlerDirective("inflight", parse)
+	// After authentication, so keys may use the authenticated identity, and
+	// before encode, handle, route and the handlers that do the work.
+	httpcaddyfile.RegisterDirectiveOrder("inflight", httpcaddyfile.After, "forward_auth")
+}
+
+// subdirectives lists the block's options, for error messages.
+const subdirectives = "limit, total, zone, status, retry_after, dry_run, replicas, wait, max_waiting, priority"
+
+// parse reads the inflight directive into the handler's JSON:
+//
+//	inflight [<matcher>] [<max>] {
+//		limit       <name> <key> <max>   # repeatable; all must admit
+//		total       <max>                # one cap across all keys
+//		zone        <name>               # share counters with handlers naming it
+//		status      <code>               # refusal status, 400-599 (429)
+//		retry_after <duration>           # Retry-After of refusals (1s)
+//		dry_run                          # count and report, never refuse
+//		replicas    <n>                  # each of n instances enforces ceil(max/n)
+//		wait        <duration>           # wait for a slot instead of refusing (0)
+//		max_waiting <n>                  # bound on waiting requests (1000)
+//		priority    <placeholder>        # high | normal | low per request
+//	}
+//
+// `inflight <max>` is short for `limit client {client_ip} <max>`. A max may be
+// a placeholder that resolves to a positive integer per request.
+func parse(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	hd := new(inflight.Handler)
+	h.Next() // the directive's name
+	switch args := h.RemainingArgs(); len(args) {
+	case 0:
+	case 1:
+		max, err := inflight.ParseMax(args[0])
+		if err != nil {
+			return nil, h.Errf("inflight: %v", err)
+		}
+		hd.Limits = append(hd.Limits, inflight.Limit{Name: "client", Key: inflight.DefaultKey, Max: max})
+	default:
+		return nil, h.Errf("inflight: too many arguments %q: want at most one, the max per client IP", args)
+	}
+
+	seen := map[string]bool{}
+	for h.NextBlock(0) {
+		opt := h.Val()
+		if seen[opt] && opt != "limit" {
+			return nil, h.Errf("inflight: %s is given twice: give it once", opt)
+		}
+		seen[opt] = true
+		var err error
+		switch opt {
+		case "limit":
+			err = parseLimit(h, hd)
+		case "total":
+			hd.Total, err = positiveInt(h, opt)
+		case "zone":
+			hd.Zone, err = oneArg(h, opt, "a zone name")
+		case "status":
+			hd.StatusCode, err = statusCode(h)
+		case "retry_after":
+			var d time.Duration
+			d, err = duration(h, opt, false)
+			hd.RetryAfter = caddy.Duration(d)
+		case "dry_run":
+			if h.NextArg() {
+				return nil, h.Errf("inflight: dry_run takes no arguments, got %q", h.Val())
+			}
+			hd.DryRun = true
+		case "replicas":
+			hd.Replicas, err = positiveInt(h, opt)
+		case "wait":
+			var d time.Duration
+			d, err = duration(h, opt, true)
+			hd.Wait = caddy.Duration(d)
+		case "max_waiting":
+			hd.MaxWaiting, err = positiveInt(h, opt)
+		case "priority":
+			hd.Priority, err = oneArg(h, opt, "a placeholder such as {header.X-Priority}")
+		default:
+			return nil, h.Errf("inflight: unknown subdirective %q: want one of %s", opt, subdirectives)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	if len(hd.Limits) == 0 && hd.Total == 0 {
+		return nil, h.Errf("inflight: no limit: give a max (inflight 20), a limit or a total")
+	}
+	return hd, nil
+}
+
+// parseLimit reads `limit <name> <key> <max>`.
+func parseLimit(h httpcaddyfile.Helper, hd *inflight.Handler) error {
+	args := h.RemainingArgs()
+	if len(args) != 3 {
+		return h.Errf("inflight: limit %q: want three arguments, limit <name> <key> <max>", args)
+	}
+	max, err := inflight.ParseMax(args[2])
+	if err != nil {
+		return h.Errf("inflight: limit %s: %v", args[0], err)
+	}
+	for _, l := range hd.Limits {
+		if l.Name == args[0] {
+			return h.Errf("inflight: limit %q is given twice: each limit needs its own name", args[0])
+		}
+	}
+	hd.Limits = append(hd.Limits, inflight.Limit{Name: args[0], Key: args[1], Max: max})
+	return nil
+}
+
+func oneArg(h httpcaddyfile.Helper, opt, want string) (string, error) {
+	args := h.RemainingArgs()
+	if len(args) != 1 {
+		return "", h.Errf("inflight: %s %q: want one argument, %s", opt, args, want)
+	}
+	return args[0], nil
+}
+
+func positiveInt(h httpcaddyfile.Helper, opt string) (int, error) {
+	v, err := oneArg(h, opt, "a positive integer")
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		return 0, h.Errf("inflight: %s %q is not allowed: want a positive integer", opt, v)
+	}
+	return n, nil
+}
+
+func statusCode(h httpcaddyfile.Helper) (int, error) {
+	v, err := oneArg(h, "status", "a status code 400-599")
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 400 || n > 599 {
+		return 0, h.Errf("inflight: status %q is not allowed: want a status code 400-599", v)
+	}
+	return n, nil
+}
+
+// duration reads a Caddy duration (such as 1s, 1m30s or 1d); zero is
+// allowed only where it means "off".
+func duration(h httpcaddyfile.Helper, opt string, zeroOK bool) (time.Duration, error) {
+	v, err := oneArg(h, opt, "a duration such as 30s")
+	if err != nil {
+		return 0, err
+	}
+	d, err := caddy.ParseDuration(v)
+	if err != nil || d < 0 || (d == 0 && !zeroOK) {
+		want := "a positive duration such as 30s"
+		if zeroOK {
+			want = "a duration such as 30s, or 0"
+		}
+		return 0, h.Errf("inflight: %s %q is not allowed: want %s", opt, v, want)
+	}
+	return d, nil
+}

@@ -1,0 +1,370 @@
+// Package inflight is the Caddy HTTP handler `inflight`: it caps how many
+// requests one client, key or tenant may have in flight at once, and refuses
+// or queues the one over the cap.
+package inflight
+
+import (
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyevents"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
+)
+
+func init() {
+	caddy.RegisterModule(new(Handler))
+}
+
+// totalName is the limit name the total cap reports as.
+const totalName = "total"
+
+// RefusedEvent is the name of the Caddy event emitted for every refusal.
+const RefusedEvent = "inflight_refused"
+
+// Handler caps the number of requests in flight per key. A request takes one
+// slot in every limit (and the total) when it enters the handler, or none if
+// any of them is full, and gives them back when the rest of the handler
+// chain has returned: the response fully written, streams and upgraded
+// connections included, whether it ended normally, with an error or a panic.
+//
+// A request over a cap is refused at once with `status_code` and
+// `Retry-After`, or, with `wait`, queued until a slot frees. On refusal the
+// placeholder `{http.inflight.limit}` holds the name of the limit that
+// refused (`total` for the total cap), for use in `handle_errors`.
+type Handler struct {
+	// Limits are the dimensions a request must fit in, all of them, to be
+	// admitted: per client IP, per API key, per tenant, and so on.
+	Limits []Limit `json:"limits,omitempty"`
+
+	// Total caps the requests in flight through this handler (its zone)
+	// across all keys. 0 means no total cap.
+	Total int `json:"total,omitempty"`
+
+	// Zone names the counters: handlers with the same zone share them,
+	// across sites and routes, and must have the same limits (names and
+	// keys). A handler without a zone shares counters with handlers that
+	// have exactly the same limits and no zone; counts carry over a reload
+	// either way.
+	Zone string `json:"zone,omitempty"`
+
+	// StatusCode is the status of a refusal, 400-599. Default: 429.
+	StatusCode int `json:"status_code,omitempty"`
+
+	// RetryAfter is sent as the Retry-After header of a refusal, rounded up
+	// to whole seconds. Default: 1s.
+	RetryAfter caddy.Duration `json:"retry_after,omitempty"`
+
+	// DryRun counts and reports everything as if enforced (refusals appear
+	// in metrics with reason `dry_run`, and in logs) but lets every request
+	// through; a request that would be refused takes no slot.
+	DryRun bool `json:"dry_run,omitempty"`
+
+	// Replicas is the number of Caddy instances sharing the load: each
+	// enforces ceil(max/replicas) of every limit and of the total. Default: 1.
+	Replicas int `json:"replicas,omitempty"`
+
+	// Wait is how long a request over a cap may wait for a slot before it is
+	// refused with reason `timeout`. 0 (the default) refuses at once.
+	Wait caddy.Duration `json:"wait,omitempty"`
+
+	// MaxWaiting bounds the requests waiting in this handler's zone; one
+	// more is refused at once with reason `queue_full`. Default with `wait`:
+	// 1000.
+	MaxWaiting int `json:"max_waiting,omitempty"`
+
+	// Priority is a placeholder template giving each waiting request its
+	// class: `high`, `normal` or `low` (anything else is normal). When a slot
+	// frees, the waiter with the highest weight × (1 + seconds waited / 30)
+	// goes first, with weights high 2, normal 1, low 0.5.
+	Priority string `json:"priority,omitempty"`
+
+	ctx        caddy.Context
+	logger     *zap.Logger
+	events     *caddyevents.App
+	zone       *zone
+	zoneID     string
+	store      Store
+	limits     *limiter.Limits
+	keys       []valueFunc
+	maxes      []valueFunc // nil where the max is fixed
+	priority   valueFunc
+	retryAfter string
+	waitOpt    limiter.WaitOptions
+	rejected   map[string][]prometheus.Counter // reason -> per dimension, total last
+	waited     [limiter.Aborted + 1]prometheus.Observer
+	admissions sync.Pool
+	badMaxes   sync.Map // values already logged
+	badMaxLogs atomic.Int32
+}
+
+// CaddyModule returns the Caddy module information.
+func (*Handler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.inflight",
+		New: func() caddy.Module { return new(Handler) },
+	}
+}
+
+// Provision sets defaults, compiles the placeholders and joins the zone.
+func (h *Handler) Provision(ctx caddy.Context) error {
+	h.ctx = ctx
+	h.logger = ctx.Logger()
+	if h.StatusCode == 0 {
+		h.StatusCode = http.StatusTooManyRequests
+	}
+	if h.RetryAfter == 0 {
+		h.RetryAfter = caddy.Duration(time.Second)
+	}
+	if h.Replicas == 0 {
+		h.Replicas = 1
+	}
+	if h.Wait > 0 && h.MaxWaiting == 0 {
+		h.MaxWaiting = 1000
+	}
+	for i := range h.Limits {
+		if h.Limits[i].Key == "" {
+			h.Limits[i].Key = DefaultKey
+		}
+	}
+	if err := checkLimits(h.Limits); err != nil {
+		return fmt.Errorf("inflight: %w", err)
+	}
+
+	h.limits = &limiter.Limits{Max: make([]int64, len(h.Limits)), Total: h.perReplica(int64(h.Total))}
+	h.keys = make([]valueFunc, len(h.Limits))
+	h.maxes = make([]valueFunc, len(h.Limits))
+	for i, l := range h.Limits {
+		h.keys[i] = compileKey(l.Key)
+		if l.Max.Placeholder != "" {
+			h.maxes[i] = compileTemplate(l.Max.Placeholder)
+		} else {
+			h.limits.Max[i] = h.perReplica(l.Max.Fixed)
+		}
+	}
+	if h.Priority != "" {
+		h.priority = compileTemplate(h.Priority)
+	}
+	h.retryAfter = strconv.Itoa(int(math.Ceil(time.Duration(h.RetryAfter).Seconds())))
+	if !h.DryRun {
+		h.waitOpt = limiter.WaitOptions{Wait: time.Duration(h.Wait), MaxWaiting: h.MaxWaiting}
+	}
+	n := len(h.Limits)
+	h.admissions.New = func() any { return newAdmission(n) }
+
+	eventsApp, err := ctx.App("events")
+	if err != nil {
+		return fmt.Errorf("inflight: getting events app: %v", err)
+	}
+	h.events = eventsApp.(*caddyevents.App)
+	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return fmt.Errorf("inflight: registering metrics: %v", err)
+	}
+
+	hasTotal := h.Total > 0
+	h.zoneID = zoneID(h.Zone, h.Limits, hasTotal)
+	if err := claimZone(ctx.GetMetricsRegistry(), h.Zone, h.zoneID, describeShape(h.Limits, hasTotal)); err != nil {
+		return fmt.Errorf("inflight: %w", err)
+	}
+	z, err := loadZone(h.zoneID, h.Zone, h.Limits, hasTotal)
+	if err != nil {
+		return fmt.Errorf("inflight: zone %q: %v", h.Zone, err)
+	}
+	h.zone, h.store = z, z.Zone
+	h.initMetrics()
+	z.Adopt(h.limits)
+	return nil
+}
+
+// Validate checks the values Provision does not need.
+func (h *Handler) Validate() error {
+	switch {
+	case len(h.Limits) == 0 && h.Total == 0:
+		return fmt.Errorf("inflight: no limit: give a max (inflight 20), a limit or a total")
+	case h.Total < 0:
+		return fmt.Errorf("inflight: total %d is not allowed: want a positive integer (0 for none)", h.Total)
+	case h.StatusCode < 400 || h.StatusCode > 599:
+		return fmt.Errorf("inflight: status_code %d is not allowed: want 400-599", h.StatusCode)
+	case h.RetryAfter < 0:
+		return fmt.Errorf("inflight: retry_after %s is not allowed: want a positive duration", time.Duration(h.RetryAfter))
+	case h.Replicas < 1:
+		return fmt.Errorf("inflight: replicas %d is not allowed: want a positive integer", h.Replicas)
+	case h.Wait < 0:
+		return fmt.Errorf("inflight: wait %s is not allowed: want a positive duration (0 refuses at once)", time.Duration(h.Wait))
+	case h.MaxWaiting < 0:
+		return fmt.Errorf("inflight: max_waiting %d is not allowed: want a positive integer", h.MaxWaiting)
+	}
+	return nil
+}
+
+// ServeHTTP admits the request into every limit or refuses it, and holds its
+// slots until the rest of the chain has returned.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	a := h.admissions.Get().(*admission)
+	defer h.recycle(a) // deferred first, so it runs after the release
+
+	for i, key := range h.keys {
+		a.req.Keys[i] = key(r, repl)
+		if h.maxes[i] == nil || a.req.Keys[i] == "" {
+			continue
+		}
+		max, err := h.resolveMax(i, r, repl)
+		if err != nil {
+			return err
+		}
+		a.req.Max[i] = max
+	}
+	a.req.Limits = h.limits
+	opt := h.waitOpt
+	if h.priority != nil {
+		opt.Class = limiter.ParseClass(h.priority(r, repl))
+	}
+
+	res := h.store.Acquire(r.Context(), &a.req, opt)
+	if res.Waited > 0 || res.Outcome == limiter.Timeout || res.Outcome == limiter.Aborted {
+		h.waited[res.Outcome].Observe(res.Waited.Seconds())
+	}
+	switch {
+	case res.Outcome == limiter.Admitted:
+		defer h.store.Release(&a.req)
+	case res.Outcome == limiter.Aborted:
+		// The client left while waiting: nobody reads a response.
+		return caddyhttp.Error(499, r.Context().Err())
+	case h.DryRun:
+		h.report(a, res, reasonDryRun)
+	default:
+		return h.refuse(w, repl, a, res)
+	}
+	return next.ServeHTTP(w, r)
+}
+
+// Cleanup leaves the zone; requests still in flight release into it safely,
+// and its waiters move to the limits of the config that replaced this one.
+func (h *Handler) Cleanup() error {
+	if h.zone == nil {
+		return nil
+	}
+	h.zone.Retire(h.limits)
+	_, err := zones.Delete(h.zoneID)
+	return err
+}
+
+// refuse answers a request over its cap with the configured status and
+// Retry-After, as a Caddy error so that handle_errors routes run.
+func (h *Handler) refuse(w http.ResponseWriter, repl *caddy.Replacer, a *admission, res limiter.Result) error {
+	reason := reasonFor(res.Outcome)
+	name := h.report(a, res, reason)
+	repl.Set("http.inflight.limit", name)
+	w.Header().Set("Retry-After", h.retryAfter)
+	return caddyhttp.Error(h.StatusCode, fmt.Errorf("inflight: limit %s refused the request (%s)", name, reason))
+}
+
+// report counts, logs and emits a refusal, and returns the refusing limit's
+// name.
+func (h *Handler) report(a *admission, res limiter.Result, reason string) string {
+	name, key := totalName, ""
+	if res.Dim != limiter.TotalDim {
+		name, key = h.Limits[res.Dim].Name, a.req.Keys[res.Dim]
+		if !keyIsAddress(h.Limits[res.Dim].Key) {
+			key = redact(key)
+		}
+	}
+	h.rejected[reason][h.dimIndex(res.Dim)].Inc()
+	if ce := h.logger.Check(zapcore.DebugLevel, "request refused"); ce != nil {
+		ce.Write(zap.String("zone", h.Zone), zap.String("limit", name), zap.String("key", key), zap.String("reason", reason))
+	}
+	if h.events.ShouldEmit(RefusedEvent) {
+		h.events.Emit(h.ctx, RefusedEvent, map[string]any{"zone": h.Zone, "limit": name, "key": key, "reason": reason})
+	}
+	return name
+}
+
+// resolveMax evaluates limit i's placeholder max. A value that is not a
+// positive integer is a configuration error on the operator's side: 500,
+// logged once per distinct value.
+func (h *Handler) resolveMax(i int, r *http.Request, repl *caddy.Replacer) (int64, error) {
+	v := h.maxes[i](r, repl)
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err == nil && n > 0 {
+		return h.perReplica(n), nil
+	}
+	if len(v) > 64 {
+		v = v[:64]
+	}
+	if h.badMaxLogs.Load() < 1000 {
+		if _, seen := h.badMaxes.LoadOrStore(v, true); !seen {
+			h.badMaxLogs.Add(1)
+			h.logger.Error("max placeholder did not resolve to a positive integer; answering 500",
+				zap.String("limit", h.Limits[i].Name), zap.String("max", h.Limits[i].Max.Placeholder), zap.String("value", v))
+		}
+	}
+	return 0, caddyhttp.Error(http.StatusInternalServerError,
+		fmt.Errorf("inflight: limit %s: max %q resolved to %q, not a positive integer", h.Limits[i].Name, h.Limits[i].Max.Placeholder, v))
+}
+
+// perReplica splits a cap between the fleet's instances, rounding up.
+func (h *Handler) perReplica(n int64) int64 {
+	r := int64(max(h.Replicas, 1))
+	return (n + r - 1) / r
+}
+
+// dimIndex maps a result's dimension to the index of its metric children,
+// the total last.
+func (h *Handler) dimIndex(d int) int {
+	if d == limiter.TotalDim {
+		return len(h.Limits)
+	}
+	return d
+}
+
+func (h *Handler) initMetrics() {
+	h.rejected = map[string][]prometheus.Counter{}
+	for _, reason := range []string{reasonFull, reasonTimeout, reasonQueueFull, reasonDryRun} {
+		cs := make([]prometheus.Counter, 0, len(h.Limits)+1)
+		for _, l := range h.Limits {
+			cs = append(cs, rejectedTotal.WithLabelValues(h.Zone, l.Name, reason))
+		}
+		h.rejected[reason] = append(cs, rejectedTotal.WithLabelValues(h.Zone, totalName, reason))
+	}
+	for _, o := range []limiter.Outcome{limiter.Admitted, limiter.Timeout, limiter.Aborted} {
+		h.waited[o] = waitSeconds.WithLabelValues(h.Zone, outcomeLabel(o))
+	}
+}
+
+// admission is the per-request state, pooled so that admitting a request
+// allocates nothing.
+type admission struct {
+	req limiter.Request
+}
+
+func newAdmission(dims int) *admission {
+	return &admission{req: limiter.Request{Keys: make([]string, dims), Max: make([]int64, dims)}}
+}
+
+// recycle returns a to the pool without the request's keys, which must not
+// stay reachable after it ends.
+func (h *Handler) recycle(a *admission) {
+	clear(a.req.Keys)
+	clear(a.req.Max)
+	a.req.Limits = nil
+	h.admissions.Put(a)
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddy.Validator             = (*Handler)(nil)
+	_ caddy.CleanerUpper          = (*Handler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+)

@@ -1,0 +1,113 @@
+package inflight
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
+)
+
+// The collectors are made once per process so their values outlive reloads,
+// and registered in every config's registry.
+var (
+	rejectedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy",
+		Subsystem: "inflight",
+		Name:      "rejected_total",
+		Help:      "Requests refused by an inflight limit, by zone, limit and reason (full, timeout, queue_full, dry_run).",
+	}, []string{"zone", "limit", "reason"})
+
+	waitSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: "caddy",
+		Subsystem: "inflight",
+		Name:      "wait_seconds",
+		Help:      "Time requests spent waiting for an inflight slot, by zone and outcome (admitted, timeout, aborted).",
+		Buckets:   []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120},
+	}, []string{"zone", "outcome"})
+
+	requestsDesc = prometheus.NewDesc("caddy_inflight_requests",
+		"Slots held now by requests in flight, summed over keys, by zone and limit (total: the zone-wide total).",
+		[]string{"zone", "limit"}, nil)
+
+	waitingDesc = prometheus.NewDesc("caddy_inflight_waiting",
+		"Requests waiting for an inflight slot now, by zone.",
+		[]string{"zone"}, nil)
+)
+
+// stateCollector reads the live zones at scrape time, so the request path
+// updates no shared gauge.
+type stateCollector struct{}
+
+func (stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- requestsDesc
+	ch <- waitingDesc
+}
+
+func (stateCollector) Collect(ch chan<- prometheus.Metric) {
+	type series struct{ zone, limit string }
+	held := map[series]int64{}
+	waiting := map[string]int64{}
+	zones.Range(func(_, v any) bool {
+		z := v.(*zone)
+		for d, name := range z.limits {
+			held[series{z.label, name}] += z.Held(d)
+		}
+		if z.HasTotal() {
+			held[series{z.label, totalName}] += z.Held(limiter.TotalDim)
+		}
+		waiting[z.label] += z.Waiting()
+		return true
+	})
+	for s, n := range held {
+		ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.GaugeValue, float64(n), s.zone, s.limit)
+	}
+	for label, n := range waiting {
+		ch <- prometheus.MustNewConstMetric(waitingDesc, prometheus.GaugeValue, float64(n), label)
+	}
+}
+
+// registerMetrics adds the collectors to a config's registry; the same
+// collectors registered twice in one config (two handlers) is not an error.
+func registerMetrics(reg *prometheus.Registry) error {
+	if reg == nil {
+		return nil
+	}
+	for _, c := range []prometheus.Collector{rejectedTotal, waitSeconds, stateCollector{}} {
+		if err := reg.Register(c); err != nil {
+			if _, ok := errors.AsType[prometheus.AlreadyRegisteredError](err); !ok {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Refusal reasons, as metrics and logs name them.
+const (
+	reasonFull      = "full"
+	reasonTimeout   = "timeout"
+	reasonQueueFull = "queue_full"
+	reasonDryRun    = "dry_run"
+)
+
+func reasonFor(o limiter.Outcome) string {
+	switch o {
+	case limiter.Timeout:
+		return reasonTimeout
+	case limiter.QueueFull:
+		return reasonQueueFull
+	}
+	return reasonFull
+}
+
+// outcomeLabel names a wait's end in the wait histogram.
+func outcomeLabel(o limiter.Outcome) string {
+	switch o {
+	case limiter.Admitted:
+		return "admitted"
+	case limiter.Aborted:
+		return "aborted"
+	}
+	return "timeout"
+}

@@ -1,0 +1,93 @@
+package inflight
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"net/http"
+	"net/textproto"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+// maxKeyLen is the longest key kept as it is; a longer one is replaced by a
+// fixed-size hash so that a client cannot grow memory with huge values.
+const maxKeyLen = 256
+
+// valueFunc evaluates a placeholder template for one request.
+type valueFunc func(r *http.Request, repl *caddy.Replacer) string
+
+// compileTemplate returns the fastest evaluation of tmpl that gives the same
+// value as repl.ReplaceAll(tmpl, ""): a constant, the client IP variable, a
+// header read, or a single placeholder looked up without template parsing.
+func compileTemplate(tmpl string) valueFunc {
+	name, single := singlePlaceholder(tmpl)
+	switch {
+	case !strings.Contains(tmpl, "{"):
+		return func(*http.Request, *caddy.Replacer) string { return tmpl }
+	case tmpl == DefaultKey:
+		return func(r *http.Request, _ *caddy.Replacer) string {
+			ip, _ := caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string)
+			return ip
+		}
+	case single && strings.HasPrefix(name, "http.request.header."):
+		field := textproto.CanonicalMIMEHeaderKey(strings.TrimPrefix(name, "http.request.header."))
+		return func(r *http.Request, _ *caddy.Replacer) string {
+			if v := r.Header[field]; len(v) > 0 {
+				return strings.Join(v, ",") // as the replacer joins repeated fields
+			}
+			return ""
+		}
+	case single:
+		return func(_ *http.Request, repl *caddy.Replacer) string {
+			v, _ := repl.GetString(name)
+			return v
+		}
+	}
+	return func(_ *http.Request, repl *caddy.Replacer) string { return repl.ReplaceAll(tmpl, "") }
+}
+
+// singlePlaceholder reports whether tmpl is exactly one placeholder, and its
+// name.
+func singlePlaceholder(tmpl string) (string, bool) {
+	if len(tmpl) < 3 || tmpl[0] != '{' || tmpl[len(tmpl)-1] != '}' {
+		return "", false
+	}
+	name := tmpl[1 : len(tmpl)-1]
+	if strings.ContainsAny(name, "{}\\") {
+		return "", false
+	}
+	return name, true
+}
+
+// compileKey evaluates a limit's key and bounds it: the IPv4-mapped form of
+// an IPv4 address counts as that address, and a key longer than maxKeyLen is
+// hashed.
+func compileKey(tmpl string) valueFunc {
+	eval := compileTemplate(tmpl)
+	return func(r *http.Request, repl *caddy.Replacer) string {
+		key := eval(r, repl)
+		if rest, ok := strings.CutPrefix(key, "::ffff:"); ok && strings.Contains(rest, ".") {
+			key = rest
+		}
+		if len(key) > maxKeyLen {
+			sum := sha256.Sum256([]byte(key))
+			key = "sha256:" + hex.EncodeToString(sum[:16])
+		}
+		return key
+	}
+}
+
+// keyIsAddress reports whether a key template yields a client address, which
+// may be logged at debug level; any other key may carry a secret (an API key,
+// a cookie) and is logged only as a hash.
+func keyIsAddress(tmpl string) bool {
+	return tmpl == DefaultKey || tmpl == "{http.request.remote.host}"
+}
+
+// redact returns a short stable stand-in for a key that may be secret.
+func redact(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return "h:" + hex.EncodeToString(sum[:6])
+}

@@ -1,0 +1,20 @@
+package inflight
+
+import (
+	"context"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
+)
+
+// Store admits and releases requests for the limits of one zone, all or
+// nothing. The in-process store is *limiter.Zone; a store shared by a fleet
+// can stand in for it without changes to the handler.
+type Store interface {
+	// Acquire takes one slot in every dimension of req, waiting as opt
+	// allows, or takes none.
+	Acquire(ctx context.Context, req *limiter.Request, opt limiter.WaitOptions) limiter.Result
+	// Release gives back the slots of an admitted req.
+	Release(req *limiter.Request)
+}
+
+var _ Store = (*limiter.Zone)(nil)

@@ -1,0 +1,98 @@
+package inflight
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
+)
+
+// zones holds every zone in use, shared across config generations: a reload
+// provisions the new handlers (taking a reference) before it cleans up the
+// old ones (dropping theirs), so a zone's counts outlive the reload and the
+// requests still in flight keep counting against the new config.
+var zones = caddy.NewUsagePool()
+
+// zone is a limiter.Zone with the names metrics and logs show.
+type zone struct {
+	*limiter.Zone
+	label  string   // the zone name; "" for a handler that names none
+	limits []string // dimension names
+}
+
+// Destruct satisfies caddy.Destructor. Requests still in flight keep a
+// pointer to the zone and release into it safely; nothing to undo.
+func (*zone) Destruct() error { return nil }
+
+// zoneID identifies a zone by its name and its shape (limit names and keys,
+// and whether it has a total). A handler that names no zone is identified by
+// its shape alone, which is what carries its counts over a reload; maxes are
+// not part of the identity, so an edited max keeps the counts.
+func zoneID(name string, limits []Limit, hasTotal bool) string {
+	var b strings.Builder
+	b.WriteString(name)
+	for _, l := range limits {
+		fmt.Fprintf(&b, "\x00%s=%s", l.Name, l.Key)
+	}
+	if hasTotal {
+		b.WriteString("\x00+total")
+	}
+	return b.String()
+}
+
+// describeShape writes a zone's limits for an error message.
+func describeShape(limits []Limit, hasTotal bool) string {
+	parts := make([]string, 0, len(limits)+1)
+	for _, l := range limits {
+		parts = append(parts, l.Name+" "+l.Key)
+	}
+	if hasTotal {
+		parts = append(parts, "total")
+	}
+	return "[" + strings.Join(parts, ", ") + "]"
+}
+
+// claims records, per named zone, the shape it was given in the config
+// being loaded, so that two handlers of one config cannot give one zone two
+// different sets of limits. A new config may change the shape.
+var claims = struct {
+	sync.Mutex
+	m map[string]claim
+}{m: map[string]claim{}}
+
+type claim struct {
+	config any // identifies the config load
+	id     string
+	shape  string
+}
+
+func claimZone(config any, name, id, shape string) error {
+	if name == "" || config == nil {
+		return nil
+	}
+	claims.Lock()
+	defer claims.Unlock()
+	if c, ok := claims.m[name]; ok && c.config == config && c.id != id {
+		return fmt.Errorf("zone %q is used with limits %s and %s: handlers that share a zone need the same limits (names and keys); give one of them another zone name", name, c.shape, shape)
+	}
+	claims.m[name] = claim{config: config, id: id, shape: shape}
+	return nil
+}
+
+// loadZone takes a reference to the zone for id, making it if it is new.
+func loadZone(id, label string, limits []Limit, hasTotal bool) (*zone, error) {
+	v, _, err := zones.LoadOrNew(id, func() (caddy.Destructor, error) {
+		names := make([]string, len(limits))
+		for i, l := range limits {
+			names[i] = l.Name
+		}
+		return &zone{Zone: limiter.NewZone(len(limits), hasTotal, nil), label: label, limits: names}, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return v.(*zone), nil
+}
