@@ -1,0 +1,280 @@
+// Package integration runs a real Caddy, in this process, with the inflight
+// module in front of real backends on loopback, and checks what a user sees.
+package integration
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	_ "github.com/caddyserver/caddy/v2/modules/standard"
+
+	_ "github.com/caddy-inflight/caddy-inflight"
+)
+
+// adminAddr is where every test config puts Caddy's admin API.
+const adminAddr = "127.0.0.1:2999"
+
+// globals starts every test Caddyfile: admin on a fixed loopback port, no
+// automatic HTTPS, no config written to disk, logs discarded unless
+// INFLIGHT_TEST_LOGS is set; extra adds global options.
+func globals(extra string) string {
+	logs := "log {\n\t\toutput discard\n\t}"
+	if os.Getenv("INFLIGHT_TEST_LOGS") != "" {
+		logs = "debug"
+	}
+	return "{\n\tadmin " + adminAddr + "\n\tauto_https off\n\tpersist_config off\n\tskip_install_trust\n\t" + logs + "\n" + extra + "\n}\n"
+}
+
+// load adapts a Caddyfile (after the test globals) and loads it into the
+// in-process Caddy; a second load is a real reload.
+func load(t *testing.T, caddyfile string) {
+	t.Helper()
+	loadWith(t, "", caddyfile)
+}
+
+// loadWith is load with extra global options.
+func loadWith(t *testing.T, extraGlobals, caddyfile string) {
+	t.Helper()
+	if err := tryLoadWith(extraGlobals, caddyfile); err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+}
+
+func tryLoad(caddyfile string) error { return tryLoadWith("", caddyfile) }
+
+func tryLoadWith(extraGlobals, caddyfile string) error {
+	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(globals(extraGlobals)+caddyfile), map[string]any{"filename": "Caddyfile"})
+	if err != nil {
+		return err
+	}
+	return caddy.Load(cfg, true)
+}
+
+// freePort returns a loopback port nothing listens on now.
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// backend is a real HTTP server on loopback that records how many requests
+// it has at once. Requests to /hold wait until the test opens the gate.
+type backend struct {
+	addr    string
+	cur     atomic.Int64
+	peak    atomic.Int64
+	served  atomic.Int64
+	mu      sync.Mutex
+	gate    chan struct{}
+	arrived []string // X-Name of each request, in arrival order
+}
+
+func newBackend(t *testing.T) *backend {
+	t.Helper()
+	b := &backend{gate: make(chan struct{})}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.addr = l.Addr().String()
+	srv := &http.Server{Handler: b}
+	go srv.Serve(l)
+	t.Cleanup(func() {
+		b.open()
+		srv.Close()
+	})
+	return b
+}
+
+func (b *backend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	n := b.cur.Add(1)
+	defer b.cur.Add(-1)
+	for p := b.peak.Load(); n > p && !b.peak.CompareAndSwap(p, n); p = b.peak.Load() {
+	}
+	b.mu.Lock()
+	b.arrived = append(b.arrived, r.Header.Get("X-Name"))
+	gate := b.gate
+	b.mu.Unlock()
+	defer b.served.Add(1)
+	switch r.URL.Path {
+	case "/hold":
+		select {
+		case <-gate:
+		case <-r.Context().Done():
+			return
+		}
+	case "/stream": // server-sent events until the gate opens
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		fmt.Fprint(w, "data: start\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-gate:
+		case <-r.Context().Done():
+			return
+		}
+		fmt.Fprint(w, "data: end\n\n")
+		return
+	}
+	io.WriteString(w, "ok")
+}
+
+// open lets every held request finish, and later ones pass at once.
+func (b *backend) open() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	select {
+	case <-b.gate:
+	default:
+		close(b.gate)
+	}
+}
+
+// close makes later /hold requests wait again.
+func (b *backend) close() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.gate = make(chan struct{})
+}
+
+func (b *backend) order() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]string(nil), b.arrived...)
+}
+
+// client sends requests from a given loopback source address.
+func client(srcIP string) *http.Client {
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(srcIP)}}
+	return &http.Client{
+		Transport: &http.Transport{DialContext: d.DialContext, MaxIdleConnsPerHost: 100, DisableCompression: true},
+		Timeout:   30 * time.Second,
+	}
+}
+
+type result struct {
+	status     int
+	retryAfter string
+	body       string
+	err        error
+}
+
+func get(ctx context.Context, c *http.Client, url string, header ...string) result {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return result{err: err}
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return result{err: err}
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return result{status: resp.StatusCode, retryAfter: resp.Header.Get("Retry-After"), body: string(body), err: err}
+}
+
+// burst sends n requests at once and returns their results once all ended.
+func burst(c *http.Client, n int, url string, header ...string) []result {
+	out := make([]result, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out[i] = get(context.Background(), c, url, header...)
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+func countStatus(rs []result) map[int]int {
+	m := map[int]int{}
+	for _, r := range rs {
+		if r.err != nil {
+			m[-1]++
+			continue
+		}
+		m[r.status]++
+	}
+	return m
+}
+
+// eventually polls cond until it holds or five seconds pass.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// metric returns the sum of the samples of a metric on the admin endpoint
+// whose labels contain every given label pair (such as `limit="client"`).
+func metric(t *testing.T, name string, labels ...string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + adminAddr + "/metrics")
+	if err != nil {
+		t.Fatalf("metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	var sum float64
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+next:
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
+			continue
+		}
+		for _, l := range labels {
+			if !strings.Contains(line, l) {
+				continue next
+			}
+		}
+		v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+		if err != nil {
+			t.Fatalf("metric line %q: %v", line, err)
+		}
+		sum += v
+	}
+	return sum
+}
+
+func TestMain(m *testing.M) {
+	// Caddy keeps its storage and autosave under HOME; keep them out of the
+	// user's.
+	dir, err := os.MkdirTemp("", "inflight-integration")
+	if err != nil {
+		panic(err)
+	}
+	os.Setenv("XDG_DATA_HOME", dir)
+	os.Setenv("XDG_CONFIG_HOME", dir)
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
