@@ -89,19 +89,7 @@ type backend struct {
 
 func newBackend(t *testing.T) *backend {
 	t.Helper()
-	b := &backend{gate: make(chan struct{})}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b.addr = l.Addr().String()
-	srv := &http.Server{Handler: b}
-	go srv.Serve(l)
-	t.Cleanup(func() {
-		b.open()
-		srv.Close()
-	})
-	return b
+	return newBackendAt(t, "127.0.0.1:0")
 }
 
 func (b *backend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -237,7 +225,13 @@ func eventually(t *testing.T, what string, cond func() bool) {
 // whose labels contain every given label pair (such as `limit="client"`).
 func metric(t *testing.T, name string, labels ...string) float64 {
 	t.Helper()
-	resp, err := http.Get("http://" + adminAddr + "/metrics")
+	return metricAt(t, adminAddr, name, labels...)
+}
+
+// metricAt is metric for an admin endpoint at another address.
+func metricAt(t *testing.T, admin, name string, labels ...string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + admin + "/metrics")
 	if err != nil {
 		t.Fatalf("metrics: %v", err)
 	}
@@ -277,4 +271,22 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+// newBackendAt is newBackend on a fixed loopback address, for examples that
+// name their upstream.
+func newBackendAt(t *testing.T, addr string) *backend {
+	t.Helper()
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &backend{gate: make(chan struct{}), addr: l.Addr().String()}
+	srv := &http.Server{Handler: b}
+	go srv.Serve(l)
+	t.Cleanup(func() {
+		b.open()
+		srv.Close()
+	})
+	return b
 }

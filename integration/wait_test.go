@@ -1,0 +1,167 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+)
+
+// waitSite is a site with one slot per tenant, a queue, and priorities from
+// X-Priority; it returns the Caddyfile for a given max, and the base URL.
+func waitSite(t *testing.T, b *backend, wait string) (func(max int) string, string) {
+	port := freePort(t)
+	return func(max int) string {
+		return fmt.Sprintf(`http://127.0.0.1:%d {
+	inflight {
+		limit tenant {header.X-Tenant} %d
+		zone queue
+		wait %s
+		max_waiting 3
+		priority {header.X-Priority}
+	}
+	reverse_proxy %s
+}
+`, port, max, wait, b.addr)
+	}, fmt.Sprintf("http://127.0.0.1:%d", port)
+}
+
+func waiting(t *testing.T) float64 { return metric(t, "caddy_inflight_waiting", `zone="queue"`) }
+
+func TestWaitersAreAdmittedByPriority(t *testing.T) {
+	b := newBackend(t)
+	conf, url := waitSite(t, b, "30s")
+	load(t, conf(1))
+	c := client("127.0.0.1")
+
+	holder := make(chan result)
+	go func() { holder <- get(context.Background(), c, url+"/hold", "X-Tenant", "t", "X-Name", "holder") }()
+	eventually(t, "the holder has the slot", func() bool { return b.cur.Load() == 1 })
+
+	done := make(chan result, 3)
+	for i, class := range []string{"low", "normal", "high"} {
+		go func() {
+			done <- get(context.Background(), c, url+"/hold", "X-Tenant", "t", "X-Priority", class, "X-Name", class)
+		}()
+		eventually(t, class+" is queued", func() bool { return waiting(t) == float64(i+1) })
+	}
+	// Another tenant is not held up by the queue.
+	if r := get(context.Background(), c, url+"/", "X-Tenant", "other"); r.status != 200 {
+		t.Fatalf("another tenant while t's queue waits: %d, want 200", r.status)
+	}
+	b.open()
+	<-holder
+	for range 3 {
+		if r := <-done; r.status != 200 {
+			t.Fatalf("waiter ended %d, want 200", r.status)
+		}
+	}
+	got := fmt.Sprint(b.order())
+	if got != "[holder  high normal low]" {
+		t.Fatalf("backend saw %s, want [holder  high normal low] (the other tenant second)", got)
+	}
+	if b.peak.Load() != 2 { // t's one slot plus the other tenant
+		t.Fatalf("backend peak %d, want 2", b.peak.Load())
+	}
+	if w := waiting(t); w != 0 {
+		t.Fatalf("caddy_inflight_waiting = %v after the queue drained", w)
+	}
+}
+
+func TestWaitTimeoutAndQueueFull(t *testing.T) {
+	b := newBackend(t)
+	conf, url := waitSite(t, b, "500ms")
+	load(t, conf(1))
+	c := client("127.0.0.1")
+	holder := make(chan result)
+	go func() { holder <- get(context.Background(), c, url+"/hold", "X-Tenant", "t") }()
+	eventually(t, "the holder has the slot", func() bool { return b.cur.Load() == 1 })
+
+	before := metric(t, "caddy_inflight_rejected_total", `zone="queue"`, `reason="timeout"`)
+	start := time.Now()
+	r := get(context.Background(), c, url+"/", "X-Tenant", "t")
+	waited := time.Since(start)
+	if r.status != 429 || r.retryAfter != "1" {
+		t.Fatalf("timed-out request: %d Retry-After %q, want 429 and 1", r.status, r.retryAfter)
+	}
+	if waited < 500*time.Millisecond || waited > 3*time.Second {
+		t.Fatalf("timed out after %v, want about 500ms", waited)
+	}
+	t.Logf("timed out after %v (wait 500ms)", waited)
+	if got := metric(t, "caddy_inflight_rejected_total", `zone="queue"`, `reason="timeout"`) - before; got != 1 {
+		t.Fatalf("timeout refusals counted %v, want 1", got)
+	}
+
+	// Three wait (max_waiting 3); the fourth is refused at once.
+	done := make(chan result, 3)
+	for i := range 3 {
+		go func() { done <- get(context.Background(), c, url+"/", "X-Tenant", "t") }()
+		eventually(t, "queued", func() bool { return waiting(t) == float64(i+1) })
+	}
+	start = time.Now()
+	if r := get(context.Background(), c, url+"/", "X-Tenant", "t"); r.status != 429 || time.Since(start) > 400*time.Millisecond {
+		t.Fatalf("fourth waiter: %d after %v, want 429 at once", r.status, time.Since(start))
+	}
+	if got := metric(t, "caddy_inflight_rejected_total", `zone="queue"`, `reason="queue_full"`); got < 1 {
+		t.Fatalf("queue_full refusals counted %v, want 1", got)
+	}
+	for range 3 {
+		<-done
+	}
+	b.open()
+	<-holder
+}
+
+func TestAbortWhileWaitingLeavesTheQueue(t *testing.T) {
+	b := newBackend(t)
+	conf, url := waitSite(t, b, "30s")
+	load(t, conf(1))
+	c := client("127.0.0.1")
+	holder := make(chan result)
+	go func() { holder <- get(context.Background(), c, url+"/hold", "X-Tenant", "t") }()
+	eventually(t, "the holder has the slot", func() bool { return b.cur.Load() == 1 })
+
+	before := metric(t, "caddy_inflight_wait_seconds_count", `zone="queue"`, `outcome="aborted"`)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan result)
+	go func() { done <- get(ctx, c, url+"/", "X-Tenant", "t") }()
+	eventually(t, "queued", func() bool { return waiting(t) == 1 })
+	cancel()
+	<-done
+	eventually(t, "the queue is empty", func() bool { return waiting(t) == 0 })
+	if got := metric(t, "caddy_inflight_wait_seconds_count", `zone="queue"`, `outcome="aborted"`) - before; got != 1 {
+		t.Fatalf("aborted waits counted %v, want 1", got)
+	}
+	b.open()
+	<-holder
+	if got := metric(t, "caddy_inflight_requests", `zone="queue"`); got != 0 {
+		t.Fatalf("slots held after all ended: %v", got)
+	}
+	if n := b.served.Load(); n != 1 {
+		t.Fatalf("backend served %d, want only the holder", n)
+	}
+}
+
+func TestReloadRaisingMaxAdmitsWaiters(t *testing.T) {
+	b := newBackend(t)
+	conf, url := waitSite(t, b, "30s")
+	load(t, conf(1))
+	c := client("127.0.0.1")
+	done := make(chan result, 3)
+	go func() { done <- get(context.Background(), c, url+"/hold", "X-Tenant", "t") }()
+	eventually(t, "the holder has the slot", func() bool { return b.cur.Load() == 1 })
+	for i := range 2 {
+		go func() { done <- get(context.Background(), c, url+"/hold", "X-Tenant", "t") }()
+		eventually(t, "queued", func() bool { return waiting(t) == float64(i+1) })
+	}
+	if err := tryLoad(conf(3)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the waiters are admitted under the raised max", func() bool { return b.cur.Load() == 3 })
+	b.open()
+	for range 3 {
+		if r := <-done; r.status != 200 {
+			t.Fatalf("request across the reload: %d, want 200", r.status)
+		}
+	}
+}
