@@ -290,3 +290,14 @@ func newBackendAt(t *testing.T, addr string) *backend {
 	})
 	return b
 }
+
+// hold sends one request that the backend holds, and returns once the backend
+// has it; the result arrives on the channel when the gate opens.
+func hold(t *testing.T, b *backend, ctx context.Context, c *http.Client, url string, header ...string) <-chan result {
+	t.Helper()
+	before := b.served.Load() + b.cur.Load()
+	done := make(chan result, 1)
+	go func() { done <- get(ctx, c, url, header...) }()
+	eventually(t, "the backend holds the request", func() bool { return b.served.Load()+b.cur.Load() > before })
+	return done
+}

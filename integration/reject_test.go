@@ -60,9 +60,7 @@ func TestClientsAreIsolatedAndXFFIsNotTrusted(t *testing.T) {
 	load(t, cfg)
 	one, two := client("127.0.0.1"), client("127.0.0.2")
 
-	done := make(chan result)
-	go func() { done <- get(context.Background(), one, url+"/hold") }()
-	eventually(t, "the first client holds its slot", func() bool { return b.cur.Load() == 1 })
+	done := hold(t, b, context.Background(), one, url+"/hold")
 
 	// 127.0.0.1 is not a trusted proxy: its X-Forwarded-For is ignored.
 	for _, h := range [][]string{nil, {"X-Forwarded-For", "203.0.113.9"}, {"X-Real-IP", "203.0.113.9"}} {
@@ -87,9 +85,7 @@ func TestTrustedProxyKeysByRealClient(t *testing.T) {
 `, port, b.addr))
 	url := fmt.Sprintf("http://127.0.0.1:%d", port)
 	c := client("127.0.0.1")
-	done := make(chan result)
-	go func() { done <- get(context.Background(), c, url+"/hold", "X-Forwarded-For", "198.51.100.1") }()
-	eventually(t, "the first client holds its slot", func() bool { return b.cur.Load() == 1 })
+	done := hold(t, b, context.Background(), c, url+"/hold", "X-Forwarded-For", "198.51.100.1")
 	if r := get(context.Background(), c, url+"/", "X-Forwarded-For", "198.51.100.1"); r.status != 429 {
 		t.Fatalf("same client behind the proxy: %d, want 429", r.status)
 	}
@@ -106,9 +102,7 @@ func TestStreamHoldsItsSlotToTheEnd(t *testing.T) {
 	load(t, cfg)
 	c := client("127.0.0.1")
 
-	done := make(chan result)
-	go func() { done <- get(context.Background(), c, url+"/stream") }()
-	eventually(t, "the stream starts", func() bool { return b.cur.Load() == 1 })
+	done := hold(t, b, context.Background(), c, url+"/stream")
 	time.Sleep(50 * time.Millisecond) // headers and the first event are out
 	if r := get(context.Background(), c, url+"/"); r.status != 429 {
 		t.Fatalf("during the stream: %d, want 429", r.status)
@@ -127,9 +121,7 @@ func TestAbortedClientFreesItsSlot(t *testing.T) {
 	c := client("127.0.0.1")
 
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan result)
-	go func() { done <- get(ctx, c, url+"/hold") }()
-	eventually(t, "the request reaches the backend", func() bool { return b.cur.Load() == 1 })
+	done := hold(t, b, ctx, c, url+"/hold")
 	cancel()
 	if r := <-done; r.err == nil {
 		t.Fatalf("cancelled request ended with %d, want an error", r.status)
@@ -214,9 +206,7 @@ func TestHandleErrorsSeesTheLimitName(t *testing.T) {
 `, port, b.addr))
 	url := fmt.Sprintf("http://127.0.0.1:%d", port)
 	c := client("127.0.0.1")
-	done := make(chan result)
-	go func() { done <- get(context.Background(), c, url+"/hold", "X-Tenant", "acme") }()
-	eventually(t, "acme holds its slot", func() bool { return b.cur.Load() == 1 })
+	done := hold(t, b, context.Background(), c, url+"/hold", "X-Tenant", "acme")
 	r := get(context.Background(), c, url+"/", "X-Tenant", "acme")
 	if r.status != 503 || r.retryAfter != "3" || r.body != `{"error":"tenant","status":503}` {
 		t.Fatalf("refusal: %d Retry-After %q body %q", r.status, r.retryAfter, r.body)
@@ -236,9 +226,7 @@ func TestExemptionByMatcher(t *testing.T) {
 	for _, ip := range []string{"127.0.0.1", "127.0.0.2"} {
 		b.close()
 		c := client(ip)
-		done := make(chan result)
-		go func() { done <- get(context.Background(), c, url+"/hold") }()
-		eventually(t, "one request held", func() bool { return b.cur.Load() == 1 })
+		done := hold(t, b, context.Background(), c, url+"/hold")
 		want := 429
 		if ip == "127.0.0.2" {
 			want = 200 // exempt

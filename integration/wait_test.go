@@ -34,9 +34,7 @@ func TestWaitersAreAdmittedByPriority(t *testing.T) {
 	load(t, conf(1))
 	c := client("127.0.0.1")
 
-	holder := make(chan result)
-	go func() { holder <- get(context.Background(), c, url+"/hold", "X-Tenant", "t", "X-Name", "holder") }()
-	eventually(t, "the holder has the slot", func() bool { return b.cur.Load() == 1 })
+	holder := hold(t, b, context.Background(), c, url+"/hold", "X-Tenant", "t", "X-Name", "holder")
 
 	done := make(chan result, 3)
 	for i, class := range []string{"low", "normal", "high"} {
@@ -73,9 +71,7 @@ func TestWaitTimeoutAndQueueFull(t *testing.T) {
 	conf, url := waitSite(t, b, "500ms")
 	load(t, conf(1))
 	c := client("127.0.0.1")
-	holder := make(chan result)
-	go func() { holder <- get(context.Background(), c, url+"/hold", "X-Tenant", "t") }()
-	eventually(t, "the holder has the slot", func() bool { return b.cur.Load() == 1 })
+	holder := hold(t, b, context.Background(), c, url+"/hold", "X-Tenant", "t")
 
 	before := metric(t, "caddy_inflight_rejected_total", `zone="queue"`, `reason="timeout"`)
 	start := time.Now()
@@ -117,9 +113,7 @@ func TestAbortWhileWaitingLeavesTheQueue(t *testing.T) {
 	conf, url := waitSite(t, b, "30s")
 	load(t, conf(1))
 	c := client("127.0.0.1")
-	holder := make(chan result)
-	go func() { holder <- get(context.Background(), c, url+"/hold", "X-Tenant", "t") }()
-	eventually(t, "the holder has the slot", func() bool { return b.cur.Load() == 1 })
+	holder := hold(t, b, context.Background(), c, url+"/hold", "X-Tenant", "t")
 
 	before := metric(t, "caddy_inflight_wait_seconds_count", `zone="queue"`, `outcome="aborted"`)
 	ctx, cancel := context.WithCancel(context.Background())

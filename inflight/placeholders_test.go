@@ -1,0 +1,87 @@
+package inflight
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+// request returns a request as Caddy's server prepares it, from remoteAddr.
+func request(remoteAddr string, header ...string) (*http.Request, *caddy.Replacer) {
+	r := httptest.NewRequest(http.MethodGet, "http://example.com/path", nil)
+	r.RemoteAddr = remoteAddr
+	for i := 0; i+1 < len(header); i += 2 {
+		r.Header.Add(header[i], header[i+1])
+	}
+	repl := caddy.NewReplacer()
+	r = caddyhttp.PrepareRequest(r, repl, httptest.NewRecorder(), &caddyhttp.Server{})
+	repl.Set("tenant", "acme")
+	return r, repl
+}
+
+// The fast paths must give exactly what Caddy's replacer gives.
+func TestCompiledTemplatesMatchTheReplacer(t *testing.T) {
+	r, repl := request("192.0.2.7:5555", "X-Api-Key", "k1", "X-Api-Key", "k2", "X-Other", "o")
+	for _, tmpl := range []string{
+		DefaultKey,
+		"{http.request.header.X-Api-Key}",
+		"{http.request.header.x-other}",
+		"{http.request.header.Missing}",
+		"{tenant}",
+		"{missing}",
+		"static",
+		"{http.request.header.X-Other}/{tenant}",
+		"{http.request.host}",
+	} {
+		want := repl.ReplaceAll(tmpl, "")
+		if got := compileTemplate(tmpl)(r, repl); got != want {
+			t.Errorf("%s: compiled %q, replacer %q", tmpl, got, want)
+		}
+	}
+}
+
+func TestKeyNormalisation(t *testing.T) {
+	mapped, _ := request("[::ffff:192.0.2.7]:5555")
+	plain, repl := request("192.0.2.7:5555")
+	key := compileKey(DefaultKey)
+	if a, b := key(mapped, repl), key(plain, repl); a != b || a != "192.0.2.7" {
+		t.Fatalf("IPv4-mapped %q and IPv4 %q must be one key, 192.0.2.7", a, b)
+	}
+	v6, _ := request("[2001:db8::1]:5555")
+	if got := key(v6, repl); got != "2001:db8::1" {
+		t.Fatalf("IPv6 key %q", got)
+	}
+	huge, repl := request("192.0.2.7:5555", "X-Api-Key", strings.Repeat("x", 10_000))
+	got := compileKey("{http.request.header.X-Api-Key}")(huge, repl)
+	if len(got) > maxKeyLen || !strings.HasPrefix(got, "sha256:") {
+		t.Fatalf("a 10,000-byte key became %d bytes (%.20q...), want a short hash", len(got), got)
+	}
+}
+
+func TestMaxJSON(t *testing.T) {
+	for in, want := range map[string]Max{
+		`20`:             {Fixed: 20},
+		`"20"`:           {Fixed: 20},
+		`"{tenant_max}"`: {Placeholder: "{tenant_max}"},
+	} {
+		var m Max
+		if err := json.Unmarshal([]byte(in), &m); err != nil || m != want {
+			t.Errorf("%s: %+v, %v; want %+v", in, m, err, want)
+		}
+	}
+	for _, in := range []string{`0`, `-1`, `1.5`, `"x"`, `true`} {
+		var m Max
+		if err := json.Unmarshal([]byte(in), &m); err == nil {
+			t.Errorf("%s: accepted as %+v, want an error", in, m)
+		}
+	}
+	out, _ := json.Marshal([]Max{{Fixed: 3}, {Placeholder: "{m}"}})
+	if string(out) != `[3,"{m}"]` {
+		t.Errorf("marshal: %s", out)
+	}
+}
