@@ -7,13 +7,15 @@
 // room, and then it holds one slot in each until Release.
 //
 // Invariants:
-//   - A count is changed only with its shard's lock held. A map entry exists
-//     only while its count is above zero.
-//   - Admission is atomic: every shard a request touches is locked (in
-//     ascending shard order, so two requests never deadlock) before any
-//     count is read, and nothing is written unless everything fits. A
-//     refused request never changes a count, so it can never cause a
-//     neighbour to be refused.
+//   - Each dimension's keys are spread over numShards shards, each with its
+//     own lock, map and sum on one cache line. A count is changed only with
+//     its shard's lock held; a map entry exists only while its count is
+//     above zero.
+//   - Admission is atomic: the shard of every key a request has is locked,
+//     in dimension order (so two requests never deadlock), before any count
+//     is read, and nothing is written unless everything fits. A refused
+//     request never changes a count, so it can never cause a neighbour to
+//     be refused.
 //   - The total is an atomic counter, raised only after the keyed dimensions
 //     have been checked under their locks, by compare-and-swap against its
 //     max; it never exceeds the max it was checked against.
@@ -33,11 +35,15 @@ import (
 const TotalDim = -1
 
 const (
-	numShards = 64 // power of two; spreads keys over locks so cores rarely meet
+	numShards = 256 // per dimension; a power of two
+	cacheLine = 64
 	// shrinkAt is the peak size after which an emptied map is replaced: Go maps
 	// never give back their buckets, and a burst of a million keys would
 	// otherwise stay in memory forever.
 	shrinkAt = 1024
+	// inlineDims is how many dimensions a request can have before admitting
+	// it allocates.
+	inlineDims = 8
 )
 
 // Limits are the caps one handler applies to the requests it admits. The
@@ -70,8 +76,10 @@ type Zone struct {
 	dims     int
 	hasTotal bool
 	seed     maphash.Seed
-	shards   [numShards]shard
+	shards   []shard // dims × numShards, dimension-major
+	_        [cacheLine]byte
 	total    atomic.Int64
+	_        [cacheLine - 8]byte
 
 	// latest are the Limits of the newest handler provisioned for this zone;
 	// waiters whose own Limits were retired by a reload use them instead.
@@ -80,12 +88,14 @@ type Zone struct {
 	queue
 }
 
+// shard is one lock and the counts of the keys that hash to it, alone on a
+// cache line so that cores working on different shards never share one.
 type shard struct {
 	mu     sync.Mutex
-	counts []map[string]int64 // per dimension
-	peak   []int              // per dimension: largest len since the map was made
-	held   []atomic.Int64     // per dimension: sum of counts, read by metrics
-	_      [64]byte           // keep neighbouring shards' locks off one cache line
+	counts map[string]int64
+	held   int64 // sum of counts, for metrics
+	peak   int   // largest len since the map was made
+	_      [cacheLine - 32]byte
 }
 
 // NewZone returns a zone of dims keyed dimensions, with a zone-wide total
@@ -94,16 +104,10 @@ func NewZone(dims int, hasTotal bool, clock Clock) *Zone {
 	if clock == nil {
 		clock = realClock{}
 	}
-	z := &Zone{dims: dims, hasTotal: hasTotal, seed: maphash.MakeSeed()}
+	z := &Zone{dims: dims, hasTotal: hasTotal, seed: maphash.MakeSeed(), shards: make([]shard, dims*numShards)}
 	z.clock = clock
 	for i := range z.shards {
-		s := &z.shards[i]
-		s.counts = make([]map[string]int64, dims)
-		s.peak = make([]int, dims)
-		s.held = make([]atomic.Int64, dims)
-		for d := range s.counts {
-			s.counts[d] = make(map[string]int64)
-		}
+		z.shards[i].counts = make(map[string]int64)
 	}
 	return z
 }
@@ -151,7 +155,7 @@ func (z *Zone) Release(req *Request) {
 		}
 		s := z.shardFor(d, key)
 		s.mu.Lock()
-		s.decrement(d, key)
+		s.decrement(key)
 		s.mu.Unlock()
 	}
 	if z.hasTotal {
@@ -166,8 +170,11 @@ func (z *Zone) Held(d int) int64 {
 		return z.total.Load()
 	}
 	var n int64
-	for i := range z.shards {
-		n += z.shards[i].held[d].Load()
+	for i := range numShards {
+		s := &z.shards[d*numShards+i]
+		s.mu.Lock()
+		n += s.held
+		s.mu.Unlock()
 	}
 	return n
 }
@@ -175,10 +182,10 @@ func (z *Zone) Held(d int) int64 {
 // Keys returns how many keys of dimension d have requests in flight.
 func (z *Zone) Keys(d int) int {
 	n := 0
-	for i := range z.shards {
-		s := &z.shards[i]
+	for i := range numShards {
+		s := &z.shards[d*numShards+i]
 		s.mu.Lock()
-		n += len(s.counts[d])
+		n += len(s.counts)
 		s.mu.Unlock()
 	}
 	return n
@@ -188,30 +195,40 @@ func (z *Zone) Keys(d int) int {
 // fit and commit is set, takes one slot in each.
 func (z *Zone) tryAcquire(req *Request, commit bool) (bool, int) {
 	lim := z.limitsFor(req)
-	var idx [8]int
-	locked := z.lockShards(req, idx[:0])
-	defer unlockShards(&z.shards, locked)
+	var buf [inlineDims]*shard
+	locked := buf[:0]
+	if len(req.Keys) > inlineDims {
+		locked = make([]*shard, 0, len(req.Keys))
+	}
+	for d, key := range req.Keys { // dimension order: the lock order
+		var s *shard
+		if key != "" {
+			s = z.shardFor(d, key)
+			s.mu.Lock()
+		}
+		locked = append(locked, s)
+	}
 
-	for d, key := range req.Keys {
-		if key == "" {
+	ok, refusedBy := true, 0
+	for d, s := range locked {
+		if s != nil && s.counts[req.Keys[d]] >= capFor(lim, req, d) {
+			ok, refusedBy = false, d
+			break
+		}
+	}
+	if ok && z.hasTotal && !z.takeTotal(lim.Total, commit) {
+		ok, refusedBy = false, TotalDim
+	}
+	for d, s := range locked {
+		if s == nil {
 			continue
 		}
-		if z.shardFor(d, key).counts[d][key] >= capFor(lim, req, d) {
-			return false, d
+		if ok && commit {
+			s.increment(req.Keys[d])
 		}
+		s.mu.Unlock()
 	}
-	if z.hasTotal && !z.takeTotal(lim.Total, commit) {
-		return false, TotalDim
-	}
-	if !commit {
-		return true, 0
-	}
-	for d, key := range req.Keys {
-		if key != "" {
-			z.shardFor(d, key).increment(d, key)
-		}
-	}
-	return true, 0
+	return ok, refusedBy
 }
 
 // takeTotal raises the total by one if it is below max (0: no max). Without
@@ -246,69 +263,30 @@ func capFor(lim *Limits, req *Request, d int) int64 {
 	return req.Max[d]
 }
 
-func (z *Zone) shardIndex(d int, key string) int {
-	h := maphash.String(z.seed, key) + uint64(d)*0x9e3779b97f4a7c15
-	return int(h>>32) & (numShards - 1)
-}
-
 func (z *Zone) shardFor(d int, key string) *shard {
-	return &z.shards[z.shardIndex(d, key)]
+	h := maphash.String(z.seed, key)
+	return &z.shards[d*numShards+int(h>>32)&(numShards-1)]
 }
 
-// lockShards locks, in ascending order and once each, every shard that req's
-// keys live in, and returns their indices.
-func (z *Zone) lockShards(req *Request, idx []int) []int {
-	for d, key := range req.Keys {
-		if key == "" {
-			continue
-		}
-		i := z.shardIndex(d, key)
-		pos := len(idx)
-		for pos > 0 && idx[pos-1] > i {
-			pos--
-		}
-		if pos > 0 && idx[pos-1] == i {
-			continue
-		}
-		idx = append(idx, 0)
-		copy(idx[pos+1:], idx[pos:])
-		idx[pos] = i
-	}
-	for _, i := range idx {
-		z.shards[i].mu.Lock()
-	}
-	return idx
+func (s *shard) increment(key string) {
+	s.counts[key]++
+	s.peak = max(s.peak, len(s.counts))
+	s.held++
 }
 
-func unlockShards(shards *[numShards]shard, idx []int) {
-	for _, i := range idx {
-		shards[i].mu.Unlock()
-	}
-}
-
-func (s *shard) increment(d int, key string) {
-	m := s.counts[d]
-	m[key]++
-	if len(m) > s.peak[d] {
-		s.peak[d] = len(m)
-	}
-	s.held[d].Add(1)
-}
-
-func (s *shard) decrement(d int, key string) {
-	m := s.counts[d]
-	n, ok := m[key]
+func (s *shard) decrement(key string) {
+	n, ok := s.counts[key]
 	if !ok {
 		return // never held: nothing to give back
 	}
 	if n > 1 {
-		m[key] = n - 1
+		s.counts[key] = n - 1
 	} else {
-		delete(m, key)
-		if len(m) == 0 && s.peak[d] >= shrinkAt {
-			s.counts[d] = make(map[string]int64)
-			s.peak[d] = 0
+		delete(s.counts, key)
+		if len(s.counts) == 0 && s.peak >= shrinkAt {
+			s.counts = make(map[string]int64)
+			s.peak = 0
 		}
 	}
-	s.held[d].Add(-1)
+	s.held--
 }
