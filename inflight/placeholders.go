@@ -11,10 +11,6 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
-// maxKeyLen is the longest key kept as it is; a longer one is replaced by a
-// fixed-size hash so that a client cannot grow memory with huge values.
-const maxKeyLen = 256
-
 // valueFunc evaluates a placeholder template for one request.
 type valueFunc func(r *http.Request, repl *caddy.Replacer) string
 
@@ -61,19 +57,15 @@ func singlePlaceholder(tmpl string) (string, bool) {
 	return name, true
 }
 
-// compileKey evaluates a limit's key and bounds it: the IPv4-mapped form of
-// an IPv4 address counts as that address, and a key longer than maxKeyLen is
-// hashed.
+// compileKey evaluates a limit's key, counting the IPv4-mapped IPv6 form of
+// an address as the IPv4 address. The zone keeps only a fixed-size hash of
+// the key, so a huge key costs no memory.
 func compileKey(tmpl string) valueFunc {
 	eval := compileTemplate(tmpl)
 	return func(r *http.Request, repl *caddy.Replacer) string {
 		key := eval(r, repl)
 		if rest, ok := strings.CutPrefix(key, "::ffff:"); ok && strings.Contains(rest, ".") {
 			key = rest
-		}
-		if len(key) > maxKeyLen {
-			sum := sha256.Sum256([]byte(key))
-			key = "sha256:" + hex.EncodeToString(sum[:16])
 		}
 		return key
 	}

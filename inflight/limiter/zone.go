@@ -2,15 +2,17 @@
 // nothing, whether one more may start. It knows nothing of HTTP or Caddy.
 //
 // A Zone holds the counters of a fixed list of dimensions (limits), each a
-// map from key to count, plus an optional zone-wide total. A Request names one
+// table from key to count, plus an optional zone-wide total. A key is kept
+// as a 64-bit hash with a secret per-zone seed: it costs the same memory
+// however long it is, and the request's string is not retained. A Request names one
 // key per dimension; it is admitted only if every dimension and the total have
 // room, and then it holds one slot in each until Release.
 //
 // Invariants:
 //   - Each dimension's keys are spread over numShards shards, each with its
-//     own lock, map and sum on one cache line. A count is changed only with
-//     its shard's lock held; a map entry exists only while its count is
-//     above zero.
+//     own lock and table on cache lines of their own. A count is changed
+//     only with its shard's lock held; a table entry exists only while its
+//     count is above zero.
 //   - Admission is atomic: the shard of every key a request has is locked,
 //     in dimension order (so two requests never deadlock), before any count
 //     is read, and nothing is written unless everything fits. A refused
@@ -28,6 +30,7 @@ import (
 	"hash/maphash"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 )
 
 // TotalDim is the dimension index that stands for the zone-wide total in
@@ -88,14 +91,13 @@ type Zone struct {
 	queue
 }
 
-// shard is one lock and the counts of the keys that hash to it, alone on a
-// cache line so that cores working on different shards never share one.
+// shard is one lock and the counts of the keys that hash to it, on cache
+// lines of its own so that cores working on different shards never share
+// one.
 type shard struct {
-	mu     sync.Mutex
-	counts map[string]int64
-	held   int64 // sum of counts, for metrics
-	peak   int   // largest len since the map was made
-	_      [cacheLine - 32]byte
+	mu sync.Mutex
+	table
+	_ [2*cacheLine - 8 - unsafe.Sizeof(table{})]byte
 }
 
 // NewZone returns a zone of dims keyed dimensions, with a zone-wide total
@@ -106,9 +108,6 @@ func NewZone(dims int, hasTotal bool, clock Clock) *Zone {
 	}
 	z := &Zone{dims: dims, hasTotal: hasTotal, seed: maphash.MakeSeed(), shards: make([]shard, dims*numShards)}
 	z.clock = clock
-	for i := range z.shards {
-		z.shards[i].counts = make(map[string]int64)
-	}
 	return z
 }
 
@@ -153,9 +152,9 @@ func (z *Zone) Release(req *Request) {
 		if key == "" {
 			continue
 		}
-		s := z.shardFor(d, key)
+		s, h := z.shardFor(d, key)
 		s.mu.Lock()
-		s.decrement(key)
+		s.decrement(h)
 		s.mu.Unlock()
 	}
 	if z.hasTotal {
@@ -185,7 +184,7 @@ func (z *Zone) Keys(d int) int {
 	for i := range numShards {
 		s := &z.shards[d*numShards+i]
 		s.mu.Lock()
-		n += len(s.counts)
+		n += s.keys()
 		s.mu.Unlock()
 	}
 	return n
@@ -195,23 +194,23 @@ func (z *Zone) Keys(d int) int {
 // fit and commit is set, takes one slot in each.
 func (z *Zone) tryAcquire(req *Request, commit bool) (bool, int) {
 	lim := z.limitsFor(req)
-	var buf [inlineDims]*shard
+	var buf [inlineDims]slot
 	locked := buf[:0]
 	if len(req.Keys) > inlineDims {
-		locked = make([]*shard, 0, len(req.Keys))
+		locked = make([]slot, 0, len(req.Keys))
 	}
 	for d, key := range req.Keys { // dimension order: the lock order
-		var s *shard
+		var sl slot
 		if key != "" {
-			s = z.shardFor(d, key)
-			s.mu.Lock()
+			sl.shard, sl.hash = z.shardFor(d, key)
+			sl.shard.mu.Lock()
 		}
-		locked = append(locked, s)
+		locked = append(locked, sl)
 	}
 
 	ok, refusedBy := true, 0
-	for d, s := range locked {
-		if s != nil && s.counts[req.Keys[d]] >= capFor(lim, req, d) {
+	for d, sl := range locked {
+		if sl.shard != nil && sl.shard.count(sl.hash) >= capFor(lim, req, d) {
 			ok, refusedBy = false, d
 			break
 		}
@@ -219,14 +218,14 @@ func (z *Zone) tryAcquire(req *Request, commit bool) (bool, int) {
 	if ok && z.hasTotal && !z.takeTotal(lim.Total, commit) {
 		ok, refusedBy = false, TotalDim
 	}
-	for d, s := range locked {
-		if s == nil {
+	for _, sl := range locked {
+		if sl.shard == nil {
 			continue
 		}
 		if ok && commit {
-			s.increment(req.Keys[d])
+			sl.shard.increment(sl.hash)
 		}
-		s.mu.Unlock()
+		sl.shard.mu.Unlock()
 	}
 	return ok, refusedBy
 }
@@ -263,30 +262,17 @@ func capFor(lim *Limits, req *Request, d int) int64 {
 	return req.Max[d]
 }
 
-func (z *Zone) shardFor(d int, key string) *shard {
+// slot is a key's shard and hash, for one admission.
+type slot struct {
+	shard *shard
+	hash  uint64
+}
+
+// shardFor returns the shard of key in dimension d and the key's hash, which
+// identifies the key in the shard: a 64-bit hash with a secret per-zone seed,
+// so two keys share a count only by a 2^-64 chance that no client can steer,
+// and a key costs the same memory however long it is.
+func (z *Zone) shardFor(d int, key string) (*shard, uint64) {
 	h := maphash.String(z.seed, key)
-	return &z.shards[d*numShards+int(h>>32)&(numShards-1)]
-}
-
-func (s *shard) increment(key string) {
-	s.counts[key]++
-	s.peak = max(s.peak, len(s.counts))
-	s.held++
-}
-
-func (s *shard) decrement(key string) {
-	n, ok := s.counts[key]
-	if !ok {
-		return // never held: nothing to give back
-	}
-	if n > 1 {
-		s.counts[key] = n - 1
-	} else {
-		delete(s.counts, key)
-		if len(s.counts) == 0 && s.peak >= shrinkAt {
-			s.counts = make(map[string]int64)
-			s.peak = 0
-		}
-	}
-	s.held--
+	return &z.shards[d*numShards+int(h>>32)&(numShards-1)], h
 }

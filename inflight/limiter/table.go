@@ -1,0 +1,95 @@
+package limiter
+
+// table counts requests in flight per key hash within one shard. The first
+// keys live inline, on the shard's own cache lines, so the common case
+// (few keys in flight per shard) touches no memory outside the shard; the
+// rest overflow to a map.
+//
+// Invariants: inline[:n] hold distinct hashes, each with a count above
+// zero; more holds the other hashes with a count above zero; no hash is in
+// both. more is nil until the inline entries are all in use, and is dropped
+// once emptied after it grew past shrinkAt (Go maps never give memory back).
+type table struct {
+	n      int32
+	peak   int32 // largest len(more) since it was made
+	held   int64 // sum of all counts, for metrics
+	more   map[uint64]int64
+	inline [inlineKeys]entry
+}
+
+type entry struct {
+	hash  uint64
+	count int64
+}
+
+// inlineKeys fills a shard to two cache lines.
+const inlineKeys = 6
+
+// count returns the requests in flight for hash.
+func (t *table) count(hash uint64) int64 {
+	for i := range t.n {
+		if t.inline[i].hash == hash {
+			return t.inline[i].count
+		}
+	}
+	if t.more == nil {
+		return 0
+	}
+	return t.more[hash]
+}
+
+func (t *table) increment(hash uint64) {
+	t.held++
+	for i := range t.n {
+		if t.inline[i].hash == hash {
+			t.inline[i].count++
+			return
+		}
+	}
+	if t.more != nil {
+		if n, ok := t.more[hash]; ok {
+			t.more[hash] = n + 1
+			return
+		}
+	}
+	if t.n < inlineKeys {
+		t.inline[t.n] = entry{hash: hash, count: 1}
+		t.n++
+		return
+	}
+	if t.more == nil {
+		t.more = make(map[uint64]int64)
+	}
+	t.more[hash] = 1
+	t.peak = max(t.peak, int32(len(t.more)))
+}
+
+func (t *table) decrement(hash uint64) {
+	for i := range t.n {
+		if e := &t.inline[i]; e.hash == hash {
+			t.held--
+			if e.count--; e.count == 0 {
+				t.n--
+				*e = t.inline[t.n]
+				t.inline[t.n] = entry{}
+			}
+			return
+		}
+	}
+	n, ok := t.more[hash] // a nil map reads as empty
+	if !ok {
+		return // never held: nothing to give back
+	}
+	t.held--
+	if n > 1 {
+		t.more[hash] = n - 1
+		return
+	}
+	delete(t.more, hash)
+	if len(t.more) == 0 && t.peak >= shrinkAt {
+		t.more, t.peak = nil, 0
+	}
+}
+
+// keys returns how many keys have requests in flight.
+func (t *table) keys() int { return int(t.n) + len(t.more) }
