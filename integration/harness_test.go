@@ -65,7 +65,7 @@ func tryLoadWith(extraGlobals, caddyfile string) error {
 }
 
 // freePort returns a loopback port nothing listens on now.
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
