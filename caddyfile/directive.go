@@ -21,7 +21,7 @@ func init() {
 }
 
 // subdirectives lists the block's options, for error messages.
-const subdirectives = "limit, total, zone, status, retry_after, dry_run, replicas, wait, max_waiting, priority"
+const subdirectives = "limit, total, zone, status, retry_after, dry_run, replicas, wait, max_waiting, priority, max_keys, metrics"
 
 // parse reads the inflight directive into the handler's JSON:
 //
@@ -36,6 +36,8 @@ const subdirectives = "limit, total, zone, status, retry_after, dry_run, replica
 //		wait        <duration>           # wait for a slot instead of refusing (0)
 //		max_waiting <n>                  # bound on waiting requests (1000)
 //		priority    <placeholder>        # high | normal | low per request
+//		max_keys    <n>                  # bound on keys in flight per limit
+//		metrics     per_key [plain]      # per-key series (hashed keys, or raw)
 //	}
 //
 // `inflight <max>` is short for `limit client {client_ip} <max>`. A max may be
@@ -91,6 +93,10 @@ func parse(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 			hd.MaxWaiting, err = positiveInt(h, opt)
 		case "priority":
 			hd.Priority, err = oneArg(h, opt, "a placeholder such as {header.X-Priority}")
+		case "max_keys":
+			hd.MaxKeys, err = positiveInt(h, opt)
+		case "metrics":
+			err = parseMetrics(h, hd)
 		default:
 			return nil, h.Errf("inflight: unknown subdirective %q: want one of %s", opt, subdirectives)
 		}
@@ -120,6 +126,17 @@ func parseLimit(h httpcaddyfile.Helper, hd *inflight.Handler) error {
 		}
 	}
 	hd.Limits = append(hd.Limits, inflight.Limit{Name: args[0], Key: args[1], Max: max})
+	return nil
+}
+
+// parseMetrics reads `metrics per_key [plain]`.
+func parseMetrics(h httpcaddyfile.Helper, hd *inflight.Handler) error {
+	args := h.RemainingArgs()
+	if len(args) == 0 || len(args) > 2 || args[0] != "per_key" || (len(args) == 2 && args[1] != "plain") {
+		return h.Errf("inflight: metrics %q is not allowed: want metrics per_key, or metrics per_key plain", args)
+	}
+	hd.PerKeyMetrics = true
+	hd.PlainKeys = len(args) == 2
 	return nil
 }
 

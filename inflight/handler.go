@@ -89,6 +89,26 @@ type Handler struct {
 	// goes first, with weights high 2, normal 1, low 0.5.
 	Priority string `json:"priority,omitempty"`
 
+	// MaxKeys bounds the keys each limit of the zone holds at once, so that
+	// a flood of distinct keys cannot grow memory without end: a request
+	// with a key not yet in flight is refused (reason `keys_full`) once the
+	// bound is reached. Requests of keys already in flight are unaffected.
+	// It is enforced per shard (each limit's keys are spread over 256), so
+	// new keys may be refused a little before the bound. 0 means no bound.
+	MaxKeys int `json:"max_keys,omitempty"`
+
+	// PerKeyMetrics exports `caddy_inflight_key_requests{zone,limit,key}`,
+	// one series per key in flight, the key as a short SHA-256 hash (its
+	// raw value with PlainKeys). A series is removed when its key's count
+	// reaches zero; beyond 1000 series per zone the rest are counted under
+	// key `_overflow`. Off by default.
+	PerKeyMetrics bool `json:"per_key_metrics,omitempty"`
+
+	// PlainKeys shows raw keys instead of hashes in per-key metrics and in
+	// the admin API. Keys may be secrets (API keys, cookies): turn this on
+	// only where metrics are private.
+	PlainKeys bool `json:"plain_keys,omitempty"`
+
 	ctx        caddy.Context
 	logger     *zap.Logger
 	events     *caddyevents.App
@@ -141,7 +161,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("inflight: %w", err)
 	}
 
-	h.limits = &limiter.Limits{Max: make([]int64, len(h.Limits)), Total: h.perReplica(int64(h.Total))}
+	h.limits = &limiter.Limits{
+		Max:     make([]int64, len(h.Limits)),
+		Total:   h.perReplica(int64(h.Total)),
+		MaxKeys: int64(h.MaxKeys),
+	}
 	h.keys = make([]valueFunc, len(h.Limits))
 	h.maxes = make([]valueFunc, len(h.Limits))
 	for i, l := range h.Limits {
@@ -203,7 +227,10 @@ func (h *Handler) Validate() error {
 		return fmt.Errorf("inflight: wait %s is not allowed: want a positive duration (0 refuses at once)", time.Duration(h.Wait))
 	case h.MaxWaiting < 0:
 		return fmt.Errorf("inflight: max_waiting %d is not allowed: want a positive integer", h.MaxWaiting)
+	case h.MaxKeys < 0:
+		return fmt.Errorf("inflight: max_keys %d is not allowed: want a positive integer (0 for none)", h.MaxKeys)
 	}
+	h.warnIneffective()
 	return nil
 }
 
@@ -238,6 +265,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	switch {
 	case res.Outcome == limiter.Admitted:
 		defer h.store.Release(&a.req)
+		if h.PerKeyMetrics {
+			h.zone.series.admit(h, a)
+			defer h.zone.series.release(h, a)
+		}
 	case res.Outcome == limiter.Aborted:
 		// The client left while waiting: nobody reads a response.
 		return caddyhttp.Error(499, r.Context().Err())
@@ -271,13 +302,14 @@ func (h *Handler) refuse(w http.ResponseWriter, repl *caddy.Replacer, a *admissi
 }
 
 // report counts, logs and emits a refusal, and returns the refusing limit's
-// name.
+// name. Keys appear only as hashes, except client addresses in debug logs.
 func (h *Handler) report(a *admission, res limiter.Result, reason string) string {
-	name, key := totalName, ""
+	name, key, hashed := totalName, "", ""
 	if res.Dim != limiter.TotalDim {
 		name, key = h.Limits[res.Dim].Name, a.req.Keys[res.Dim]
+		hashed = redact(key)
 		if !keyIsAddress(h.Limits[res.Dim].Key) {
-			key = redact(key)
+			key = hashed
 		}
 	}
 	h.rejected[reason][h.dimIndex(res.Dim)].Inc()
@@ -285,7 +317,7 @@ func (h *Handler) report(a *admission, res limiter.Result, reason string) string
 		ce.Write(zap.String("zone", h.Zone), zap.String("limit", name), zap.String("key", key), zap.String("reason", reason))
 	}
 	if h.events.ShouldEmit(RefusedEvent) {
-		h.events.Emit(h.ctx, RefusedEvent, map[string]any{"zone": h.Zone, "limit": name, "key": key, "reason": reason})
+		h.events.Emit(h.ctx, RefusedEvent, map[string]any{"zone": h.Zone, "limit": name, "key": hashed, "reason": reason})
 	}
 	return name
 }
@@ -299,18 +331,20 @@ func (h *Handler) resolveMax(i int, r *http.Request, repl *caddy.Replacer) (int6
 	if err == nil && n > 0 {
 		return h.perReplica(n), nil
 	}
-	if len(v) > 64 {
-		v = v[:64]
+	// The value may come from a client (a header): log only its hash.
+	seen := redact(v)
+	if v == "" {
+		seen = "empty"
 	}
 	if h.badMaxLogs.Load() < 1000 {
-		if _, seen := h.badMaxes.LoadOrStore(v, true); !seen {
+		if _, logged := h.badMaxes.LoadOrStore(seen, true); !logged {
 			h.badMaxLogs.Add(1)
 			h.logger.Error("max placeholder did not resolve to a positive integer; answering 500",
-				zap.String("limit", h.Limits[i].Name), zap.String("max", h.Limits[i].Max.Placeholder), zap.String("value", v))
+				zap.String("limit", h.Limits[i].Name), zap.String("max", h.Limits[i].Max.Placeholder), zap.String("value", seen))
 		}
 	}
 	return 0, caddyhttp.Error(http.StatusInternalServerError,
-		fmt.Errorf("inflight: limit %s: max %q resolved to %q, not a positive integer", h.Limits[i].Name, h.Limits[i].Max.Placeholder, v))
+		fmt.Errorf("inflight: limit %s: max %s resolved to a value that is not a positive integer (%s)", h.Limits[i].Name, h.Limits[i].Max.Placeholder, seen))
 }
 
 // perReplica splits a cap between the fleet's instances, rounding up.
@@ -330,7 +364,7 @@ func (h *Handler) dimIndex(d int) int {
 
 func (h *Handler) initMetrics() {
 	h.rejected = map[string][]prometheus.Counter{}
-	for _, reason := range []string{reasonFull, reasonTimeout, reasonQueueFull, reasonDryRun} {
+	for _, reason := range []string{reasonFull, reasonTimeout, reasonQueueFull, reasonKeysFull, reasonDryRun} {
 		cs := make([]prometheus.Counter, 0, len(h.Limits)+1)
 		for _, l := range h.Limits {
 			cs = append(cs, rejectedTotal.WithLabelValues(h.Zone, l.Name, reason))
@@ -345,11 +379,15 @@ func (h *Handler) initMetrics() {
 // admission is the per-request state, pooled so that admitting a request
 // allocates nothing.
 type admission struct {
-	req limiter.Request
+	req    limiter.Request
+	labels []string // per-key metric labels, when enabled
 }
 
 func newAdmission(dims int) *admission {
-	return &admission{req: limiter.Request{Keys: make([]string, dims), Max: make([]int64, dims)}}
+	return &admission{
+		req:    limiter.Request{Keys: make([]string, dims), Max: make([]int64, dims)},
+		labels: make([]string, dims),
+	}
 }
 
 // recycle returns a to the pool without the request's keys, which must not
@@ -357,6 +395,7 @@ func newAdmission(dims int) *admission {
 func (h *Handler) recycle(a *admission) {
 	clear(a.req.Keys)
 	clear(a.req.Max)
+	clear(a.labels)
 	a.req.Limits = nil
 	h.admissions.Put(a)
 }

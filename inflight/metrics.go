@@ -15,7 +15,7 @@ var (
 		Namespace: "caddy",
 		Subsystem: "inflight",
 		Name:      "rejected_total",
-		Help:      "Requests refused by an inflight limit, by zone, limit and reason (full, timeout, queue_full, dry_run).",
+		Help:      "Requests refused by an inflight limit, by zone, limit and reason (full, timeout, queue_full, keys_full, dry_run).",
 	}, []string{"zone", "limit", "reason"})
 
 	waitSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -73,7 +73,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{rejectedTotal, waitSeconds, stateCollector{}} {
+	for _, c := range []prometheus.Collector{rejectedTotal, waitSeconds, keyRequests, stateCollector{}} {
 		if err := reg.Register(c); err != nil {
 			if _, ok := errors.AsType[prometheus.AlreadyRegisteredError](err); !ok {
 				return err
@@ -88,6 +88,7 @@ const (
 	reasonFull      = "full"
 	reasonTimeout   = "timeout"
 	reasonQueueFull = "queue_full"
+	reasonKeysFull  = "keys_full"
 	reasonDryRun    = "dry_run"
 )
 
@@ -97,6 +98,8 @@ func reasonFor(o limiter.Outcome) string {
 		return reasonTimeout
 	case limiter.QueueFull:
 		return reasonQueueFull
+	case limiter.KeysFull:
+		return reasonKeysFull
 	}
 	return reasonFull
 }

@@ -21,6 +21,7 @@ type zone struct {
 	*limiter.Zone
 	label  string   // the zone name; "" for a handler that names none
 	limits []string // dimension names
+	series keySeries
 }
 
 // Destruct satisfies caddy.Destructor. Requests still in flight keep a

@@ -57,7 +57,12 @@ func loadWith(t *testing.T, extraGlobals, caddyfile string) {
 func tryLoad(caddyfile string) error { return tryLoadWith("", caddyfile) }
 
 func tryLoadWith(extraGlobals, caddyfile string) error {
-	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(globals(extraGlobals)+caddyfile), map[string]any{"filename": "Caddyfile"})
+	return loadRaw(globals(extraGlobals) + caddyfile)
+}
+
+// loadRaw adapts and loads a whole Caddyfile, global options included.
+func loadRaw(caddyfile string) error {
+	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), map[string]any{"filename": "Caddyfile"})
 	if err != nil {
 		return err
 	}

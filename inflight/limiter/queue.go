@@ -51,6 +51,7 @@ const (
 	Timeout           // waited the whole wait without a slot
 	QueueFull         // refused at once: max_waiting requests already wait
 	Aborted           // the request's context ended while it waited
+	KeysFull          // refused at once: a new key, and its dimension holds MaxKeys
 )
 
 // Result reports an admission. Dim is the refusing dimension (TotalDim for
@@ -105,13 +106,11 @@ func (z *Zone) Waiting() int64 { return z.queued.Load() }
 // slot directly and wakes it.
 func (z *Zone) Acquire(ctx context.Context, req *Request, opt WaitOptions) Result {
 	if opt.Wait <= 0 {
-		if ok, d := z.TryAcquire(req); !ok {
-			return Result{Outcome: Full, Dim: d}
-		}
-		return Result{Outcome: Admitted}
+		o, d := z.tryNow(req)
+		return Result{Outcome: o, Dim: d}
 	}
 	if z.pending.Load() == 0 {
-		if ok, _ := z.tryAcquire(req, true); ok {
+		if o, _ := z.tryAcquire(req, true); o == Admitted {
 			return Result{Outcome: Admitted}
 		}
 	}
@@ -119,8 +118,8 @@ func (z *Zone) Acquire(ctx context.Context, req *Request, opt WaitOptions) Resul
 	z.mu.Lock()
 	z.pending.Add(1)
 	z.dispatchLocked()
-	ok, d := z.tryAcquire(req, true)
-	if ok {
+	o, d := z.tryAcquire(req, true)
+	if o == Admitted {
 		z.pending.Add(-1)
 		z.mu.Unlock()
 		return Result{Outcome: Admitted}
@@ -160,12 +159,12 @@ func (z *Zone) Acquire(ctx context.Context, req *Request, opt WaitOptions) Resul
 	z.lists[w.class].remove(w)
 	z.queued.Add(-1)
 	z.pending.Add(-1)
-	ok, d = false, 0
+	o, d = Full, 0
 	if outcome == Timeout {
-		ok, d = z.tryAcquire(req, true)
+		o, d = z.tryAcquire(req, true)
 	}
 	z.mu.Unlock()
-	if ok {
+	if o == Admitted {
 		return Result{Outcome: Admitted, Waited: waited}
 	}
 	return Result{Outcome: outcome, Dim: d, Waited: waited}
@@ -190,7 +189,7 @@ func (z *Zone) dispatchLocked() {
 		var best *waiter
 		for c := High; ; c-- {
 			for w := z.lists[c].head; w != nil; w = w.next {
-				if ok, _ := z.tryAcquire(w.req, false); ok {
+				if o, _ := z.tryAcquire(w.req, false); o == Admitted {
 					if best == nil || outranks(w, best, now) {
 						best = w
 					}
@@ -204,7 +203,7 @@ func (z *Zone) dispatchLocked() {
 		if best == nil {
 			return
 		}
-		if ok, _ := z.tryAcquire(best.req, true); !ok {
+		if o, _ := z.tryAcquire(best.req, true); o != Admitted {
 			continue // a newcomer took the room in between; look again
 		}
 		z.lists[best.class].remove(best)

@@ -93,3 +93,14 @@ func (t *table) decrement(hash uint64) {
 
 // keys returns how many keys have requests in flight.
 func (t *table) keys() int { return int(t.n) + len(t.more) }
+
+// appendCounts appends every key in flight to out.
+func (t *table) appendCounts(out []KeyCount) []KeyCount {
+	for _, e := range t.inline[:t.n] {
+		out = append(out, KeyCount{Hash: e.hash, Count: e.count})
+	}
+	for h, c := range t.more {
+		out = append(out, KeyCount{Hash: h, Count: c})
+	}
+	return out
+}

@@ -27,7 +27,9 @@
 package limiter
 
 import (
+	"cmp"
 	"hash/maphash"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -58,6 +60,11 @@ type Limits struct {
 	Max []int64
 	// Total caps the zone-wide total; 0 means no cap.
 	Total int64
+	// MaxKeys bounds the keys each dimension holds; 0 means no bound. It is
+	// enforced per shard, a new key being refused once its shard holds
+	// ceil(MaxKeys/256) keys, so a dimension never holds more than MaxKeys
+	// rounded up to a multiple of 256.
+	MaxKeys int64
 
 	retired atomic.Bool
 }
@@ -136,8 +143,13 @@ func (z *Zone) Retire(l *Limits) {
 // refusal it returns false and the refusing dimension (TotalDim for the
 // total).
 func (z *Zone) TryAcquire(req *Request) (bool, int) {
+	o, d := z.tryNow(req)
+	return o == Admitted, d
+}
+
+// tryNow admits req if it fits now, after any waiter that fits.
+func (z *Zone) tryNow(req *Request) (Outcome, int) {
 	if z.pending.Load() > 0 {
-		// Waiters exist: let any that fit go first.
 		z.mu.Lock()
 		defer z.mu.Unlock()
 		z.dispatchLocked()
@@ -191,8 +203,9 @@ func (z *Zone) Keys(d int) int {
 }
 
 // tryAcquire checks every dimension of req under its shard lock and, if all
-// fit and commit is set, takes one slot in each.
-func (z *Zone) tryAcquire(req *Request, commit bool) (bool, int) {
+// fit and commit is set, takes one slot in each. It returns Admitted, or
+// Full or KeysFull with the refusing dimension.
+func (z *Zone) tryAcquire(req *Request, commit bool) (Outcome, int) {
 	lim := z.limitsFor(req)
 	var buf [inlineDims]slot
 	locked := buf[:0]
@@ -208,26 +221,34 @@ func (z *Zone) tryAcquire(req *Request, commit bool) (bool, int) {
 		locked = append(locked, sl)
 	}
 
-	ok, refusedBy := true, 0
+	outcome, refusedBy := Admitted, 0
 	for d, sl := range locked {
-		if sl.shard != nil && sl.shard.count(sl.hash) >= capFor(lim, req, d) {
-			ok, refusedBy = false, d
+		if sl.shard == nil {
+			continue
+		}
+		n := sl.shard.count(sl.hash)
+		if n >= capFor(lim, req, d) {
+			outcome, refusedBy = Full, d
+			break
+		}
+		if n == 0 && lim.MaxKeys > 0 && int64(sl.shard.keys()) >= (lim.MaxKeys+numShards-1)/numShards {
+			outcome, refusedBy = KeysFull, d
 			break
 		}
 	}
-	if ok && z.hasTotal && !z.takeTotal(lim.Total, commit) {
-		ok, refusedBy = false, TotalDim
+	if outcome == Admitted && z.hasTotal && !z.takeTotal(lim.Total, commit) {
+		outcome, refusedBy = Full, TotalDim
 	}
 	for _, sl := range locked {
 		if sl.shard == nil {
 			continue
 		}
-		if ok && commit {
+		if outcome == Admitted && commit {
 			sl.shard.increment(sl.hash)
 		}
 		sl.shard.mu.Unlock()
 	}
-	return ok, refusedBy
+	return outcome, refusedBy
 }
 
 // takeTotal raises the total by one if it is below max (0: no max). Without
@@ -275,4 +296,24 @@ type slot struct {
 func (z *Zone) shardFor(d int, key string) (*shard, uint64) {
 	h := maphash.String(z.seed, key)
 	return &z.shards[d*numShards+int(h>>32)&(numShards-1)], h
+}
+
+// KeyCount is a key's hash and its requests in flight.
+type KeyCount struct {
+	Hash  uint64
+	Count int64
+}
+
+// TopKeys returns up to n keys of dimension d with the most requests in
+// flight, most first.
+func (z *Zone) TopKeys(d, n int) []KeyCount {
+	var all []KeyCount
+	for i := range numShards {
+		s := &z.shards[d*numShards+i]
+		s.mu.Lock()
+		all = s.appendCounts(all)
+		s.mu.Unlock()
+	}
+	slices.SortFunc(all, func(a, b KeyCount) int { return cmp.Compare(b.Count, a.Count) })
+	return all[:min(n, len(all))]
 }

@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -187,5 +188,28 @@ func TestReleaseOfUnheldKeyIsHarmless(t *testing.T) {
 	z.Release(req(lim, "never"))
 	if z.Held(0) != 0 {
 		t.Fatalf("held %d", z.Held(0))
+	}
+}
+
+func TestMaxKeysBoundsKeysNotRequests(t *testing.T) {
+	z := NewZone(1, false, nil)
+	lim := &Limits{Max: []int64{5}, MaxKeys: numShards} // one key per shard
+	admitted := map[string]bool{}
+	for i := range 2000 {
+		k := fmt.Sprint("k", i)
+		switch res := z.Acquire(context.Background(), req(lim, k), WaitOptions{}); res.Outcome {
+		case Admitted:
+			admitted[k] = true
+		case KeysFull:
+		default:
+			t.Fatalf("key %s: outcome %d, want admitted or keys full", k, res.Outcome)
+		}
+	}
+	if n := z.Keys(0); n != len(admitted) || n > numShards || n < numShards/2 {
+		t.Fatalf("%d keys held (%d admitted), want at most %d and most shards used", n, len(admitted), numShards)
+	}
+	for k := range admitted { // a key already in flight is not a new key
+		mustAdmit(t, z, req(lim, k))
+		break
 	}
 }

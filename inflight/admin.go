@@ -1,0 +1,113 @@
+package inflight
+
+import (
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
+)
+
+func init() {
+	caddy.RegisterModule(new(AdminAPI))
+}
+
+// topKeys is how many keys per zone the admin API lists.
+const topKeys = 10
+
+// AdminAPI serves the live state of every zone at `GET /inflight/` on
+// Caddy's admin endpoint: per zone, its limits with the slots held and keys
+// in flight, the total, the requests waiting, and the keys holding the most
+// slots. It answers "who is holding my backend right now?".
+type AdminAPI struct{}
+
+// CaddyModule returns the Caddy module information.
+func (*AdminAPI) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "admin.api.inflight",
+		New: func() caddy.Module { return new(AdminAPI) },
+	}
+}
+
+// Routes returns the admin routes.
+func (a *AdminAPI) Routes() []caddy.AdminRoute {
+	return []caddy.AdminRoute{{Pattern: "/inflight/", Handler: caddy.AdminHandlerFunc(a.serveState)}}
+}
+
+// ZoneState is one zone in the admin API's answer.
+type ZoneState struct {
+	Zone    string       `json:"zone"`
+	Limits  []LimitState `json:"limits"`
+	Total   *int64       `json:"total,omitempty"`
+	Waiting int64        `json:"waiting"`
+	// TopKeys are the keys holding the most slots. With per_key_metrics
+	// they are the hashes logs and metrics show (raw with plain_keys);
+	// otherwise anonymous (#-prefixed), as the engine keeps only a keyed
+	// hash of each key.
+	TopKeys []keyHeld `json:"top_keys"`
+}
+
+// LimitState is one limit of a zone.
+type LimitState struct {
+	Name string `json:"name"`
+	Held int64  `json:"held"`
+	Keys int    `json:"keys"`
+}
+
+type keyHeld struct {
+	Limit string `json:"limit"`
+	Key   string `json:"key"`
+	Held  int64  `json:"held"`
+}
+
+func (a *AdminAPI) serveState(w http.ResponseWriter, r *http.Request) error {
+	if r.Method != http.MethodGet {
+		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method not allowed")}
+	}
+	states := []ZoneState{}
+	zones.Range(func(_, v any) bool {
+		states = append(states, stateOf(v.(*zone)))
+		return true
+	})
+	slices.SortFunc(states, func(a, b ZoneState) int { return cmp.Compare(a.Zone, b.Zone) })
+	w.Header().Set("Content-Type", "application/json")
+	return json.NewEncoder(w).Encode(map[string]any{"zones": states})
+}
+
+func stateOf(z *zone) ZoneState {
+	st := ZoneState{Zone: z.label, Waiting: z.Waiting(), Limits: []LimitState{}}
+	for d, name := range z.limits {
+		st.Limits = append(st.Limits, LimitState{Name: name, Held: z.Held(d), Keys: z.Keys(d)})
+	}
+	if z.HasTotal() {
+		t := z.Held(limiter.TotalDim)
+		st.Total = &t
+	}
+	st.TopKeys = z.series.top(topKeys)
+	if len(st.TopKeys) == 0 {
+		var anon []keyHeld
+		for d, name := range z.limits {
+			for _, kc := range z.TopKeys(d, topKeys) {
+				anon = append(anon, keyHeld{Limit: name, Key: fmt.Sprintf("#%016x", kc.Hash), Held: kc.Count})
+			}
+		}
+		st.TopKeys = topN(anon, topKeys)
+	}
+	return st
+}
+
+// topN sorts keys by slots held, most first, and keeps n.
+func topN(keys []keyHeld, n int) []keyHeld {
+	slices.SortFunc(keys, func(a, b keyHeld) int { return cmp.Compare(b.Held, a.Held) })
+	if keys == nil {
+		keys = []keyHeld{}
+	}
+	return keys[:min(n, len(keys))]
+}
+
+// Interface guard
+var _ caddy.AdminRouter = (*AdminAPI)(nil)
