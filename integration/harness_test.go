@@ -35,7 +35,7 @@ func globals(extra string) string {
 	if os.Getenv("INFLIGHT_TEST_LOGS") != "" {
 		logs = "debug"
 	}
-	return "{\n\tadmin " + adminAddr + "\n\tauto_https off\n\tpersist_config off\n\tskip_install_trust\n\t" + logs + "\n" + extra + "\n}\n"
+	return "{\n\tadmin " + adminAddr + "\n\tdefault_bind 127.0.0.1\n\tauto_https off\n\tpersist_config off\n\tskip_install_trust\n\t" + logs + "\n" + extra + "\n}\n"
 }
 
 // load adapts a Caddyfile (after the test globals) and loads it into the

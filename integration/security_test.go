@@ -45,6 +45,7 @@ func TestSecretKeysStayHashed(t *testing.T) {
 	port := freePort(t)
 	cfg := fmt.Sprintf(`{
 	admin %s
+	default_bind 127.0.0.1
 	auto_https off
 	persist_config off
 	log {
