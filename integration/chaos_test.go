@@ -216,14 +216,16 @@ var chaosActions = []chaosAction{
 	func(c *http.Client, base string) string { return websocket(base, "server") },
 }
 
+// statusOf gets url and names the outcome by path and status.
 func statusOf(c *http.Client, url string) string {
+	path := url[strings.LastIndexByte(url, '/')+1:]
 	resp, err := c.Get(url)
 	if err != nil {
-		return "error"
+		return path + "-dropped"
 	}
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	return strconv.Itoa(resp.StatusCode)
+	return path + "-" + strconv.Itoa(resp.StatusCode)
 }
 
 // websocket upgrades a raw connection through reverse_proxy, echoes a
