@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/caddyserver/caddy/v2"
 )
 
 // hashOf is how logs, events and metrics show a key: a short SHA-256.
@@ -146,5 +148,37 @@ func TestAdminAPIShowsWhoHolds(t *testing.T) {
 	b.open()
 	for _, d := range held {
 		<-d
+	}
+}
+
+func TestIneffectiveSettingsWarn(t *testing.T) {
+	logFile := filepath.Join(t.TempDir(), "caddy.log")
+	port := freePort(t)
+	err := loadRaw(fmt.Sprintf(`{
+	admin %s
+	default_bind 127.0.0.1
+	auto_https off
+	persist_config off
+	log {
+		output file %s
+	}
+}
+http://127.0.0.1:%d {
+	inflight 5 {
+		max_waiting 10
+		priority {header.X-Priority}
+	}
+	respond "ok"
+}
+`, adminAddr, logFile, port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { caddy.Stop() })
+	raw, _ := os.ReadFile(logFile)
+	for _, setting := range []string{"max_waiting", "priority"} {
+		if !strings.Contains(string(raw), `"msg":"setting has no effect","setting":"`+setting+`"`) {
+			t.Errorf("no warning for %s without wait in:\n%s", setting, raw)
+		}
 	}
 }
