@@ -296,7 +296,7 @@ func TestChaosLeavesNothingBehind(t *testing.T) {
 				return
 			case <-tick.C:
 			}
-			resp, err := http.Post("http://"+adminAddr+"/load", "application/json", bytes.NewReader(chaosConfig(port, upstream, 6+2*(i%2))))
+			resp, err := adminClient.Post("http://"+adminAddr+"/load", "application/json", bytes.NewReader(chaosConfig(port, upstream, 6+2*(i%2))))
 			if err != nil || resp.StatusCode != 200 {
 				reloadErrors.Add(1)
 			} else {

@@ -236,7 +236,7 @@ func metric(t *testing.T, name string, labels ...string) float64 {
 // metricAt is metric for an admin endpoint at another address.
 func metricAt(t *testing.T, admin, name string, labels ...string) float64 {
 	t.Helper()
-	resp, err := http.Get("http://" + admin + "/metrics")
+	resp, err := adminClient.Get("http://" + admin + "/metrics")
 	if err != nil {
 		t.Fatalf("metrics: %v", err)
 	}
@@ -306,3 +306,8 @@ func hold(t *testing.T, b *backend, ctx context.Context, c *http.Client, url str
 	eventually(t, "the backend holds the request", func() bool { return b.served.Load()+b.cur.Load() > before })
 	return done
 }
+
+// adminClient talks to the admin endpoint without keep-alive: a reload may
+// replace the admin server, and a kept connection to the old one would end
+// in EOF.
+var adminClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 30 * time.Second}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net/http"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
@@ -35,7 +34,7 @@ func TestJSONThroughAdminAPI(t *testing.T) {
 	load(t, fmt.Sprintf("http://127.0.0.1:%d {\n\trespond \"bootstrap\"\n}\n", freePort(t)))
 
 	cfg := jsonConfig(port, `{"handler":"inflight","limits":[{"name":"client","key":"{http.vars.client_ip}","max":2}],"total":0,"zone":"","status_code":429,"retry_after":"1s","dry_run":false,"replicas":1}`, b.addr)
-	resp, err := http.Post("http://"+adminAddr+"/load", "application/json", bytes.NewBufferString(cfg))
+	resp, err := adminClient.Post("http://"+adminAddr+"/load", "application/json", bytes.NewBufferString(cfg))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +56,7 @@ func TestJSONThroughAdminAPI(t *testing.T) {
 
 	// A bad config through the API is refused and the running one stays.
 	bad := jsonConfig(port, `{"handler":"inflight","limits":[{"name":"client","max":0}]}`, b.addr)
-	resp, err = http.Post("http://"+adminAddr+"/load", "application/json", bytes.NewBufferString(bad))
+	resp, err = adminClient.Post("http://"+adminAddr+"/load", "application/json", bytes.NewBufferString(bad))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -24,7 +23,7 @@ func hashOf(key string) string {
 
 func adminGet(t *testing.T, path string) string {
 	t.Helper()
-	resp, err := http.Get("http://" + adminAddr + path)
+	resp, err := adminClient.Get("http://" + adminAddr + path)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,9 @@ else
 	run_mode=full count=6 benchtime=1s e2e_secs=10 warmup_secs=2 overload=10s
 fi
 rounds=3 conns=64
+started=$(date -u '+%Y-%m-%d %H:%M UTC')
+# Other work on the machine skews every figure; the table shows this.
+load_at_start=$(cut -d' ' -f1 /proc/loadavg)
 tool=${E2E_TOOL:-$(command -v wrk >/dev/null && echo wrk || echo loadgen)}
 
 tmp=$(mktemp -d)
@@ -177,16 +180,15 @@ for url in "$url_with" "$url_without"; do
 	load "$url" "$warmup_secs" >/dev/null
 done
 
-# run_e2e SIDE URL: one measured run, kept in rps_SIDE and p99_SIDE.
+# run_e2e SIDE URL: one measured run, kept in last_rps[SIDE] and
+# last_p99[SIDE]; its failed requests are added to e2e_errors.
 declare -A last_rps last_p99
+e2e_errors=0
 run_e2e() {
 	local out
 	out=$(load "$2" "$e2e_secs")
 	echo "   $1: $out" >&2
-	if [[ $(field "$out" errors) != 0 ]]; then
-		echo "errors in the run of $2" >&2
-		exit 1
-	fi
+	e2e_errors=$((e2e_errors + $(field "$out" errors)))
 	last_rps[$1]=$(field "$out" rps)
 	last_p99[$1]=$(field "$out" p99_ms)
 }
@@ -227,7 +229,7 @@ if [[ -n $(git -C "$root" status --porcelain 2>/dev/null) ]]; then commit+=" (wi
 echo
 echo "## caddy-inflight performance"
 echo
-echo "$(date -u '+%Y-%m-%d %H:%M UTC'), commit $commit, $(go version | cut -d' ' -f3), $(nproc) CPUs ($(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)), mode: $run_mode, -count $count -benchtime $benchtime. Times are medians."
+echo "$started, commit $commit, $(go version | cut -d' ' -f3), $(nproc) CPUs ($(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)), mode: $run_mode, -count $count -benchtime $benchtime, load average at the start $load_at_start. Times are medians."
 echo
 echo "| Engine and handler path | ns/op | allocs/op |"
 echo "|---|--:|--:|"
@@ -278,6 +280,7 @@ echo "| End to end: Caddy binary, \`respond \"ok\"\`, $tool, $conns connections,
 echo "|---|--:|--:|--:|"
 echo "| throughput, req/s (median) | $(calc %.0f "$(middle "${rps_without[@]}")") | $(calc %.0f "$(middle "${rps_with[@]}")") | $(calc %.3f "$(middle "${rps_ratio[@]}")") |"
 echo "| p99 latency, ms (median) | $(calc %.3f "$(middle "${p99_without[@]}")") | $(calc %.3f "$(middle "${p99_with[@]}")") | $(calc %.3f "$(middle "${p99_ratio[@]}")") |"
+echo "| failed requests, all runs (must be 0) | $e2e_errors | | |"
 echo
 echo "| Overload: \`inflight 50\` before a backend counting its concurrency, 1000 keep-alive clients, $overload | |"
 echo "|---|--:|"
@@ -286,4 +289,4 @@ for key in sent admitted refused errors backend_peak backend_served; do
 done
 echo "| backend peak = 50, admitted + refused = sent, backend served = admitted | $overload_ok |"
 
-[[ $overload_ok == yes ]]
+[[ $overload_ok == yes && $e2e_errors == 0 ]]
