@@ -62,11 +62,17 @@ func tryLoadWith(extraGlobals, caddyfile string) error {
 
 // loadRaw adapts and loads a whole Caddyfile, global options included.
 func loadRaw(caddyfile string) error {
-	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), map[string]any{"filename": "Caddyfile"})
+	cfg, err := adaptOnly(caddyfile)
 	if err != nil {
 		return err
 	}
 	return caddy.Load(cfg, true)
+}
+
+// adaptOnly adapts a Caddyfile to JSON.
+func adaptOnly(caddyfile string) ([]byte, error) {
+	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), map[string]any{"filename": "Caddyfile"})
+	return cfg, err
 }
 
 // freePort returns a loopback port nothing listens on now.
