@@ -163,8 +163,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 
 	h.limits = &limiter.Limits{
 		Max:     make([]int64, len(h.Limits)),
-		Total:   h.perReplica(int64(h.Total)),
+		Total:   int64(h.Total),
 		MaxKeys: int64(h.MaxKeys),
+		Divisor: int64(h.Replicas),
 	}
 	h.keys = make([]valueFunc, len(h.Limits))
 	h.maxes = make([]valueFunc, len(h.Limits))
@@ -173,7 +174,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if l.Max.Placeholder != "" {
 			h.maxes[i] = compileTemplate(l.Max.Placeholder)
 		} else {
-			h.limits.Max[i] = h.perReplica(l.Max.Fixed)
+			h.limits.Max[i] = l.Max.Fixed
 		}
 	}
 	if h.Priority != "" {
@@ -329,7 +330,7 @@ func (h *Handler) resolveMax(i int, r *http.Request, repl *caddy.Replacer) (int6
 	v := h.maxes[i](r, repl)
 	n, err := strconv.ParseInt(v, 10, 64)
 	if err == nil && n > 0 {
-		return h.perReplica(n), nil
+		return n, nil
 	}
 	// The value may come from a client (a header): log only its hash.
 	seen := redact(v)
@@ -345,12 +346,6 @@ func (h *Handler) resolveMax(i int, r *http.Request, repl *caddy.Replacer) (int6
 	}
 	return 0, caddyhttp.Error(http.StatusInternalServerError,
 		fmt.Errorf("inflight: limit %s: max %s resolved to a value that is not a positive integer (%s)", h.Limits[i].Name, h.Limits[i].Max.Placeholder, seen))
-}
-
-// perReplica splits a cap between the fleet's instances, rounding up.
-func (h *Handler) perReplica(n int64) int64 {
-	r := int64(max(h.Replicas, 1))
-	return (n + r - 1) / r
 }
 
 // dimIndex maps a result's dimension to the index of its metric children,

@@ -227,8 +227,13 @@ func outranks(a, b *waiter, now time.Time) bool {
 	return a.seq < b.seq
 }
 
-func score(w *waiter, now time.Time) float64 {
-	return weight[w.class] * (1 + float64(now.Sub(w.arrived))/float64(agingPeriod))
+func score(w *waiter, now time.Time) float64 { return Score(w.class, now.Sub(w.arrived)) }
+
+// Score is a waiter's rank: weight × (1 + waited / 30s), weights high 2,
+// normal 1, low 0.5. Higher goes first; ties go to the higher class, then
+// to the earlier arrival.
+func Score(c Class, waited time.Duration) float64 {
+	return weight[c] * (1 + float64(waited)/float64(agingPeriod))
 }
 
 func (l *waitList) push(w *waiter) {

@@ -65,6 +65,10 @@ type Limits struct {
 	// ceil(MaxKeys/256) keys, so a dimension never holds more than MaxKeys
 	// rounded up to a multiple of 256.
 	MaxKeys int64
+	// Divisor splits every cap (Max, a request's own max, Total) between
+	// instances sharing the load: each enforces ceil(cap/Divisor). 0 or 1
+	// means the caps as they are.
+	Divisor int64
 
 	retired atomic.Bool
 }
@@ -79,6 +83,8 @@ type Request struct {
 	Max []int64
 	// Limits are the caps of the handler that admits the request.
 	Limits *Limits
+	// Lease identifies the slots a shared store granted, for its Release.
+	Lease string
 }
 
 // Zone counts requests in flight for a fixed list of dimensions.
@@ -155,6 +161,24 @@ func (z *Zone) tryNow(req *Request) (Outcome, int) {
 		z.dispatchLocked()
 	}
 	return z.tryAcquire(req, true)
+}
+
+// Hold counts req in every dimension without checking any cap: for
+// requests a shared store admitted, so that local counts (metrics, and the
+// caps enforced locally while the store is unreachable) include them.
+func (z *Zone) Hold(req *Request) {
+	for d, key := range req.Keys {
+		if key == "" {
+			continue
+		}
+		s, h := z.shardFor(d, key)
+		s.mu.Lock()
+		s.increment(h)
+		s.mu.Unlock()
+	}
+	if z.hasTotal {
+		z.total.Add(1)
+	}
 }
 
 // Release gives back the slots req holds and hands them to waiters that
@@ -236,7 +260,7 @@ func (z *Zone) tryAcquire(req *Request, commit bool) (Outcome, int) {
 			break
 		}
 	}
-	if outcome == Admitted && z.hasTotal && !z.takeTotal(lim.Total, commit) {
+	if outcome == Admitted && z.hasTotal && !z.takeTotal(split(lim.Total, lim.Divisor), commit) {
 		outcome, refusedBy = Full, TotalDim
 	}
 	for _, sl := range locked {
@@ -278,9 +302,17 @@ func (z *Zone) limitsFor(req *Request) *Limits {
 
 func capFor(lim *Limits, req *Request, d int) int64 {
 	if d < len(lim.Max) && lim.Max[d] > 0 {
-		return lim.Max[d]
+		return split(lim.Max[d], lim.Divisor)
 	}
-	return req.Max[d]
+	return split(req.Max[d], lim.Divisor)
+}
+
+// split is ceil(n/div), for caps shared by div instances.
+func split(n, div int64) int64 {
+	if div <= 1 {
+		return n
+	}
+	return (n + div - 1) / div
 }
 
 // slot is a key's shard and hash, for one admission.

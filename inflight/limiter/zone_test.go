@@ -213,3 +213,17 @@ func TestMaxKeysBoundsKeysNotRequests(t *testing.T) {
 		break
 	}
 }
+
+func TestDivisorSplitsCapsRoundingUp(t *testing.T) {
+	z := NewZone(1, true, nil)
+	lim := &Limits{Max: []int64{5}, Total: 3, Divisor: 2} // each instance: 3 per key, 2 in all
+	mustAdmit(t, z, req(lim, "a"))
+	mustAdmit(t, z, req(lim, "a"))
+	mustRefuse(t, z, req(lim, "b"), TotalDim)
+	perRequest := &Limits{Max: []int64{0}, Divisor: 3}
+	z2 := NewZone(1, false, nil)
+	r := func() *Request { return &Request{Keys: []string{"k"}, Max: []int64{4}, Limits: perRequest} }
+	mustAdmit(t, z2, r())
+	mustAdmit(t, z2, r())
+	mustRefuse(t, z2, r(), 0) // ceil(4/3) = 2
+}
