@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
@@ -21,7 +23,7 @@ func init() {
 }
 
 // subdirectives lists the block's options, for error messages.
-const subdirectives = "limit, total, zone, status, retry_after, dry_run, replicas, wait, max_waiting, priority, max_keys, metrics"
+const subdirectives = "limit, total, zone, status, retry_after, dry_run, replicas, wait, max_waiting, priority, max_keys, metrics, store"
 
 // parse reads the inflight directive into the handler's JSON:
 //
@@ -38,6 +40,7 @@ const subdirectives = "limit, total, zone, status, retry_after, dry_run, replica
 //		priority    <placeholder>        # high | normal | low per request
 //		max_keys    <n>                  # bound on keys in flight per limit
 //		metrics     per_key [plain]      # per-key series (hashed keys, or raw)
+//		store       redis { ... }        # counts shared by a fleet, in Redis
 //	}
 //
 // `inflight <max>` is short for `limit client {client_ip} <max>`. A max may be
@@ -97,6 +100,8 @@ func parse(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 			hd.MaxKeys, err = positiveInt(h, opt)
 		case "metrics":
 			err = parseMetrics(h, hd)
+		case "store":
+			err = parseStore(h, hd)
 		default:
 			return nil, h.Errf("inflight: unknown subdirective %q: want one of %s", opt, subdirectives)
 		}
@@ -137,6 +142,25 @@ func parseMetrics(h httpcaddyfile.Helper, hd *inflight.Handler) error {
 	}
 	hd.PerKeyMetrics = true
 	hd.PlainKeys = len(args) == 2
+	return nil
+}
+
+// parseStore reads `store <type> { ... }` with the store module's own
+// Caddyfile syntax.
+func parseStore(h httpcaddyfile.Helper, hd *inflight.Handler) error {
+	if !h.NextArg() {
+		return h.Errf("inflight: store: want a store type, such as store redis { address 127.0.0.1:6379 }")
+	}
+	name := h.Val()
+	id := "http.handlers.inflight.stores." + name
+	if _, err := caddy.GetModule(id); err != nil {
+		return h.Errf("inflight: store %q is not allowed: want redis", name)
+	}
+	unm, err := caddyfile.UnmarshalModule(h.Dispenser, id)
+	if err != nil {
+		return err
+	}
+	hd.StoreRaw = caddyconfig.JSONModuleObject(unm, "type", name, nil)
 	return nil
 }
 

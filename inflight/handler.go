@@ -4,6 +4,7 @@
 package inflight
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
 	"net/http"
@@ -103,6 +104,13 @@ type Handler struct {
 	// reaches zero; beyond 1000 series per zone the rest are counted under
 	// key `_overflow`. Off by default.
 	PerKeyMetrics bool `json:"per_key_metrics,omitempty"`
+
+	// StoreRaw keeps the counts in a store shared by a fleet of Caddy
+	// instances, so one cap holds across all of them; `replicas` then only
+	// divides the caps each instance enforces alone while the store is
+	// unreachable. Module namespace: `http.handlers.inflight.stores`
+	// (`redis`). Default: counts in this process.
+	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=http.handlers.inflight.stores inline_key=type"`
 
 	// PlainKeys shows raw keys instead of hashes in per-key metrics and in
 	// the admin API. Keys may be secrets (API keys, cookies): turn this on
@@ -206,6 +214,17 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("inflight: zone %q: %v", h.Zone, err)
 	}
 	h.zone, h.store = z, z.Zone
+	if h.StoreRaw != nil {
+		mod, err := ctx.LoadModule(h, "StoreRaw")
+		if err != nil {
+			return fmt.Errorf("inflight: loading store: %v", err)
+		}
+		shared := mod.(SharedStore).Bind(fleetID(h.Zone, h.zoneID), names(h.Limits), hasTotal, z.Zone)
+		h.store = shared
+		if w, ok := shared.(interface{ Waiting() int64 }); ok {
+			z.shared = w
+		}
+	}
 	h.initMetrics()
 	z.Adopt(h.limits)
 	return nil
@@ -359,7 +378,7 @@ func (h *Handler) dimIndex(d int) int {
 
 func (h *Handler) initMetrics() {
 	h.rejected = map[string][]prometheus.Counter{}
-	for _, reason := range []string{reasonFull, reasonTimeout, reasonQueueFull, reasonKeysFull, reasonDryRun} {
+	for _, reason := range []string{reasonFull, reasonTimeout, reasonQueueFull, reasonKeysFull, reasonStore, reasonDryRun} {
 		cs := make([]prometheus.Counter, 0, len(h.Limits)+1)
 		for _, l := range h.Limits {
 			cs = append(cs, rejectedTotal.WithLabelValues(h.Zone, l.Name, reason))

@@ -15,7 +15,7 @@ var (
 		Namespace: "caddy",
 		Subsystem: "inflight",
 		Name:      "rejected_total",
-		Help:      "Requests refused by an inflight limit, by zone, limit and reason (full, timeout, queue_full, keys_full, dry_run).",
+		Help:      "Requests refused by an inflight limit, by zone, limit and reason (full, timeout, queue_full, keys_full, store_error, dry_run).",
 	}, []string{"zone", "limit", "reason"})
 
 	waitSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -25,6 +25,21 @@ var (
 		Help:      "Time requests spent waiting for an inflight slot, by zone and outcome (admitted, timeout, aborted).",
 		Buckets:   []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120},
 	}, []string{"zone", "outcome"})
+
+	storeErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy",
+		Subsystem: "inflight",
+		Name:      "store_errors_total",
+		Help:      "Failed operations on a shared store, by store and operation (acquire, release, renew).",
+	}, []string{"store", "op"})
+
+	storeSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: "caddy",
+		Subsystem: "inflight",
+		Name:      "store_seconds",
+		Help:      "Latency of shared store operations, by store and operation.",
+		Buckets:   []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1},
+	}, []string{"store", "op"})
 
 	requestsDesc = prometheus.NewDesc("caddy_inflight_requests",
 		"Slots held now by requests in flight, summed over keys, by zone and limit (total: the zone-wide total).",
@@ -57,6 +72,9 @@ func (stateCollector) Collect(ch chan<- prometheus.Metric) {
 			held[series{z.label, totalName}] += z.Held(limiter.TotalDim)
 		}
 		waiting[z.label] += z.Waiting()
+		if z.shared != nil {
+			waiting[z.label] += z.shared.Waiting()
+		}
 		return true
 	})
 	for s, n := range held {
@@ -73,7 +91,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{rejectedTotal, waitSeconds, keyRequests, stateCollector{}} {
+	for _, c := range []prometheus.Collector{rejectedTotal, waitSeconds, keyRequests, storeErrors, storeSeconds, stateCollector{}} {
 		if err := reg.Register(c); err != nil {
 			if _, ok := errors.AsType[prometheus.AlreadyRegisteredError](err); !ok {
 				return err
@@ -89,6 +107,7 @@ const (
 	reasonTimeout   = "timeout"
 	reasonQueueFull = "queue_full"
 	reasonKeysFull  = "keys_full"
+	reasonStore     = "store_error"
 	reasonDryRun    = "dry_run"
 )
 
@@ -100,6 +119,8 @@ func reasonFor(o limiter.Outcome) string {
 		return reasonQueueFull
 	case limiter.KeysFull:
 		return reasonKeysFull
+	case limiter.StoreError:
+		return reasonStore
 	}
 	return reasonFull
 }

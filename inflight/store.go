@@ -18,3 +18,13 @@ type Store interface {
 }
 
 var _ Store = (*limiter.Zone)(nil)
+
+// SharedStore is a store module (namespace http.handlers.inflight.stores)
+// that keeps counts outside the process, so a fleet shares them.
+type SharedStore interface {
+	// Bind returns the store of one zone. id names the zone and its shape
+	// the same way on every instance; local counts this instance's
+	// requests, and enforces the caps alone when the store is unreachable
+	// and fails open.
+	Bind(id string, limits []string, hasTotal bool, local *limiter.Zone) Store
+}

@@ -1,6 +1,8 @@
 package inflight
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"strings"
 	"sync"
@@ -22,6 +24,7 @@ type zone struct {
 	label  string   // the zone name; "" for a handler that names none
 	limits []string // dimension names
 	series keySeries
+	shared interface{ Waiting() int64 } // a shared store's waiters, if any
 }
 
 // Destruct satisfies caddy.Destructor. Requests still in flight keep a
@@ -83,14 +86,28 @@ func claimZone(config any, name, id, shape string) error {
 	return nil
 }
 
+// fleetID names a zone and its shape in a shared store, the same on every
+// instance with the same config: the zone's name and a hash of its shape.
+func fleetID(name, id string) string {
+	sum := sha256.Sum256([]byte(id))
+	if name == "" {
+		name = "anon"
+	}
+	return name + "/" + hex.EncodeToString(sum[:6])
+}
+
+func names(limits []Limit) []string {
+	out := make([]string, len(limits))
+	for i, l := range limits {
+		out[i] = l.Name
+	}
+	return out
+}
+
 // loadZone takes a reference to the zone for id, making it if it is new.
 func loadZone(id, label string, limits []Limit, hasTotal bool) (*zone, error) {
 	v, _, err := zones.LoadOrNew(id, func() (caddy.Destructor, error) {
-		names := make([]string, len(limits))
-		for i, l := range limits {
-			names[i] = l.Name
-		}
-		return &zone{Zone: limiter.NewZone(len(limits), hasTotal, nil), label: label, limits: names}, nil
+		return &zone{Zone: limiter.NewZone(len(limits), hasTotal, nil), label: label, limits: names(limits)}, nil
 	})
 	if err != nil {
 		return nil, err

@@ -52,6 +52,7 @@ const (
 	QueueFull         // refused at once: max_waiting requests already wait
 	Aborted           // the request's context ended while it waited
 	KeysFull          // refused at once: a new key, and its dimension holds MaxKeys
+	StoreError        // refused at once: a shared store was unreachable and fails closed
 )
 
 // Result reports an admission. Dim is the refusing dimension (TotalDim for

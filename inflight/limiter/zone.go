@@ -307,6 +307,18 @@ func capFor(lim *Limits, req *Request, d int) int64 {
 	return split(req.Max[d], lim.Divisor)
 }
 
+// WholeCap returns the cap of dimension d (TotalDim: the total) for req,
+// not split by Divisor: what a store shared by the whole fleet enforces.
+func (l *Limits) WholeCap(req *Request, d int) int64 {
+	if d == TotalDim {
+		return l.Total
+	}
+	if d < len(l.Max) && l.Max[d] > 0 {
+		return l.Max[d]
+	}
+	return req.Max[d]
+}
+
 // split is ceil(n/div), for caps shared by div instances.
 func split(n, div int64) int64 {
 	if div <= 1 {

@@ -1,0 +1,208 @@
+package inflight
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"go.uber.org/zap"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
+)
+
+func init() {
+	caddy.RegisterModule(new(RedisStore))
+}
+
+// RedisStore keeps a zone's counts in Redis, so that one cap holds across a
+// fleet of Caddy instances. Each slot held is a lease: a member of a sorted
+// set per key, scored by its expiry. Admission is one atomic script (drop
+// expired leases, check every limit, add the lease to all, or to none);
+// release removes the lease. Requests that outlive half their lease have it
+// renewed, by one timer per instance for all of them, so a crashed
+// instance's slots come back within `lease`.
+type RedisStore struct {
+	// Address lists the Redis servers: one address for a single server,
+	// several for a cluster, or the sentinels with MasterName.
+	Address []string `json:"address,omitempty"`
+
+	// MasterName is the Sentinel master's name, when Address lists
+	// sentinels.
+	MasterName string `json:"master_name,omitempty"`
+
+	// Username and Password authenticate to Redis (placeholders such as
+	// `{env.REDIS_PASSWORD}` are replaced at load).
+	Username string `json:"username,omitempty"`
+	Password string `json:"password,omitempty"`
+
+	// DB is the database number of a single server or sentinel setup.
+	DB int `json:"db,omitempty"`
+
+	// Lease is how long a held slot lives without renewal: the time a
+	// crashed instance's slots stay taken. Default: 30s.
+	Lease caddy.Duration `json:"lease,omitempty"`
+
+	// OnError says what happens when Redis cannot be reached: `open` (the
+	// default) admits, enforcing the caps in this instance only (divided by
+	// the handler's `replicas`); `closed` refuses with the handler's status
+	// (reason `store_error`).
+	OnError string `json:"on_error,omitempty"`
+
+	// Timeout bounds every Redis operation, so that no request waits longer
+	// for Redis. Default: 250ms.
+	Timeout caddy.Duration `json:"timeout,omitempty"`
+
+	// KeyPrefix starts every Redis key and channel. Default: `inflight`.
+	KeyPrefix string `json:"key_prefix,omitempty"`
+
+	logger *zap.Logger
+	book   *redisBook
+	bookID string
+}
+
+// CaddyModule returns the Caddy module information.
+func (*RedisStore) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.inflight.stores.redis",
+		New: func() caddy.Module { return new(RedisStore) },
+	}
+}
+
+// Provision sets defaults and connects, sharing one client, lease book and
+// subscription among every handler (and config generation) that names the
+// same Redis.
+func (s *RedisStore) Provision(ctx caddy.Context) error {
+	s.logger = ctx.Logger()
+	repl := caddy.NewReplacer()
+	for i := range s.Address {
+		s.Address[i] = repl.ReplaceAll(s.Address[i], "")
+	}
+	s.Username, s.Password = repl.ReplaceAll(s.Username, ""), repl.ReplaceAll(s.Password, "")
+	if len(s.Address) == 0 {
+		s.Address = []string{"127.0.0.1:6379"}
+	}
+	if s.Lease == 0 {
+		s.Lease = caddy.Duration(30 * time.Second)
+	}
+	if s.Timeout == 0 {
+		s.Timeout = caddy.Duration(250 * time.Millisecond)
+	}
+	if s.OnError == "" {
+		s.OnError = "open"
+	}
+	if s.KeyPrefix == "" {
+		s.KeyPrefix = "inflight"
+	}
+	if err := s.Validate(); err != nil {
+		return err
+	}
+	raw, _ := json.Marshal(s)
+	sum := sha256.Sum256(raw)
+	s.bookID = hex.EncodeToString(sum[:])
+	v, _, err := redisBooks.LoadOrNew(s.bookID, func() (caddy.Destructor, error) {
+		return newRedisBook(s, s.logger), nil
+	})
+	if err != nil {
+		return err
+	}
+	s.book = v.(*redisBook)
+	return nil
+}
+
+// Validate checks the settings.
+func (s *RedisStore) Validate() error {
+	switch {
+	case s.OnError != "open" && s.OnError != "closed":
+		return fmt.Errorf("inflight: store redis: on_error %q is not allowed: want open or closed", s.OnError)
+	case s.Lease < caddy.Duration(time.Second):
+		return fmt.Errorf("inflight: store redis: lease %s is not allowed: want at least 1s", time.Duration(s.Lease))
+	case s.Timeout <= 0:
+		return fmt.Errorf("inflight: store redis: timeout %s is not allowed: want a positive duration", time.Duration(s.Timeout))
+	}
+	return nil
+}
+
+// Cleanup drops this handler's reference to the shared client; it closes
+// once no handler uses it.
+func (s *RedisStore) Cleanup() error {
+	if s.book == nil {
+		return nil
+	}
+	_, err := redisBooks.Delete(s.bookID)
+	return err
+}
+
+// Bind returns the store of one zone.
+func (s *RedisStore) Bind(zone string, limits []string, hasTotal bool, local *limiter.Zone) Store {
+	return s.book.zone(zone, limits, hasTotal, local, s.OnError == "closed")
+}
+
+// UnmarshalCaddyfile reads the store's block:
+//
+//	store redis {
+//		address     <host:port>...   # one server, a cluster, or sentinels
+//		master_name <name>           # with sentinels
+//		username    <user>
+//		password    <password>
+//		db          <n>
+//		lease       <duration>       # 30s
+//		on_error    open|closed      # open
+//		timeout     <duration>       # 250ms
+//		key_prefix  <prefix>         # inflight
+//	}
+func (s *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // the store's name
+	for d.NextBlock(0) {
+		opt := d.Val()
+		args := d.RemainingArgs()
+		if len(args) == 0 || (opt != "address" && len(args) != 1) {
+			return d.Errf("inflight: store redis: %s %q: want one argument", opt, args)
+		}
+		var err error
+		switch opt {
+		case "address":
+			s.Address = append(s.Address, args...)
+		case "master_name":
+			s.MasterName = args[0]
+		case "username":
+			s.Username = args[0]
+		case "password":
+			s.Password = args[0]
+		case "db":
+			_, err = fmt.Sscan(args[0], &s.DB)
+		case "lease":
+			err = parseDuration(&s.Lease, args[0])
+		case "timeout":
+			err = parseDuration(&s.Timeout, args[0])
+		case "on_error":
+			s.OnError = args[0]
+		case "key_prefix":
+			s.KeyPrefix = args[0]
+		default:
+			return d.Errf("inflight: store redis: unknown option %q: want address, master_name, username, password, db, lease, on_error, timeout or key_prefix", opt)
+		}
+		if err != nil {
+			return d.Errf("inflight: store redis: %s %q is not allowed: %v", opt, args[0], err)
+		}
+	}
+	return nil
+}
+
+func parseDuration(dst *caddy.Duration, s string) error {
+	d, err := caddy.ParseDuration(s)
+	*dst = caddy.Duration(d)
+	return err
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner     = (*RedisStore)(nil)
+	_ caddy.Validator       = (*RedisStore)(nil)
+	_ caddy.CleanerUpper    = (*RedisStore)(nil)
+	_ caddyfile.Unmarshaler = (*RedisStore)(nil)
+	_ SharedStore           = (*RedisStore)(nil)
+)
