@@ -221,7 +221,7 @@ func countStatus(rs []result) map[int]int {
 }
 
 // eventually polls cond until it holds or five seconds pass.
-func eventually(t *testing.T, what string, cond func() bool) {
+func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for !cond() {

@@ -3,7 +3,9 @@ package integration
 import (
 	"fmt"
 	"net/http"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
@@ -70,6 +72,45 @@ func BenchmarkCaddyRoute(b *testing.B) {
 				clear(w.h)
 				srv.ServeHTTP(w, req)
 			}
+		})
+	}
+}
+
+// BenchmarkStoreLatency serves requests through a real Caddy route with
+// the counts in this process and with them in Redis on loopback, and
+// reports each request's p50 and p99 latency: the difference is what a
+// fleet-wide cap costs per request (one round trip to admit, one to
+// release).
+func BenchmarkStoreLatency(b *testing.B) {
+	r := startRedis(b)
+	for _, tc := range []struct{ name, store string }{
+		{"in_process", ""},
+		{"redis", "\t\tstore redis {\n\t\t\taddress " + r.addr + "\n\t\t}\n"},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			port := freePort(b)
+			if err := tryLoad(fmt.Sprintf("http://127.0.0.1:%d {\n\tinflight {\n\t\tlimit client {client_ip} 100000\n%s\t}\n\trespond \"ok\"\n}\n", port, tc.store)); err != nil {
+				b.Fatal(err)
+			}
+			defer caddy.Stop()
+			app, err := caddy.ActiveContext().App("http")
+			if err != nil {
+				b.Fatal(err)
+			}
+			srv := app.(*caddyhttp.App).Servers["srv0"]
+			req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/", port), nil)
+			req.RemoteAddr = "198.51.100.7:40000"
+			w := &discard{h: http.Header{}}
+			latencies := make([]time.Duration, 0, b.N)
+			for b.Loop() {
+				clear(w.h)
+				start := time.Now()
+				srv.ServeHTTP(w, req)
+				latencies = append(latencies, time.Since(start))
+			}
+			slices.Sort(latencies)
+			b.ReportMetric(float64(latencies[len(latencies)/2].Microseconds()), "p50-µs")
+			b.ReportMetric(float64(latencies[len(latencies)*99/100].Microseconds()), "p99-µs")
 		})
 	}
 }

@@ -1,0 +1,248 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// fleetSite is one instance's Caddyfile: a tenant limit kept in Redis in
+// front of the backend.
+func fleetSite(port int, redisAddr, backend string, max int, lease, onError string) string {
+	return fmt.Sprintf(`{
+	admin off
+	default_bind 127.0.0.1
+	auto_https off
+	persist_config off
+	log {
+		output discard
+	}
+}
+http://127.0.0.1:%d {
+	inflight {
+		limit tenant {header.X-Tenant} %d
+		zone fleet
+		store redis {
+			address %s
+			lease %s
+			on_error %s
+			timeout 200ms
+		}
+	}
+	reverse_proxy %s
+}
+`, port, max, redisAddr, lease, onError, backend)
+}
+
+// TestFleetSharesOneCap runs three Caddy processes sharing one Redis, limit
+// N, and sends a burst of 10×N spread over them: the backend never sees
+// more than N at once, and admitted + refused = sent.
+func TestFleetSharesOneCap(t *testing.T) {
+	const n = 6
+	r := startRedis(t)
+	b := newBackend(t)
+	var urls []string
+	for range 3 {
+		port := freePort(t)
+		startCaddy(t, fleetSite(port, r.addr, b.addr, n, "10s", "closed"), port)
+		urls = append(urls, fmt.Sprintf("http://127.0.0.1:%d/hold", port))
+	}
+	results := make(chan result, 10*n)
+	var wg sync.WaitGroup
+	c := client("127.0.0.1")
+	for i := range 10 * n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results <- get(context.Background(), c, urls[i%3], "X-Tenant", "acme")
+		}()
+	}
+	// The refused return at once; the admitted wait at the backend.
+	eventually(t, "every request admitted or refused", func() bool { return int(b.cur.Load())+len(results) == 10*n })
+	if got := b.cur.Load(); got != n {
+		t.Fatalf("the backend has %d requests at once, want exactly %d", got, n)
+	}
+	b.open()
+	wg.Wait()
+	close(results)
+	var all []result
+	for r := range results {
+		all = append(all, r)
+	}
+	got := countStatus(all)
+	t.Logf("burst of %d over 3 instances with limit %d: %v, backend peak %d", 10*n, n, got, b.peak.Load())
+	if got[200] != n || got[429] != 9*n || b.peak.Load() != n {
+		t.Fatalf("burst: %v, peak %d; want %d × 200, %d × 429, peak %d", got, b.peak.Load(), n, 9*n, n)
+	}
+}
+
+// TestKilledInstanceSlotsComeBackAfterTheLease kills an instance holding
+// slots with SIGKILL: the fleet gets them back once the lease ends, not
+// before, and no later than lease + the renewal interval.
+func TestKilledInstanceSlotsComeBackAfterTheLease(t *testing.T) {
+	const lease = 3 * time.Second
+	r := startRedis(t)
+	b := newBackend(t)
+	portA, portB := freePort(t), freePort(t)
+	a := startCaddy(t, fleetSite(portA, r.addr, b.addr, 2, "3s", "closed"), portA)
+	startCaddy(t, fleetSite(portB, r.addr, b.addr, 2, "3s", "closed"), portB)
+	c := client("127.0.0.1")
+	for range 2 {
+		go get(context.Background(), c, fmt.Sprintf("http://127.0.0.1:%d/hold", portA), "X-Tenant", "acme")
+	}
+	eventually(t, "instance A holds both slots", func() bool { return b.cur.Load() == 2 })
+	a.kill()
+	killed := time.Now()
+
+	urlB := fmt.Sprintf("http://127.0.0.1:%d/", portB)
+	var back time.Duration
+	for {
+		res := get(context.Background(), c, urlB, "X-Tenant", "acme")
+		if res.status == 200 {
+			back = time.Since(killed)
+			break
+		}
+		if res.status != 429 {
+			t.Fatalf("instance B: %d %v", res.status, res.err)
+		}
+		if time.Since(killed) > 3*lease {
+			t.Fatal("the killed instance's slots never came back")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("slots of the killed instance came back after %v (lease %v, renewed every %v)", back, lease, lease/3)
+	if back < lease-lease/3 || back > lease+lease/3+time.Second {
+		t.Fatalf("slots came back after %v, want between %v (lease minus a renewal) and %v", back, lease-lease/3, lease+lease/3)
+	}
+}
+
+// TestStreamLongerThanLeaseKeepsItsSlot: renewal keeps a lease alive for
+// as long as its request runs.
+func TestStreamLongerThanLeaseKeepsItsSlot(t *testing.T) {
+	r := startRedis(t)
+	b := newBackend(t)
+	port := freePort(t)
+	loadRaw(fleetSite(port, r.addr, b.addr, 1, "1s", "closed"))
+	t.Cleanup(func() { caddy.Stop() })
+	url := fmt.Sprintf("http://127.0.0.1:%d", port)
+	c := client("127.0.0.1")
+	done := hold(t, b, context.Background(), c, url+"/stream", "X-Tenant", "acme")
+	for range 6 { // three leases long
+		time.Sleep(500 * time.Millisecond)
+		if res := get(context.Background(), c, url+"/", "X-Tenant", "acme"); res.status != 429 {
+			t.Fatalf("while the stream holds the only slot: %d, want 429", res.status)
+		}
+	}
+	b.open()
+	<-done
+	eventually(t, "the slot is free after the stream", func() bool {
+		return get(context.Background(), c, url+"/", "X-Tenant", "acme").status == 200
+	})
+}
+
+// TestRedisDown stops Redis mid-run: fail open keeps serving under local
+// caps and logs it, fail closed refuses with the configured status; no
+// request waits longer than the Redis timeout; both recover when Redis
+// returns.
+func TestRedisDown(t *testing.T) {
+	for _, onError := range []string{"open", "closed"} {
+		t.Run(onError, func(t *testing.T) {
+			r := startRedis(t)
+			b := newBackend(t)
+			port := freePort(t)
+			logFile := filepath.Join(t.TempDir(), "caddy.log")
+			cfg := strings.Replace(fleetSite(port, r.addr, b.addr, 2, "5s", onError), "output discard", "output file "+logFile, 1)
+			cfg = strings.Replace(cfg, "admin off", "admin "+adminAddr, 1)
+			if err := loadRaw(cfg); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { caddy.Stop() })
+			url := fmt.Sprintf("http://127.0.0.1:%d/", port)
+			c := client("127.0.0.1")
+			if res := get(context.Background(), c, url, "X-Tenant", "acme"); res.status != 200 {
+				t.Fatalf("with Redis up: %d", res.status)
+			}
+
+			r.stop()
+			var slowest time.Duration
+			statuses := map[int]int{}
+			for range 20 {
+				start := time.Now()
+				res := get(context.Background(), c, url, "X-Tenant", "acme")
+				slowest = max(slowest, time.Since(start))
+				statuses[res.status]++
+			}
+			t.Logf("Redis down, on_error %s: %v, slowest %v", onError, statuses, slowest)
+			want := map[string]int{"open": 200, "closed": 429}[onError]
+			if statuses[want] != 20 {
+				t.Fatalf("with Redis down: %v, want 20 × %d", statuses, want)
+			}
+			if slowest > time.Second {
+				t.Fatalf("a request took %v with Redis down; the timeout is 200ms", slowest)
+			}
+			if onError == "open" { // local caps still hold
+				held := []<-chan result{
+					hold(t, b, context.Background(), c, url+"hold", "X-Tenant", "acme"),
+					hold(t, b, context.Background(), c, url+"hold", "X-Tenant", "acme"),
+				}
+				if res := get(context.Background(), c, url, "X-Tenant", "acme"); res.status != 429 {
+					t.Fatalf("third request under the local cap of 2: %d, want 429", res.status)
+				}
+				b.open()
+				for _, h := range held {
+					<-h
+				}
+			}
+			logs, _ := os.ReadFile(logFile)
+			if !strings.Contains(string(logs), "redis store unreachable") {
+				t.Errorf("no log line says Redis is unreachable")
+			}
+
+			r.start(t)
+			eventually(t, "service recovers with Redis back", func() bool {
+				return get(context.Background(), c, url, "X-Tenant", "acme").status == 200
+			})
+		})
+	}
+}
+
+// TestRedisWaitersWakeOnRelease: a waiter in wait mode is admitted as soon
+// as the holder releases, through the release notice.
+func TestRedisWaitersWakeOnRelease(t *testing.T) {
+	r := startRedis(t)
+	b := newBackend(t)
+	port := freePort(t)
+	cfg := strings.Replace(fleetSite(port, r.addr, b.addr, 1, "5s", "closed"), "zone fleet", "zone fleet\n\t\twait 10s", 1)
+	if err := loadRaw(cfg); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { caddy.Stop() })
+	url := fmt.Sprintf("http://127.0.0.1:%d", port)
+	c := client("127.0.0.1")
+	holder := hold(t, b, context.Background(), c, url+"/hold", "X-Tenant", "acme")
+	waiter := make(chan result, 1)
+	go func() { waiter <- get(context.Background(), c, url+"/", "X-Tenant", "acme") }()
+	time.Sleep(100 * time.Millisecond) // queued
+	select {
+	case r := <-waiter:
+		t.Fatalf("the waiter ended while the slot was held: %d", r.status)
+	default:
+	}
+	b.open()
+	<-holder
+	select {
+	case r := <-waiter:
+		if r.status != 200 {
+			t.Fatalf("waiter: %d, want 200", r.status)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiter was not admitted after the release")
+	}
+}
