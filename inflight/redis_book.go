@@ -132,24 +132,30 @@ func (b *redisBook) renewLoop() {
 			return
 		case <-tick.C:
 		}
+		// One script per zone (a cluster slot), all in one pipeline.
 		b.mu.Lock()
-		held := make(map[string][]string, len(b.leases))
+		byZone := map[string][]any{} // zone -> sets and members, interleaved
 		for m, keys := range b.leases {
-			held[m] = keys
+			for _, k := range keys {
+				tag := k[:strings.IndexByte(k, '}')+1]
+				byZone[tag] = append(byZone[tag], k, m)
+			}
 		}
 		b.mu.Unlock()
-		if len(held) == 0 {
+		if len(byZone) == 0 {
 			continue
 		}
-		expiry := time.Now().Add(b.lease).UnixMilli()
 		ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
 		start := time.Now()
 		_, err := b.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for m, keys := range held {
-				for _, k := range keys {
-					p.ZAddXX(ctx, k, redis.Z{Score: float64(expiry), Member: m})
-					p.PExpire(ctx, k, 2*b.lease)
+			for _, pairs := range byZone {
+				keys := make([]string, 0, len(pairs)/2)
+				args := []any{b.lease.Milliseconds()}
+				for i := 0; i < len(pairs); i += 2 {
+					keys = append(keys, pairs[i].(string))
+					args = append(args, pairs[i+1])
 				}
+				p.Eval(ctx, renewScript, keys, args...)
 			}
 			return nil
 		})
@@ -157,6 +163,18 @@ func (b *redisBook) renewLoop() {
 		b.observe("renew", start, err)
 	}
 }
+
+// renewScript extends leases by the lease from Redis's own clock. KEYS:
+// the sets; ARGV: the lease (ms), then the member in each set.
+const renewScript = `
+local t = redis.call('TIME')
+local expiry = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[1])
+for i, key in ipairs(KEYS) do
+	redis.call('ZADD', key, 'XX', expiry, ARGV[i + 1])
+	redis.call('PEXPIRE', key, 2 * tonumber(ARGV[1]))
+end
+return 0
+`
 
 // listen wakes a zone's waiters when any instance releases one of its
 // slots.

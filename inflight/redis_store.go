@@ -19,12 +19,16 @@ import (
 // sorted set has room, all or nothing per request. For each it returns 0
 // (admitted) or the 1-based position of the set that was full.
 //
-// KEYS: the sorted sets. ARGV: now and expiry (ms), key TTL (ms), the
-// number of requests, then per request its member, its number of sets, and
-// per set its index in KEYS and its max.
+// Times are Redis's own clock, so the instances' clocks need not agree.
+// KEYS: the sorted sets. ARGV: the lease (ms), the number of requests, then
+// per request its member, its number of sets, and per set its index in KEYS
+// and its max.
 var admitScript = redis.NewScript(`
-local now, expiry, ttl, n = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local pos, cleaned, out = 5, {}, {}
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lease, n = tonumber(ARGV[1]), tonumber(ARGV[2])
+local expiry, ttl = now + lease, 2 * lease
+local pos, cleaned, out = 3, {}, {}
 for r = 1, n do
 	local member, count = ARGV[pos], tonumber(ARGV[pos + 1])
 	pos = pos + 2
@@ -165,10 +169,9 @@ func (z *redisZone) keys(req *limiter.Request) ([]string, []int) {
 // trip. For each request it returns 0 if admitted (its lease recorded for
 // renewal and counted locally), or 1 + the dimension that was full.
 func (z *redisZone) admit(ctx context.Context, reqs []*limiter.Request) ([]int, error) {
-	now := time.Now()
 	var keys []string
 	index := map[string]int{}
-	args := []any{now.UnixMilli(), now.Add(z.book.lease).UnixMilli(), (2 * z.book.lease).Milliseconds(), len(reqs)}
+	args := []any{z.book.lease.Milliseconds(), len(reqs)}
 	members := make([]string, len(reqs))
 	sets := make([][]string, len(reqs))
 	dimsOf := make([][]int, len(reqs))
