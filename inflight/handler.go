@@ -148,52 +148,11 @@ func (*Handler) CaddyModule() caddy.ModuleInfo {
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.ctx = ctx
 	h.logger = ctx.Logger()
-	if h.StatusCode == 0 {
-		h.StatusCode = http.StatusTooManyRequests
-	}
-	if h.RetryAfter == 0 {
-		h.RetryAfter = caddy.Duration(time.Second)
-	}
-	if h.Replicas == 0 {
-		h.Replicas = 1
-	}
-	if h.Wait > 0 && h.MaxWaiting == 0 {
-		h.MaxWaiting = 1000
-	}
-	for i := range h.Limits {
-		if h.Limits[i].Key == "" {
-			h.Limits[i].Key = DefaultKey
-		}
-	}
+	h.setDefaults()
 	if err := checkLimits(h.Limits); err != nil {
 		return fmt.Errorf("inflight: %w", err)
 	}
-
-	h.limits = &limiter.Limits{
-		Max:     make([]int64, len(h.Limits)),
-		Total:   int64(h.Total),
-		MaxKeys: int64(h.MaxKeys),
-		Divisor: int64(h.Replicas),
-	}
-	h.keys = make([]valueFunc, len(h.Limits))
-	h.maxes = make([]valueFunc, len(h.Limits))
-	for i, l := range h.Limits {
-		h.keys[i] = compileKey(l.Key)
-		if l.Max.Placeholder != "" {
-			h.maxes[i] = compileTemplate(l.Max.Placeholder)
-		} else {
-			h.limits.Max[i] = l.Max.Fixed
-		}
-	}
-	if h.Priority != "" {
-		h.priority = compileTemplate(h.Priority)
-	}
-	h.retryAfter = strconv.Itoa(int(math.Ceil(time.Duration(h.RetryAfter).Seconds())))
-	if !h.DryRun {
-		h.waitOpt = limiter.WaitOptions{Wait: time.Duration(h.Wait), MaxWaiting: h.MaxWaiting}
-	}
-	n := len(h.Limits)
-	h.admissions.New = func() any { return newAdmission(n) }
+	h.compile()
 
 	eventsApp, err := ctx.App("events")
 	if err != nil {
@@ -203,30 +162,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("inflight: registering metrics: %v", err)
 	}
-
-	hasTotal := h.Total > 0
-	h.zoneID = zoneID(h.Zone, h.Limits, hasTotal)
-	if err := claimZone(ctx.GetMetricsRegistry(), h.Zone, h.zoneID, describeShape(h.Limits, hasTotal)); err != nil {
-		return fmt.Errorf("inflight: %w", err)
-	}
-	z, err := loadZone(h.zoneID, h.Zone, h.Limits, hasTotal)
-	if err != nil {
-		return fmt.Errorf("inflight: zone %q: %v", h.Zone, err)
-	}
-	h.zone, h.store = z, z.Zone
-	if h.StoreRaw != nil {
-		mod, err := ctx.LoadModule(h, "StoreRaw")
-		if err != nil {
-			return fmt.Errorf("inflight: loading store: %v", err)
-		}
-		shared := mod.(SharedStore).Bind(fleetID(h.Zone, h.zoneID), names(h.Limits), hasTotal, z.Zone)
-		h.store = shared
-		if w, ok := shared.(interface{ Waiting() int64 }); ok {
-			z.shared = w
-		}
+	if err := h.joinZone(ctx); err != nil {
+		return err
 	}
 	h.initMetrics()
-	z.Adopt(h.limits)
+	h.zone.Adopt(h.limits)
 	return nil
 }
 
@@ -309,6 +249,85 @@ func (h *Handler) Cleanup() error {
 	h.zone.Retire(h.limits)
 	_, err := zones.Delete(h.zoneID)
 	return err
+}
+
+func (h *Handler) setDefaults() {
+	if h.StatusCode == 0 {
+		h.StatusCode = http.StatusTooManyRequests
+	}
+	if h.RetryAfter == 0 {
+		h.RetryAfter = caddy.Duration(time.Second)
+	}
+	if h.Replicas == 0 {
+		h.Replicas = 1
+	}
+	if h.Wait > 0 && h.MaxWaiting == 0 {
+		h.MaxWaiting = 1000
+	}
+	for i := range h.Limits {
+		if h.Limits[i].Key == "" {
+			h.Limits[i].Key = DefaultKey
+		}
+	}
+}
+
+// compile turns the config into what the request path reads: the limits
+// the zone applies, and the placeholders as functions.
+func (h *Handler) compile() {
+	h.limits = &limiter.Limits{
+		Max:     make([]int64, len(h.Limits)),
+		Total:   int64(h.Total),
+		MaxKeys: int64(h.MaxKeys),
+		Divisor: int64(h.Replicas),
+	}
+	h.keys = make([]valueFunc, len(h.Limits))
+	h.maxes = make([]valueFunc, len(h.Limits))
+	for i, l := range h.Limits {
+		h.keys[i] = compileKey(l.Key)
+		if l.Max.Placeholder != "" {
+			h.maxes[i] = compileTemplate(l.Max.Placeholder)
+		} else {
+			h.limits.Max[i] = l.Max.Fixed
+		}
+	}
+	if h.Priority != "" {
+		h.priority = compileTemplate(h.Priority)
+	}
+	h.retryAfter = strconv.Itoa(int(math.Ceil(time.Duration(h.RetryAfter).Seconds())))
+	if !h.DryRun {
+		h.waitOpt = limiter.WaitOptions{Wait: time.Duration(h.Wait), MaxWaiting: h.MaxWaiting}
+	}
+	n := len(h.Limits)
+	h.admissions.New = func() any { return newAdmission(n) }
+}
+
+// joinZone takes a reference to the handler's zone, shared with other
+// handlers and config generations, and binds the shared store if any.
+func (h *Handler) joinZone(ctx caddy.Context) error {
+	hasTotal := h.Total > 0
+	h.zoneID = zoneID(h.Zone, h.Limits, hasTotal)
+	if err := claimZone(ctx.GetMetricsRegistry(), h.Zone, h.zoneID, describeShape(h.Limits, hasTotal)); err != nil {
+		return fmt.Errorf("inflight: %w", err)
+	}
+	z, err := loadZone(h.zoneID, h.Zone, h.Limits, hasTotal)
+	if err != nil {
+		return fmt.Errorf("inflight: zone %q: %v", h.Zone, err)
+	}
+	h.zone, h.store = z, z.Zone
+	z.shared = nil
+	if h.StoreRaw == nil {
+		return nil
+	}
+	mod, err := ctx.LoadModule(h, "StoreRaw")
+	if err != nil {
+		return fmt.Errorf("inflight: loading store: %v", err)
+	}
+	shared := mod.(SharedStore).Bind(fleetID(h.Zone, h.zoneID), names(h.Limits), hasTotal, z.Zone)
+	h.store = shared
+	if w, ok := shared.(interface{ Waiting() int64 }); ok {
+		z.shared = w
+	}
+	return nil
 }
 
 // refuse answers a request over its cap with the configured status and
@@ -410,7 +429,7 @@ func (h *Handler) recycle(a *admission) {
 	clear(a.req.Keys)
 	clear(a.req.Max)
 	clear(a.labels)
-	a.req.Limits = nil
+	a.req.Limits, a.req.Lease = nil, ""
 	h.admissions.Put(a)
 }
 

@@ -139,6 +139,7 @@ func TestPatchLimitLive(t *testing.T) {
 		t.Fatalf("fourth under max 3: %d, want 429", r.status)
 	}
 	adminDo(t, http.MethodPatch, "/id/inflight/limits", `[{"name":"client","key":"{http.vars.client_ip}","max":5}]`)
+	c.CloseIdleConnections() // kept connections belong to the old server
 	if got := metric(t, "caddy_inflight_requests", `limit="client"`); got != 3 {
 		t.Fatalf("in flight after the PATCH = %v, want the 3 carried over", got)
 	}

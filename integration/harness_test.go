@@ -313,7 +313,22 @@ func hold(t *testing.T, b *backend, ctx context.Context, c *http.Client, url str
 	return done
 }
 
-// adminClient talks to the admin endpoint without keep-alive: a reload may
-// replace the admin server, and a kept connection to the old one would end
-// in EOF.
-var adminClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 30 * time.Second}
+// adminClient talks to the admin endpoint without keep-alive, and retries
+// a request that could not be sent: a load replaces the admin server, and a
+// connection to the old one ends in EOF or a reset.
+var adminClient = &http.Client{Transport: retrying{&http.Transport{DisableKeepAlives: true}}, Timeout: 30 * time.Second}
+
+type retrying struct{ http.RoundTripper }
+
+func (rt retrying) RoundTrip(req *http.Request) (*http.Response, error) {
+	for attempt := 0; ; attempt++ {
+		if attempt > 0 && req.GetBody != nil {
+			req.Body, _ = req.GetBody()
+		}
+		resp, err := rt.RoundTripper.RoundTrip(req)
+		if err == nil || attempt == 20 || (req.Body != nil && req.GetBody == nil) {
+			return resp, err
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+}

@@ -168,8 +168,9 @@ func TestReloadLowersCapWhileInFlight(t *testing.T) {
 	if err := tryLoad(conf(2)); err != nil { // a real reload, as POST /load does
 		t.Fatal(err)
 	}
+	c.CloseIdleConnections() // kept connections belong to the old server
 	if r := get(context.Background(), c, url+"/"); r.status != 429 {
-		t.Fatalf("after lowering to 2 with 4 in flight: %d, want 429", r.status)
+		t.Fatalf("after lowering to 2 with 4 in flight: %d %v, want 429", r.status, r.err)
 	}
 	if got := metric(t, "caddy_inflight_requests", `limit="client"`); got != 4 {
 		t.Fatalf("in flight after reload = %v, want the 4 carried over", got)

@@ -51,22 +51,33 @@ say "building Caddy with the module, and loadgen"
 (cd "$root" && go build -o "$tmp/caddy" ./examples/caddy)
 go build -o "$tmp/loadgen" ./loadgen
 
-# gobench DIR NAME ARGS...: go test benchmarks of DIR into $tmp/NAME.txt; the
-# output is shown only if they fail.
+# gobench DIR NAME ARGS...: one run of go test benchmarks in DIR, appended
+# to $tmp/NAME.txt, shown only if it fails. Stderr goes apart: a log line
+# written while a benchmark runs would split its result line.
 gobench() {
 	local dir=$1 out=$tmp/$2.txt
 	shift 2
-	say "benchmarks: $dir $*"
-	if ! (cd "$dir" && go test -run '^$' -benchmem -count "$count" -benchtime "$benchtime" "$@") >>"$out" 2>&1; then
-		cat "$out" >&2
+	if ! (cd "$dir" && go test -run '^$' -benchmem -count 1 -benchtime "$benchtime" "$@") >>"$out" 2>>"$out.stderr"; then
+		cat "$out" "$out.stderr" >&2
 		exit 1
 	fi
 }
-gobench "$root" engine -bench '^(BenchmarkAdmitRelease|BenchmarkRefuse)$' ./inflight/limiter
-gobench "$root" engine -bench '^BenchmarkParallelKeys$' -cpu 1,2 ./inflight/limiter
-gobench "$root" handler -bench '^(BenchmarkAdmitRelease|BenchmarkRefuse)' ./inflight
-gobench "$root" route -bench '^BenchmarkCaddyRoute$' ./integration
-gobench . peers -bench '^BenchmarkPeers$' .
+# $count rounds of one run of every benchmark each, rather than -count: the
+# variants compared are interleaved, so a drift in the machine's speed falls
+# on all of them alike. The Caddy route variants run one per process, in
+# rotating order, so that none is always the first in its process.
+say "benchmarks: engine, handler, Caddy route and peers; rounds: $count"
+route_variants=(without pass_through with_inflight)
+for round in $(seq "$count"); do
+	gobench "$root" engine -bench '^(BenchmarkAdmitRelease|BenchmarkRefuse)$' ./inflight/limiter
+	gobench "$root" engine -bench '^BenchmarkParallelKeys$' -cpu 1,2 ./inflight/limiter
+	gobench "$root" handler -bench '^(BenchmarkAdmitRelease|BenchmarkRefuse)' ./inflight
+	for i in 0 1 2; do
+		variant=${route_variants[(round + i) % 3]}
+		gobench "$root" route -bench "^BenchmarkCaddyRoute\$/^$variant\$" ./integration
+	done
+	gobench . peers -bench '^BenchmarkPeers$' .
+done
 
 for f in engine handler route; do
 	"$benchstat" "$tmp/$f.txt"
