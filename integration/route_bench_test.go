@@ -54,19 +54,7 @@ func BenchmarkCaddyRoute(b *testing.B) {
 		{"with_inflight", "\tinflight 100000\n"},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			port := freePort(b)
-			if err := tryLoad(fmt.Sprintf("http://127.0.0.1:%d {\n%s\trespond \"ok\"\n}\n", port, tc.directive)); err != nil {
-				b.Fatal(err)
-			}
-			defer caddy.Stop()
-			app, err := caddy.ActiveContext().App("http")
-			if err != nil {
-				b.Fatal(err)
-			}
-			srv := app.(*caddyhttp.App).Servers["srv0"]
-			req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/", port), nil)
-			req.RemoteAddr = "198.51.100.7:40000"
-			w := &discard{h: http.Header{}}
+			srv, req, w := routeServer(b, tc.directive)
 			b.ReportAllocs()
 			for b.Loop() {
 				clear(w.h)
@@ -88,19 +76,7 @@ func BenchmarkStoreLatency(b *testing.B) {
 		{"redis", "\t\tstore redis {\n\t\t\taddress " + r.addr + "\n\t\t}\n"},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			port := freePort(b)
-			if err := tryLoad(fmt.Sprintf("http://127.0.0.1:%d {\n\tinflight {\n\t\tlimit client {client_ip} 100000\n%s\t}\n\trespond \"ok\"\n}\n", port, tc.store)); err != nil {
-				b.Fatal(err)
-			}
-			defer caddy.Stop()
-			app, err := caddy.ActiveContext().App("http")
-			if err != nil {
-				b.Fatal(err)
-			}
-			srv := app.(*caddyhttp.App).Servers["srv0"]
-			req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/", port), nil)
-			req.RemoteAddr = "198.51.100.7:40000"
-			w := &discard{h: http.Header{}}
+			srv, req, w := routeServer(b, "\tinflight {\n\t\tlimit client {client_ip} 100000\n"+tc.store+"\t}\n")
 			latencies := make([]time.Duration, 0, b.N)
 			for b.Loop() {
 				clear(w.h)
@@ -113,4 +89,22 @@ func BenchmarkStoreLatency(b *testing.B) {
 			b.ReportMetric(float64(latencies[len(latencies)*99/100].Microseconds()), "p99-µs")
 		})
 	}
+}
+
+// routeServer loads a site with the directives before `respond "ok"` and
+// returns its provisioned server, a request to it from a fixed client, and
+// a reusable writer; Caddy stops when the benchmark ends.
+func routeServer(b *testing.B, directives string) (*caddyhttp.Server, *http.Request, *discard) {
+	port := freePort(b)
+	if err := tryLoad(fmt.Sprintf("http://127.0.0.1:%d {\n%s\trespond \"ok\"\n}\n", port, directives)); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { caddy.Stop() })
+	app, err := caddy.ActiveContext().App("http")
+	if err != nil {
+		b.Fatal(err)
+	}
+	req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/", port), nil)
+	req.RemoteAddr = "198.51.100.7:40000"
+	return app.(*caddyhttp.App).Servers["srv0"], req, &discard{h: http.Header{}}
 }

@@ -44,17 +44,7 @@ func TestSecretKeysStayHashed(t *testing.T) {
 	logFile := filepath.Join(t.TempDir(), "caddy.log")
 	b := newBackend(t)
 	port := freePort(t)
-	cfg := fmt.Sprintf(`{
-	admin %s
-	default_bind 127.0.0.1
-	auto_https off
-	persist_config off
-	log {
-		output file %s
-		level DEBUG
-	}
-}
-http://127.0.0.1:%d {
+	cfg := loggingTo(logFile, "DEBUG") + fmt.Sprintf(`http://127.0.0.1:%d {
 	inflight {
 		limit key {header.X-Api-Key} 1
 		zone secrets
@@ -62,7 +52,7 @@ http://127.0.0.1:%d {
 	}
 	reverse_proxy %s
 }
-`, adminAddr, logFile, port, b.addr)
+`, port, b.addr)
 	if err := loadRaw(cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -153,23 +143,14 @@ func TestAdminAPIShowsWhoHolds(t *testing.T) {
 func TestIneffectiveSettingsWarn(t *testing.T) {
 	logFile := filepath.Join(t.TempDir(), "caddy.log")
 	port := freePort(t)
-	err := loadRaw(fmt.Sprintf(`{
-	admin %s
-	default_bind 127.0.0.1
-	auto_https off
-	persist_config off
-	log {
-		output file %s
-	}
-}
-http://127.0.0.1:%d {
+	err := loadRaw(loggingTo(logFile, "INFO") + fmt.Sprintf(`http://127.0.0.1:%d {
 	inflight 5 {
 		max_waiting 10
 		priority {header.X-Priority}
 	}
 	respond "ok"
 }
-`, adminAddr, logFile, port))
+`, port))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,4 +161,9 @@ http://127.0.0.1:%d {
 			t.Errorf("no warning for %s without wait in:\n%s", setting, raw)
 		}
 	}
+}
+
+// loggingTo is the test globals with logs written to file at level.
+func loggingTo(file, level string) string {
+	return fmt.Sprintf("{\n\tadmin %s\n\tdefault_bind 127.0.0.1\n\tauto_https off\n\tpersist_config off\n\tlog {\n\t\toutput file %s\n\t\tlevel %s\n\t}\n}\n", adminAddr, file, level)
 }
