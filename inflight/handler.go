@@ -219,8 +219,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 
 	res := h.store.Acquire(r.Context(), &a.req, opt)
-	if res.Waited > 0 || res.Outcome == limiter.Timeout || res.Outcome == limiter.Aborted {
-		h.waited[res.Outcome].Observe(res.Waited.Seconds())
+	if o := res.Outcome; (o == limiter.Admitted && res.Waited > 0) || o == limiter.Timeout || o == limiter.Aborted {
+		h.waited[o].Observe(res.Waited.Seconds())
 	}
 	switch {
 	case res.Outcome == limiter.Admitted:
