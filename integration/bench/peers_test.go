@@ -72,7 +72,7 @@ func buildOurs(next http.Handler) func() http.Handler {
 func buildOxy(next http.Handler) func() http.Handler {
 	extract := utils.ExtractorFunc(func(r *http.Request) (string, int64, error) { return keyOf(r), 1, nil })
 	h, err := connlimit.New(next, extract, never)
-	if err != nil {
+	if err != nil { // only for a nil extractor
 		panic(err)
 	}
 	return func() http.Handler { return h }

@@ -2,15 +2,17 @@
 # Prints the performance figures of caddy-inflight as markdown tables, with
 # ratios:
 #
-#   ./run.sh           full run: about 10 minutes on 2 cores
+#   ./run.sh           full run: about 6 minutes on 2 cores
 #   QUICK=1 ./run.sh   every step builds and runs once, briefly: for CI, the
 #                      figures mean nothing
 #
 # Steps: Go benchmarks (engine, handler, Caddy route, peers) through
 # benchstat; a built Caddy with and without `inflight` under wrk (loadgen if
 # wrk is not installed, or E2E_TOOL=loadgen), alternated; exactness at a
-# backend under 20x overload. Everything listens on and loads 127.0.0.1 only,
-# and every process started here is stopped on exit.
+# backend under 20x overload. What this script and its Go programs start
+# listens on and loads 127.0.0.1 only, and is stopped on exit. Run it on an
+# otherwise idle machine: other work skews every figure, and other tests of
+# the integration package share BenchmarkCaddyRoute's admin port.
 set -euo pipefail
 cd "$(dirname "$0")"
 root=$(cd ../.. && pwd)
@@ -23,7 +25,7 @@ fi
 rounds=3 conns=64
 started=$(date -u '+%Y-%m-%d %H:%M UTC')
 # Other work on the machine skews every figure; the table shows this.
-load_at_start=$(cut -d' ' -f1 /proc/loadavg)
+load_at_start=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo unknown)
 tool=${E2E_TOOL:-$(command -v wrk >/dev/null && echo wrk || echo loadgen)}
 
 tmp=$(mktemp -d)
@@ -84,23 +86,26 @@ for f in engine handler route; do
 done
 "$benchstat" -col /impl "$tmp/peers.txt"
 
+# median_of: the median of the numbers on stdin, one a line, as benchstat
+# takes it; nan if there are none.
+median_of() {
+	sort -g | awk '{ v[n++] = $1 } END { print n == 0 ? "nan" : n % 2 ? v[int(n / 2)] : (v[n / 2 - 1] + v[n / 2]) / 2 }'
+}
+
 # median FILE NAME UNIT [PROCS]: the median of UNIT over the runs of
-# BenchmarkNAME in FILE, as benchstat summarises them; with PROCS, only the
-# runs at that GOMAXPROCS.
+# BenchmarkNAME in $tmp/FILE.txt; with PROCS, only the runs at that
+# GOMAXPROCS.
 median() {
 	awk -v name="$2" -v unit="$3" -v procs="${4:-}" '
 		BEGIN {
 			suffix = procs == "" ? "(-[0-9]+)?" : procs == 1 ? "" : "-" procs
 			re = "^Benchmark" name suffix "$"
 		}
-		$1 ~ re { for (i = 4; i <= NF; i += 2) if ($i == unit) v[n++] = $(i - 1) + 0 }
-		END {
-			if (n == 0) { print "nan"; exit }
-			for (i = 1; i < n; i++)
-				for (j = i; j > 0 && v[j - 1] > v[j]; j--) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t }
-			print n % 2 ? v[int(n / 2)] : (v[n / 2 - 1] + v[n / 2]) / 2
-		}' "$tmp/$1.txt"
+		$1 ~ re { for (i = 4; i <= NF; i += 2) if ($i == unit) print $(i - 1) }' "$tmp/$1.txt" | median_of
 }
+
+# middle NUMBERS...: their median.
+middle() { printf '%s\n' "$@" | median_of; }
 
 # calc FORMAT EXPR: EXPR evaluated with awk's floats, printed with FORMAT;
 # n/a if it uses a median that has no runs.
@@ -111,9 +116,6 @@ calc() {
 	fi
 	LC_ALL=C awk -v format="$1" "BEGIN { printf format, $2 }"
 }
-
-# middle NUMBERS...: their median.
-middle() { printf '%s\n' "$@" | sort -g | awk '{ v[n++] = $1 } END { print n % 2 ? v[int(n / 2)] : (v[n / 2 - 1] + v[n / 2]) / 2 }'; }
 
 # field JSON NAME: the number NAME holds in a one-line JSON object.
 field() { sed -n "s/.*\"$2\":\([-0-9.eE+]*\).*/\1/p" <<<"$1"; }
@@ -191,32 +193,35 @@ for url in "$url_with" "$url_without"; do
 	load "$url" "$warmup_secs" >/dev/null
 done
 
-# run_e2e SIDE URL: one measured run, kept in last_rps[SIDE] and
-# last_p99[SIDE]; its failed requests are added to e2e_errors.
-declare -A last_rps last_p99
-e2e_errors=0
-run_e2e() {
-	local out
-	out=$(load "$2" "$e2e_secs")
+# measure with|without: one measured run of that side, appended to rps_SIDE
+# and p99_SIDE; its failed requests are added to e2e_errors.
+measure() {
+	local url=$url_without out rps p99
+	[[ $1 == with ]] && url=$url_with
+	out=$(load "$url" "$e2e_secs")
 	echo "   $1: $out" >&2
 	e2e_errors=$((e2e_errors + $(field "$out" errors)))
-	last_rps[$1]=$(field "$out" rps)
-	last_p99[$1]=$(field "$out" p99_ms)
+	rps=$(field "$out" rps) p99=$(field "$out" p99_ms)
+	if [[ $1 == with ]]; then
+		rps_with+=("$rps") p99_with+=("$p99")
+	else
+		rps_without+=("$rps") p99_without+=("$p99")
+	fi
 }
+e2e_errors=0
 rps_with=() rps_without=() p99_with=() p99_without=() rps_ratio=() p99_ratio=()
 for round in $(seq "$rounds"); do
 	# ABBA order, so a drift over the run favours neither side.
 	if ((round % 2)); then
-		run_e2e without "$url_without"
-		run_e2e with "$url_with"
+		measure without
+		measure with
 	else
-		run_e2e with "$url_with"
-		run_e2e without "$url_without"
+		measure with
+		measure without
 	fi
-	rps_with+=("${last_rps[with]}") rps_without+=("${last_rps[without]}")
-	p99_with+=("${last_p99[with]}") p99_without+=("${last_p99[without]}")
-	rps_ratio+=("$(calc %.6g "${last_rps[with]} / ${last_rps[without]}")")
-	p99_ratio+=("$(calc %.6g "${last_p99[with]} / ${last_p99[without]}")")
+	i=$((round - 1))
+	rps_ratio+=("$(calc %.6g "${rps_with[i]} / ${rps_without[i]}")")
+	p99_ratio+=("$(calc %.6g "${p99_with[i]} / ${p99_without[i]}")")
 done
 
 say "overload: inflight 50, 1000 clients, $overload"
@@ -240,7 +245,7 @@ if [[ -n $(git -C "$root" status --porcelain 2>/dev/null) ]]; then commit+=" (wi
 echo
 echo "## caddy-inflight performance"
 echo
-echo "$started, commit $commit, $(go version | cut -d' ' -f3), $(nproc) CPUs ($(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)), mode: $run_mode, -count $count -benchtime $benchtime, load average at the start $load_at_start. Times are medians."
+echo "$started, commit $commit, $(go version | cut -d' ' -f3), $(getconf _NPROCESSORS_ONLN) CPUs ($(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n 1)), mode: $run_mode, -count $count -benchtime $benchtime, load average at the start $load_at_start. Times are medians."
 echo
 echo "| Engine and handler path | ns/op | allocs/op |"
 echo "|---|--:|--:|"
