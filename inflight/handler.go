@@ -197,16 +197,15 @@ func (h *Handler) Validate() error {
 // ServeHTTP admits the request into every limit or refuses it, and holds its
 // slots until the rest of the chain has returned.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	a := h.admissions.Get().(*admission)
 	defer h.recycle(a) // deferred first, so it runs after the release
 
 	for i, key := range h.keys {
-		a.req.Keys[i] = key(r, repl)
+		a.req.Keys[i] = key(r)
 		if h.maxes[i] == nil || a.req.Keys[i] == "" {
 			continue
 		}
-		max, err := h.resolveMax(i, r, repl)
+		max, err := h.resolveMax(i, r)
 		if err != nil {
 			return err
 		}
@@ -215,7 +214,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	a.req.Limits = h.limits
 	opt := h.waitOpt
 	if h.priority != nil {
-		opt.Class = limiter.ParseClass(h.priority(r, repl))
+		opt.Class = limiter.ParseClass(h.priority(r))
 	}
 
 	res := h.store.Acquire(r.Context(), &a.req, opt)
@@ -235,7 +234,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	case h.DryRun:
 		h.report(a, res, reasonDryRun)
 	default:
-		return h.refuse(w, repl, a, res)
+		return h.refuse(w, r, a, res)
 	}
 	return next.ServeHTTP(w, r)
 }
@@ -332,10 +331,10 @@ func (h *Handler) joinZone(ctx caddy.Context) error {
 
 // refuse answers a request over its cap with the configured status and
 // Retry-After, as a Caddy error so that handle_errors routes run.
-func (h *Handler) refuse(w http.ResponseWriter, repl *caddy.Replacer, a *admission, res limiter.Result) error {
+func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, a *admission, res limiter.Result) error {
 	reason := reasonFor(res.Outcome)
 	name := h.report(a, res, reason)
-	repl.Set("http.inflight.limit", name)
+	replacer(r).Set("http.inflight.limit", name)
 	w.Header().Set("Retry-After", h.retryAfter)
 	return caddyhttp.Error(h.StatusCode, fmt.Errorf("inflight: limit %s refused the request (%s)", name, reason))
 }
@@ -364,8 +363,8 @@ func (h *Handler) report(a *admission, res limiter.Result, reason string) string
 // resolveMax evaluates limit i's placeholder max. A value that is not a
 // positive integer is a configuration error on the operator's side: 500,
 // logged once per distinct value.
-func (h *Handler) resolveMax(i int, r *http.Request, repl *caddy.Replacer) (int64, error) {
-	v := h.maxes[i](r, repl)
+func (h *Handler) resolveMax(i int, r *http.Request) (int64, error) {
+	v := h.maxes[i](r)
 	n, err := strconv.ParseInt(v, 10, 64)
 	if err == nil && n > 0 {
 		return n, nil

@@ -12,7 +12,7 @@ import (
 )
 
 // valueFunc evaluates a placeholder template for one request.
-type valueFunc func(r *http.Request, repl *caddy.Replacer) string
+type valueFunc func(r *http.Request) string
 
 // compileTemplate returns the fastest evaluation of tmpl that gives the same
 // value as repl.ReplaceAll(tmpl, ""): a constant, the client IP variable, a
@@ -21,27 +21,33 @@ func compileTemplate(tmpl string) valueFunc {
 	name, single := singlePlaceholder(tmpl)
 	switch {
 	case !strings.Contains(tmpl, "{"):
-		return func(*http.Request, *caddy.Replacer) string { return tmpl }
+		return func(*http.Request) string { return tmpl }
 	case tmpl == DefaultKey:
-		return func(r *http.Request, _ *caddy.Replacer) string {
+		return func(r *http.Request) string {
 			ip, _ := caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string)
 			return ip
 		}
 	case single && strings.HasPrefix(name, "http.request.header."):
 		field := textproto.CanonicalMIMEHeaderKey(strings.TrimPrefix(name, "http.request.header."))
-		return func(r *http.Request, _ *caddy.Replacer) string {
+		return func(r *http.Request) string {
 			if v := r.Header[field]; len(v) > 0 {
 				return strings.Join(v, ",") // as the replacer joins repeated fields
 			}
 			return ""
 		}
 	case single:
-		return func(_ *http.Request, repl *caddy.Replacer) string {
-			v, _ := repl.GetString(name)
+		return func(r *http.Request) string {
+			v, _ := replacer(r).GetString(name)
 			return v
 		}
 	}
-	return func(_ *http.Request, repl *caddy.Replacer) string { return repl.ReplaceAll(tmpl, "") }
+	return func(r *http.Request) string { return replacer(r).ReplaceAll(tmpl, "") }
+}
+
+// replacer returns the request's replacer. Only templates that need it look
+// it up: it is a walk up the request's context chain.
+func replacer(r *http.Request) *caddy.Replacer {
+	return r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 }
 
 // singlePlaceholder reports whether tmpl is exactly one placeholder, and its
@@ -62,8 +68,8 @@ func singlePlaceholder(tmpl string) (string, bool) {
 // the key, so a huge key costs no memory.
 func compileKey(tmpl string) valueFunc {
 	eval := compileTemplate(tmpl)
-	return func(r *http.Request, repl *caddy.Replacer) string {
-		key := eval(r, repl)
+	return func(r *http.Request) string {
+		key := eval(r)
 		if rest, ok := strings.CutPrefix(key, "::ffff:"); ok && strings.Contains(rest, ".") {
 			key = rest
 		}
