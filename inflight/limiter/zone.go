@@ -85,6 +85,27 @@ type Request struct {
 	Limits *Limits
 	// Lease identifies the slots a shared store granted, for its Release.
 	Lease string
+
+	// hashes keep the keys' hashes from admission to release, which then
+	// need not hash again; valid while held is set.
+	hashes [inlineDims]uint64
+	held   bool
+}
+
+// hash returns the hash of req's key in dimension d, from admission if it
+// kept it.
+func (z *Zone) hash(req *Request, d int) uint64 {
+	if req.held && d < inlineDims {
+		return req.hashes[d]
+	}
+	return maphash.String(z.seed, req.Keys[d])
+}
+
+// keep records the hash of dimension d's key for Release.
+func (req *Request) keep(d int, h uint64) {
+	if d < inlineDims {
+		req.hashes[d] = h
+	}
 }
 
 // Zone counts requests in flight for a fixed list of dimensions.
@@ -175,7 +196,9 @@ func (z *Zone) Hold(req *Request) {
 		s.mu.Lock()
 		s.increment(h)
 		s.mu.Unlock()
+		req.keep(d, h)
 	}
+	req.held = true
 	if z.hasTotal {
 		z.total.Add(1)
 	}
@@ -188,11 +211,13 @@ func (z *Zone) Release(req *Request) {
 		if key == "" {
 			continue
 		}
-		s, h := z.shardFor(d, key)
+		h := z.hash(req, d)
+		s := z.shardOf(d, h)
 		s.mu.Lock()
 		s.decrement(h)
 		s.mu.Unlock()
 	}
+	req.held = false
 	if z.hasTotal {
 		z.total.Add(-1)
 	}
@@ -263,14 +288,18 @@ func (z *Zone) tryAcquire(req *Request, commit bool) (Outcome, int) {
 	if outcome == Admitted && z.hasTotal && !z.takeTotal(split(lim.Total, lim.Divisor), commit) {
 		outcome, refusedBy = Full, TotalDim
 	}
-	for _, sl := range locked {
+	for d, sl := range locked {
 		if sl.shard == nil {
 			continue
 		}
 		if outcome == Admitted && commit {
 			sl.shard.increment(sl.hash)
+			req.keep(d, sl.hash)
 		}
 		sl.shard.mu.Unlock()
+	}
+	if outcome == Admitted && commit {
+		req.held = true
 	}
 	return outcome, refusedBy
 }
@@ -339,7 +368,11 @@ type slot struct {
 // and a key costs the same memory however long it is.
 func (z *Zone) shardFor(d int, key string) (*shard, uint64) {
 	h := maphash.String(z.seed, key)
-	return &z.shards[d*numShards+int(h>>32)&(numShards-1)], h
+	return z.shardOf(d, h), h
+}
+
+func (z *Zone) shardOf(d int, h uint64) *shard {
+	return &z.shards[d*numShards+int(h>>32)&(numShards-1)]
 }
 
 // KeyCount is a key's hash and its requests in flight.
