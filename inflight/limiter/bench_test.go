@@ -72,7 +72,13 @@ func BenchmarkParallelKeys(b *testing.B) {
 		// Each goroutine's request on its own cache lines, so the benchmark
 		// measures the zone, not false sharing between its own requests.
 		keyBuf := make([]string, 8)
-		r := &Request{Keys: keyBuf[:1], Max: make([]int64, 8)[:1], Limits: lim}
+		padded := &struct {
+			_ [cacheLine]byte
+			r Request
+			_ [cacheLine]byte
+		}{}
+		r := &padded.r
+		*r = Request{Keys: keyBuf[:1], Max: make([]int64, 8)[:1], Limits: lim}
 		for pb.Next() {
 			i++
 			r.Keys[0] = keys[i%len(keys)]
