@@ -14,7 +14,7 @@ import (
 func FuzzKeys(f *testing.F) {
 	for _, seed := range [][2]string{
 		{"key", "192.0.2.1"}, {"", "::ffff:192.0.2.1"}, {"\x00\xff\xfe", "fe80::1%eth0"},
-		{string(make([]byte, 70000)), "2001:db8::1"}, {"a,b", ""}, {"::ffff:1.2.3.4", "::ffff:"},
+		{string(make([]byte, 4096)), "2001:db8::1"}, {"a,b", ""}, {"::ffff:1.2.3.4", "::ffff:"},
 	} {
 		f.Add(seed[0], seed[1])
 	}
