@@ -79,7 +79,7 @@ func (a *AdminAPI) serveState(w http.ResponseWriter, r *http.Request) error {
 }
 
 func stateOf(z *zone) ZoneState {
-	st := ZoneState{Zone: z.label, Waiting: z.Waiting(), Limits: []LimitState{}}
+	st := ZoneState{Zone: z.label, Waiting: z.waiting(), Limits: []LimitState{}}
 	for d, name := range z.limits {
 		st.Limits = append(st.Limits, LimitState{Name: name, Held: z.Held(d), Keys: z.Keys(d)})
 	}

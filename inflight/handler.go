@@ -314,7 +314,7 @@ func (h *Handler) joinZone(ctx caddy.Context) error {
 		return fmt.Errorf("inflight: zone %q: %v", h.Zone, err)
 	}
 	h.zone, h.store = z, z.Zone
-	z.shared = nil
+	z.shared.Store(nil)
 	if h.StoreRaw == nil {
 		return nil
 	}
@@ -324,8 +324,8 @@ func (h *Handler) joinZone(ctx caddy.Context) error {
 	}
 	shared := mod.(SharedStore).Bind(fleetID(h.Zone, h.zoneID), names(h.Limits), hasTotal, z.Zone)
 	h.store = shared
-	if w, ok := shared.(interface{ Waiting() int64 }); ok {
-		z.shared = w
+	if w, ok := shared.(waitCounter); ok {
+		z.shared.Store(&w)
 	}
 	return nil
 }
@@ -343,19 +343,25 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, a *admission, r
 // report counts, logs and emits a refusal, and returns the refusing limit's
 // name. Keys appear only as hashes, except client addresses in debug logs.
 func (h *Handler) report(a *admission, res limiter.Result, reason string) string {
-	name, key, hashed := totalName, "", ""
+	name, key := totalName, ""
 	if res.Dim != limiter.TotalDim {
 		name, key = h.Limits[res.Dim].Name, a.req.Keys[res.Dim]
-		hashed = redact(key)
-		if !keyIsAddress(h.Limits[res.Dim].Key) {
-			key = hashed
-		}
 	}
 	h.rejected[reason][h.dimIndex(res.Dim)].Inc()
+	// Hash the key only for a log line or an event someone will see: under
+	// overload every refused request passes here.
 	if ce := h.logger.Check(zapcore.DebugLevel, "request refused"); ce != nil {
-		ce.Write(zap.String("zone", h.Zone), zap.String("limit", name), zap.String("key", key), zap.String("reason", reason))
+		shown := key
+		if key != "" && !keyIsAddress(h.Limits[res.Dim].Key) {
+			shown = redact(key)
+		}
+		ce.Write(zap.String("zone", h.Zone), zap.String("limit", name), zap.String("key", shown), zap.String("reason", reason))
 	}
 	if h.events.ShouldEmit(RefusedEvent) {
+		hashed := ""
+		if key != "" {
+			hashed = redact(key)
+		}
 		h.events.Emit(h.ctx, RefusedEvent, map[string]any{"zone": h.Zone, "limit": name, "key": hashed, "reason": reason})
 	}
 	return name

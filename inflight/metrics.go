@@ -71,10 +71,7 @@ func (stateCollector) Collect(ch chan<- prometheus.Metric) {
 		if z.HasTotal() {
 			held[series{z.label, totalName}] += z.Held(limiter.TotalDim)
 		}
-		waiting[z.label] += z.Waiting()
-		if z.shared != nil {
-			waiting[z.label] += z.shared.Waiting()
-		}
+		waiting[z.label] += z.waiting()
 		return true
 	})
 	for s, n := range held {

@@ -1,7 +1,6 @@
 package inflight
 
 import (
-	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -86,10 +85,8 @@ type redisZone struct {
 }
 
 type redisWaiter struct {
+	limiter.Place
 	req     *limiter.Request // the waiter's own copy: the dispatcher writes its Lease
-	class   limiter.Class
-	arrived time.Time
-	seq     uint64
 	ready   chan struct{}
 	granted bool
 }
@@ -219,7 +216,7 @@ func (z *redisZone) wait(ctx context.Context, req *limiter.Request, opt limiter.
 	}
 	z.seq++
 	own := &limiter.Request{Keys: slices.Clone(req.Keys), Max: slices.Clone(req.Max), Limits: req.Limits}
-	w := &redisWaiter{req: own, class: opt.Class, arrived: time.Now(), seq: z.seq, ready: make(chan struct{})}
+	w := &redisWaiter{Place: limiter.Place{Class: opt.Class, Arrived: time.Now(), Seq: z.seq}, req: own, ready: make(chan struct{})}
 	z.waiters = append(z.waiters, w)
 	z.mu.Unlock()
 	z.wake()
@@ -230,7 +227,7 @@ func (z *redisZone) wait(ctx context.Context, req *limiter.Request, opt limiter.
 	select {
 	case <-w.ready:
 		req.Lease = w.req.Lease
-		return limiter.Result{Outcome: limiter.Admitted, Waited: time.Since(w.arrived)}
+		return limiter.Result{Outcome: limiter.Admitted, Waited: time.Since(w.Arrived)}
 	case <-ctx.Done():
 		outcome = limiter.Aborted
 	case <-timer.C:
@@ -239,7 +236,7 @@ func (z *redisZone) wait(ctx context.Context, req *limiter.Request, opt limiter.
 	granted := w.granted
 	z.waiters = slices.DeleteFunc(z.waiters, func(x *redisWaiter) bool { return x == w })
 	z.mu.Unlock()
-	waited := time.Since(w.arrived)
+	waited := time.Since(w.Arrived)
 	switch {
 	case granted && outcome == limiter.Aborted:
 		z.Release(w.req)
@@ -286,14 +283,13 @@ func (z *redisZone) dispatch() {
 		return
 	}
 	slices.SortFunc(queue, func(a, b *redisWaiter) int {
-		sa, sb := limiter.Score(a.class, now.Sub(a.arrived)), limiter.Score(b.class, now.Sub(b.arrived))
-		if c := cmp.Compare(sb, sa); c != 0 {
-			return c
+		switch {
+		case a.Before(b.Place, now):
+			return -1
+		case b.Before(a.Place, now):
+			return 1
 		}
-		if a.class != b.class {
-			return cmp.Compare(b.class, a.class)
-		}
-		return cmp.Compare(a.seq, b.seq)
+		return 0
 	})
 	reqs := make([]*limiter.Request, len(queue))
 	for i, w := range queue {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -24,7 +25,21 @@ type zone struct {
 	label  string   // the zone name; "" for a handler that names none
 	limits []string // dimension names
 	series keySeries
-	shared interface{ Waiting() int64 } // a shared store's waiters, if any
+	// shared counts a shared store's waiters, if the zone uses one. It is
+	// set by Provision while scrapes may read it.
+	shared atomic.Pointer[waitCounter]
+}
+
+type waitCounter interface{ Waiting() int64 }
+
+// waiting returns the requests waiting in this zone, in this process and
+// in its shared store's queue.
+func (z *zone) waiting() int64 {
+	n := z.Waiting()
+	if w := z.shared.Load(); w != nil {
+		n += (*w).Waiting()
+	}
+	return n
 }
 
 // Destruct satisfies caddy.Destructor. Requests still in flight keep a

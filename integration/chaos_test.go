@@ -56,7 +56,7 @@ func chaosBackend(t *testing.T) string {
 		case <-r.Context().Done():
 		}
 	})
-	mux.HandleFunc("/5xx", func(w http.ResponseWriter, r *http.Request) { http.Error(w, "boom", 503) })
+	mux.HandleFunc("/5xx", func(w http.ResponseWriter, r *http.Request) { http.Error(w, "boom", http.StatusServiceUnavailable) })
 	mux.HandleFunc("/reset", func(w http.ResponseWriter, r *http.Request) {
 		conn, _, err := http.NewResponseController(w).Hijack()
 		if err != nil {

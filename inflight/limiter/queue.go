@@ -87,11 +87,34 @@ type queue struct {
 	seq     uint64
 }
 
+// Place is where a waiting request stands in the queue order.
+type Place struct {
+	Class   Class
+	Arrived time.Time
+	Seq     uint64 // arrival order among requests with the same Arrived
+}
+
+// Before reports whether p goes before q at time now: the higher score
+// (weight × (1 + waited / 30s), weights high 2, normal 1, low 0.5), then
+// the higher class, then the earlier arrival.
+func (p Place) Before(q Place, now time.Time) bool {
+	sp, sq := p.score(now), q.score(now)
+	if sp != sq {
+		return sp > sq
+	}
+	if p.Class != q.Class {
+		return p.Class > q.Class
+	}
+	return p.Seq < q.Seq
+}
+
+func (p Place) score(now time.Time) float64 {
+	return weight[p.Class] * (1 + float64(now.Sub(p.Arrived))/float64(agingPeriod))
+}
+
 type waiter struct {
+	Place
 	req        *Request
-	class      Class
-	arrived    time.Time
-	seq        uint64
 	ready      chan struct{} // closed when a slot is handed over
 	granted    bool
 	prev, next *waiter
@@ -131,8 +154,8 @@ func (z *Zone) Acquire(ctx context.Context, req *Request, opt WaitOptions) Resul
 		return Result{Outcome: QueueFull, Dim: d}
 	}
 	z.seq++
-	w := &waiter{req: req, class: opt.Class, arrived: z.clock.Now(), seq: z.seq, ready: make(chan struct{})}
-	z.lists[w.class].push(w)
+	w := &waiter{Place: Place{Class: opt.Class, Arrived: z.clock.Now(), Seq: z.seq}, req: req, ready: make(chan struct{})}
+	z.lists[w.Class].push(w)
 	z.queued.Add(1)
 	z.mu.Unlock()
 
@@ -141,14 +164,14 @@ func (z *Zone) Acquire(ctx context.Context, req *Request, opt WaitOptions) Resul
 	outcome := Timeout
 	select {
 	case <-w.ready:
-		return Result{Outcome: Admitted, Waited: z.clock.Now().Sub(w.arrived)}
+		return Result{Outcome: Admitted, Waited: z.clock.Now().Sub(w.Arrived)}
 	case <-ctx.Done():
 		outcome = Aborted
 	case <-timeout:
 	}
 
 	z.mu.Lock()
-	waited := z.clock.Now().Sub(w.arrived)
+	waited := z.clock.Now().Sub(w.Arrived)
 	if w.granted { // a slot came as the wait ended
 		z.mu.Unlock()
 		if outcome == Aborted {
@@ -157,7 +180,7 @@ func (z *Zone) Acquire(ctx context.Context, req *Request, opt WaitOptions) Resul
 		}
 		return Result{Outcome: Admitted, Waited: waited}
 	}
-	z.lists[w.class].remove(w)
+	z.lists[w.Class].remove(w)
 	z.queued.Add(-1)
 	z.pending.Add(-1)
 	o, d = Full, 0
@@ -191,7 +214,7 @@ func (z *Zone) dispatchLocked() {
 		for c := High; ; c-- {
 			for w := z.lists[c].head; w != nil; w = w.next {
 				if o, _ := z.tryAcquire(w.req, false); o == Admitted {
-					if best == nil || outranks(w, best, now) {
+					if best == nil || w.Before(best.Place, now) {
 						best = w
 					}
 					break
@@ -207,34 +230,12 @@ func (z *Zone) dispatchLocked() {
 		if o, _ := z.tryAcquire(best.req, true); o != Admitted {
 			continue // a newcomer took the room in between; look again
 		}
-		z.lists[best.class].remove(best)
+		z.lists[best.Class].remove(best)
 		z.queued.Add(-1)
 		z.pending.Add(-1)
 		best.granted = true
 		close(best.ready)
 	}
-}
-
-// outranks reports whether a goes before b at time now: higher score
-// (weight × (1 + waited/30s)), then higher class, then first come.
-func outranks(a, b *waiter, now time.Time) bool {
-	sa, sb := score(a, now), score(b, now)
-	if sa != sb {
-		return sa > sb
-	}
-	if a.class != b.class {
-		return a.class > b.class
-	}
-	return a.seq < b.seq
-}
-
-func score(w *waiter, now time.Time) float64 { return Score(w.class, now.Sub(w.arrived)) }
-
-// Score is a waiter's rank: weight × (1 + waited / 30s), weights high 2,
-// normal 1, low 0.5. Higher goes first; ties go to the higher class, then
-// to the earlier arrival.
-func Score(c Class, waited time.Duration) float64 {
-	return weight[c] * (1 + float64(waited)/float64(agingPeriod))
 }
 
 func (l *waitList) push(w *waiter) {

@@ -110,7 +110,6 @@ func (req *Request) keep(d int, h uint64) {
 
 // Zone counts requests in flight for a fixed list of dimensions.
 type Zone struct {
-	dims     int
 	hasTotal bool
 	seed     maphash.Seed
 	shards   []shard // dims × numShards, dimension-major
@@ -140,13 +139,10 @@ func NewZone(dims int, hasTotal bool, clock Clock) *Zone {
 	if clock == nil {
 		clock = realClock{}
 	}
-	z := &Zone{dims: dims, hasTotal: hasTotal, seed: maphash.MakeSeed(), shards: make([]shard, dims*numShards)}
+	z := &Zone{hasTotal: hasTotal, seed: maphash.MakeSeed(), shards: make([]shard, dims*numShards)}
 	z.clock = clock
 	return z
 }
-
-// Dims returns the number of keyed dimensions.
-func (z *Zone) Dims() int { return z.dims }
 
 // HasTotal reports whether the zone counts a zone-wide total.
 func (z *Zone) HasTotal() bool { return z.hasTotal }
