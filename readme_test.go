@@ -1,0 +1,248 @@
+package caddyinflight_test
+
+// How README.md's snippets are checked (TestREADMESnippets). Every snippet
+// is one of these; none is skipped silently.
+//
+// Fenced blocks must carry one of these tags (an untagged block, or another
+// tag, fails the test):
+//
+//	caddyfile           a whole Caddyfile (global options and/or sites):
+//	                    adapted as written.
+//	caddyfile-fragment  directives of one site: wrapped in
+//	                    `example.com { ... }` and adapted.
+//	caddyfile-syntax    the directive's grammar: not adapted, but every
+//	                    option it lists must be one the directive knows,
+//	                    and those names decide which inline code is checked.
+//	json                must parse as JSON.
+//	sh, yaml            not Caddyfile: not checked here.
+//
+// Inline code (`...`) is a Caddyfile snippet when it has at least two words
+// and its first word is `inflight` or an option listed in the
+// caddyfile-syntax block. `inflight ...` is wrapped in a site; an option is
+// wrapped in `inflight { limit snippet {client_ip} 1000; <option> }` inside a
+// site. Both are adapted. Other inline code (placeholders, metric names,
+// `dry_run` alone, labels) is prose.
+//
+// Adapting must succeed with no warning, so every Caddyfile snippet is also
+// `caddy fmt` clean. `rate_limit` (caddy-ratelimit, which the module proxy
+// here does not serve) is a stand-in directive that accepts any block, so
+// the snippet combining it with `inflight` is adapted too.
+
+import (
+	"encoding/json"
+	"net/http"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	_ "github.com/caddyserver/caddy/v2/modules/standard"
+
+	_ "github.com/caddy-inflight/caddy-inflight"
+)
+
+// snippet is one piece of README.md to adapt.
+type snippet struct {
+	line      int    // where it starts in README.md
+	kind      string // the fence tag, or "inline"
+	text      string // as written
+	caddyfile string // what is adapted
+}
+
+// readmeBlock is a fenced block of README.md.
+type readmeBlock struct {
+	line int
+	tag  string
+	text string
+}
+
+var fence = regexp.MustCompile("^(\\s*)(```+)\\s*(\\S*)\\s*$")
+
+// splitREADME returns the fenced blocks and the prose with the blocks
+// blanked out (line numbers kept).
+func splitREADME(t *testing.T, readme string) ([]readmeBlock, string) {
+	t.Helper()
+	var blocks []readmeBlock
+	var prose []string
+	lines := strings.Split(readme, "\n")
+	for i := 0; i < len(lines); i++ {
+		m := fence.FindStringSubmatch(lines[i])
+		if m == nil {
+			prose = append(prose, lines[i])
+			continue
+		}
+		indent, ticks, tag := m[1], m[2], m[3]
+		b := readmeBlock{line: i + 1, tag: tag}
+		prose = append(prose, "")
+		var body []string
+		for i++; ; i++ {
+			if i == len(lines) {
+				t.Fatalf("README.md:%d: the fenced block never closes", b.line)
+			}
+			prose = append(prose, "")
+			if strings.TrimSpace(lines[i]) == ticks {
+				break
+			}
+			body = append(body, strings.TrimPrefix(lines[i], indent))
+		}
+		b.text = strings.Join(body, "\n") + "\n"
+		blocks = append(blocks, b)
+	}
+	return blocks, strings.Join(prose, "\n")
+}
+
+// syntaxOptions returns the option names listed in the grammar block.
+func syntaxOptions(t *testing.T, blocks []readmeBlock) []string {
+	t.Helper()
+	var opts []string
+	for _, b := range blocks {
+		if b.tag != "caddyfile-syntax" {
+			continue
+		}
+		for _, l := range strings.Split(b.text, "\n")[1:] {
+			if f := strings.Fields(l); len(f) > 0 && f[0] != "}" {
+				opts = append(opts, f[0])
+			}
+		}
+	}
+	if len(opts) == 0 {
+		t.Fatal("README.md has no caddyfile-syntax block listing the directive's options")
+	}
+	return opts
+}
+
+func indent(text, prefix string) string {
+	lines := strings.Split(strings.TrimSuffix(text, "\n"), "\n")
+	for i, l := range lines {
+		if l != "" {
+			lines[i] = prefix + l
+		}
+	}
+	return strings.Join(lines, "\n") + "\n"
+}
+
+func inSite(directives string) string {
+	return "example.com {\n" + indent(directives, "\t") + "}\n"
+}
+
+var inlineCode = regexp.MustCompile("`([^`]+)`")
+
+// readmeSnippets extracts every Caddyfile snippet of README.md by the rules
+// at the top of this file.
+func readmeSnippets(t *testing.T) []snippet {
+	t.Helper()
+	raw, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks, prose := splitREADME(t, string(raw))
+	var out []snippet
+	for _, b := range blocks {
+		s := snippet{line: b.line, kind: b.tag, text: b.text}
+		switch b.tag {
+		case "caddyfile":
+			s.caddyfile = b.text
+		case "caddyfile-fragment":
+			s.caddyfile = inSite(b.text)
+		case "json":
+			if !json.Valid([]byte(b.text)) {
+				t.Errorf("README.md:%d: json block does not parse:\n%s", b.line, b.text)
+			}
+			continue
+		case "caddyfile-syntax", "sh", "yaml":
+			continue
+		default:
+			t.Errorf("README.md:%d: fenced block tagged %q: tag it caddyfile, caddyfile-fragment, caddyfile-syntax, json, sh or yaml (see readme_test.go)", b.line, b.tag)
+			continue
+		}
+		out = append(out, s)
+	}
+
+	options := map[string]bool{}
+	for _, o := range syntaxOptions(t, blocks) {
+		options[o] = true
+	}
+	for _, m := range inlineCode.FindAllStringSubmatchIndex(prose, -1) {
+		text := strings.Join(strings.Fields(prose[m[2]:m[3]]), " ")
+		words := strings.Fields(text)
+		if len(words) < 2 {
+			continue
+		}
+		s := snippet{line: 1 + strings.Count(prose[:m[0]], "\n"), kind: "inline", text: text}
+		switch {
+		case words[0] == "inflight":
+			s.caddyfile = inSite(text)
+		case options[words[0]]:
+			s.caddyfile = inSite("inflight {\n\tlimit snippet {client_ip} 1000\n\t" + text + "\n}")
+		default:
+			continue
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// TestREADMESnippets adapts every Caddyfile snippet of README.md.
+func TestREADMESnippets(t *testing.T) {
+	snippets := readmeSnippets(t)
+	inline := 0
+	for _, s := range snippets {
+		if s.kind == "inline" {
+			inline++
+		}
+		_, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(s.caddyfile), nil)
+		if err != nil {
+			t.Errorf("README.md:%d: %s snippet does not adapt: %v\n%s", s.line, s.kind, err, s.text)
+			continue
+		}
+		for _, w := range warnings {
+			t.Errorf("README.md:%d: %s snippet: warning: %s\n%s", s.line, s.kind, w.String(), s.text)
+		}
+	}
+	// A floor, so that a broken extraction cannot pass by finding nothing.
+	if len(snippets)-inline < 8 || inline < 10 {
+		t.Fatalf("found %d fenced and %d inline snippets: the extraction is broken", len(snippets)-inline, inline)
+	}
+	t.Logf("adapted %d fenced and %d inline snippets", len(snippets)-inline, inline)
+}
+
+// TestREADMESyntaxOptionsExist checks that every option the README's
+// grammar lists is one the directive accepts.
+func TestREADMESyntaxOptionsExist(t *testing.T) {
+	raw, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks, _ := splitREADME(t, string(raw))
+	for _, opt := range syntaxOptions(t, blocks) {
+		_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(inSite("inflight 1 {\n\t"+opt+"\n}")), nil)
+		if err != nil && strings.Contains(err.Error(), "unknown subdirective") {
+			t.Errorf("the README's grammar lists %q, which the directive does not know: %v", opt, err)
+		}
+	}
+}
+
+// rateLimitStandIn takes caddy-ratelimit's place in the README's rate_limit
+// snippet: it accepts any block and does nothing.
+type rateLimitStandIn struct{}
+
+func (rateLimitStandIn) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{ID: "http.handlers.rate_limit", New: func() caddy.Module { return rateLimitStandIn{} }}
+}
+
+func (rateLimitStandIn) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	return next.ServeHTTP(w, r)
+}
+
+func init() {
+	caddy.RegisterModule(rateLimitStandIn{})
+	httpcaddyfile.RegisterHandlerDirective("rate_limit", func(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+		for h.Next() { // the whole segment, block included
+		}
+		return rateLimitStandIn{}, nil
+	})
+}
