@@ -1,9 +1,10 @@
-// Package caddyinflight registers the inflight handler and its Caddyfile
-// directive, so that `xcaddy build --with github.com/caddy-inflight/caddy-inflight`
-// gives a Caddy that has both.
+// Package caddyinflight registers the inflight handler, its Caddyfile
+// directive and its stores, so that `xcaddy build --with github.com/caddy-inflight/caddy-inflight`
+// gives a Caddy that has them all.
 package caddyinflight
 
 import (
 	_ "github.com/caddy-inflight/caddy-inflight/caddyfile"
 	_ "github.com/caddy-inflight/caddy-inflight/inflight"
+	_ "github.com/caddy-inflight/caddy-inflight/inflight/redisstore"
 )

@@ -11,6 +11,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	_ "github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
+
+	_ "github.com/caddy-inflight/caddy-inflight/inflight/redisstore"
 )
 
 var update = flag.Bool("update", false, "rewrite the expected JSON of the fixtures that adapt")

@@ -2,6 +2,7 @@ package inflight
 
 import (
 	"context"
+	"time"
 
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
@@ -27,4 +28,13 @@ type SharedStore interface {
 	// requests, and enforces the caps alone when the store is unreachable
 	// and fails open.
 	Bind(id string, limits []string, hasTotal bool, local *limiter.Zone) Store
+}
+
+// ObserveStore records one shared store operation (acquire, release,
+// renew) in the store metrics: its latency, and whether it failed.
+func ObserveStore(store, op string, took time.Duration, failed bool) {
+	storeSeconds.WithLabelValues(store, op).Observe(took.Seconds())
+	if failed {
+		storeErrors.WithLabelValues(store, op).Inc()
+	}
 }

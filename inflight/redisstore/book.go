@@ -1,4 +1,4 @@
-package inflight
+package redisstore
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
+	"github.com/caddy-inflight/caddy-inflight/inflight"
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
 
@@ -47,7 +48,7 @@ type redisBook struct {
 	stopped sync.WaitGroup
 }
 
-func newRedisBook(s *RedisStore, logger *zap.Logger) *redisBook {
+func newRedisBook(s *Store, logger *zap.Logger) *redisBook {
 	timeout := time.Duration(s.Timeout)
 	b := &redisBook{
 		client: redis.NewUniversalClient(&redis.UniversalOptions{
@@ -210,14 +211,14 @@ func (b *redisBook) available() bool {
 // observe records an operation's latency and outcome, and logs when Redis
 // becomes unreachable and reachable again.
 func (b *redisBook) observe(op string, start time.Time, err error) {
-	storeSeconds.WithLabelValues("redis", op).Observe(time.Since(start).Seconds())
-	if err == nil || err == redis.Nil {
+	failed := err != nil && err != redis.Nil
+	inflight.ObserveStore("redis", op, time.Since(start), failed)
+	if !failed {
 		if b.down.Swap(0) != 0 {
 			b.logger.Info("redis store reachable again")
 		}
 		return
 	}
-	storeErrors.WithLabelValues("redis", op).Inc()
 	if b.down.Swap(time.Now().Add(time.Second).UnixNano()) == 0 {
 		b.logger.Error("redis store unreachable", zap.String("op", op), zap.Error(err))
 	}

@@ -1,4 +1,4 @@
-package inflight
+package redisstore
 
 import (
 	"context"
@@ -66,6 +66,9 @@ return 0
 // fallbackPoll bounds how long a waiter can miss a release notice (lost
 // messages, a reconnecting subscription) before it tries again.
 const fallbackPoll = 250 * time.Millisecond
+
+// totalKey names the sorted set of a zone's total cap.
+const totalKey = "total"
 
 // redisZone is the Store of one zone kept in Redis. The local zone counts
 // this instance's requests (for metrics and the admin API) and, when Redis
@@ -156,7 +159,7 @@ func (z *redisZone) keys(req *limiter.Request) ([]string, []int) {
 		dims = append(dims, d)
 	}
 	if z.hasTotal {
-		keys = append(keys, z.tag+":"+totalName)
+		keys = append(keys, z.tag+":"+totalKey)
 		dims = append(dims, limiter.TotalDim)
 	}
 	return keys, dims

@@ -1,4 +1,7 @@
-package inflight
+// Package redisstore is the inflight store `redis`
+// (http.handlers.inflight.stores.redis): it keeps a zone's counts in Redis,
+// so that one cap holds across a fleet of Caddy instances.
+package redisstore
 
 import (
 	"crypto/sha256"
@@ -11,21 +14,22 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"go.uber.org/zap"
 
+	"github.com/caddy-inflight/caddy-inflight/inflight"
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
 
 func init() {
-	caddy.RegisterModule(new(RedisStore))
+	caddy.RegisterModule(new(Store))
 }
 
-// RedisStore keeps a zone's counts in Redis, so that one cap holds across a
+// Store keeps a zone's counts in Redis, so that one cap holds across a
 // fleet of Caddy instances. Each slot held is a lease: a member of a sorted
 // set per key, scored by its expiry. Admission is one atomic script (drop
 // expired leases, check every limit, add the lease to all, or to none);
 // release removes the lease. Requests that outlive half their lease have it
 // renewed, by one timer per instance for all of them, so a crashed
 // instance's slots come back within `lease`.
-type RedisStore struct {
+type Store struct {
 	// Address lists the Redis servers: one address for a single server,
 	// several for a cluster, or the sentinels with MasterName.
 	Address []string `json:"address,omitempty"`
@@ -65,17 +69,17 @@ type RedisStore struct {
 }
 
 // CaddyModule returns the Caddy module information.
-func (*RedisStore) CaddyModule() caddy.ModuleInfo {
+func (*Store) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{
 		ID:  "http.handlers.inflight.stores.redis",
-		New: func() caddy.Module { return new(RedisStore) },
+		New: func() caddy.Module { return new(Store) },
 	}
 }
 
 // Provision sets defaults and connects, sharing one client, lease book and
 // subscription among every handler (and config generation) that names the
 // same Redis.
-func (s *RedisStore) Provision(ctx caddy.Context) error {
+func (s *Store) Provision(ctx caddy.Context) error {
 	s.logger = ctx.Logger()
 	repl := caddy.NewReplacer()
 	for i := range s.Address {
@@ -114,7 +118,7 @@ func (s *RedisStore) Provision(ctx caddy.Context) error {
 }
 
 // Validate checks the settings.
-func (s *RedisStore) Validate() error {
+func (s *Store) Validate() error {
 	switch {
 	case s.OnError != "open" && s.OnError != "closed":
 		return fmt.Errorf("inflight: store redis: on_error %q is not allowed: want open or closed", s.OnError)
@@ -128,7 +132,7 @@ func (s *RedisStore) Validate() error {
 
 // Cleanup drops this handler's reference to the shared client; it closes
 // once no handler uses it.
-func (s *RedisStore) Cleanup() error {
+func (s *Store) Cleanup() error {
 	if s.book == nil {
 		return nil
 	}
@@ -137,7 +141,7 @@ func (s *RedisStore) Cleanup() error {
 }
 
 // Bind returns the store of one zone.
-func (s *RedisStore) Bind(zone string, limits []string, hasTotal bool, local *limiter.Zone) Store {
+func (s *Store) Bind(zone string, limits []string, hasTotal bool, local *limiter.Zone) inflight.Store {
 	return s.book.zone(zone, limits, hasTotal, local, s.OnError == "closed")
 }
 
@@ -154,7 +158,7 @@ func (s *RedisStore) Bind(zone string, limits []string, hasTotal bool, local *li
 //		timeout     <duration>       # 250ms
 //		key_prefix  <prefix>         # inflight
 //	}
-func (s *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the store's name
 	for d.NextBlock(0) {
 		opt := d.Val()
@@ -200,9 +204,9 @@ func parseDuration(dst *caddy.Duration, s string) error {
 
 // Interface guards
 var (
-	_ caddy.Provisioner     = (*RedisStore)(nil)
-	_ caddy.Validator       = (*RedisStore)(nil)
-	_ caddy.CleanerUpper    = (*RedisStore)(nil)
-	_ caddyfile.Unmarshaler = (*RedisStore)(nil)
-	_ SharedStore           = (*RedisStore)(nil)
+	_ caddy.Provisioner     = (*Store)(nil)
+	_ caddy.Validator       = (*Store)(nil)
+	_ caddy.CleanerUpper    = (*Store)(nil)
+	_ caddyfile.Unmarshaler = (*Store)(nil)
+	_ inflight.SharedStore  = (*Store)(nil)
 )
