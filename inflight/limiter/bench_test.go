@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 func benchKeys(n int) []string {
@@ -86,4 +87,42 @@ func BenchmarkParallelKeys(b *testing.B) {
 			z.Release(r)
 		}
 	})
+}
+
+// BenchmarkBesideWaiters is another key's admit + release in a zone where
+// 0 or 10,000 requests of one key wait at that key's cap: the waiters it
+// cannot unblock must not cost it anything.
+func BenchmarkBesideWaiters(b *testing.B) {
+	for _, waiters := range []int{0, 10_000} {
+		b.Run("waiters="+strconv.Itoa(waiters), func(b *testing.B) {
+			z := NewZone(1, true, nil)
+			lim := &Limits{Max: []int64{1}, Total: 1 << 20}
+			full := &Request{Keys: []string{"203.0.113.9"}, Max: []int64{0}, Limits: lim}
+			z.TryAcquire(full)
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{}, waiters)
+			for range waiters {
+				go func() {
+					z.Acquire(ctx, &Request{Keys: []string{"203.0.113.9"}, Max: []int64{0}, Limits: lim}, WaitOptions{Wait: time.Hour})
+					done <- struct{}{}
+				}()
+			}
+			for z.Waiting() < int64(waiters) {
+				time.Sleep(time.Millisecond)
+			}
+			r := &Request{Keys: []string{"198.51.100.7"}, Max: []int64{0}, Limits: lim}
+			b.ReportAllocs()
+			for b.Loop() {
+				if ok, _ := z.TryAcquire(r); !ok {
+					b.Fatal("refused")
+				}
+				z.Release(r)
+			}
+			b.StopTimer()
+			cancel()
+			for range waiters {
+				<-done
+			}
+		})
+	}
 }

@@ -68,23 +68,51 @@ type WaitOptions struct {
 	Wait       time.Duration // 0: refuse at once
 	MaxWaiting int           // bound on queued requests in the zone; 0: none
 	Class      Class
+
+	// Fair shares the slots among the keys of dimension KeyDim: a freed
+	// slot goes to the waiter whose key there holds the fewest slots
+	// relative to its Weight (see dispatch.go).
+	Fair bool
+	// KeyDim is the dimension whose keys Fair shares between and
+	// MaxWaitingPerKey counts.
+	KeyDim int
+	// Weight is the waiter's share under Fair; 0 means its class weight
+	// (high 2, normal 1, low 0.5).
+	Weight float64
+	// MaxWaitingPerKey bounds the requests waiting with the same key in
+	// dimension KeyDim; one more is refused with QueueFull. 0: none.
+	MaxWaitingPerKey int
 }
 
-// queue holds the waiting requests of a zone, one FIFO list per class.
+// queue holds the waiting requests of a zone, grouped in flows (waiters
+// with exactly the same constraints, see flow.go), each flow filed under
+// the one constraint that blocked it when last tried.
 //
-// Invariants, with mu held: no queued waiter fits (dispatchLocked runs
-// after every change that can make one fit); pending counts the queued
-// waiters plus the requests between entering the slow path and leaving it,
-// so a Release that reads pending == 0 knows nobody can be missed: such a
-// request raises pending before its own attempt, which then sees the freed
-// slot.
+// Invariants, with mu held:
+//   - No queued waiter fits. Every flow is filed under a blocker (a key at
+//     its cap, a shard at its key bound, or the total) that was full when
+//     the flow was last tried, and the flow is tried again whenever that
+//     blocker gives back a slot (Release) or the caps change (Adopt,
+//     Retire). A flow cannot fit while its blocker is full, so flows filed
+//     under other blockers need not be looked at: the cost of a release is
+//     the flows it could unblock, not the waiters.
+//   - Within a flow the oldest waiter is the best (same class, same weight,
+//     so the same score order as arrival), and if it does not fit, no other
+//     does: only a flow's head is ever tried.
+//   - pending counts the queued waiters plus the requests between entering
+//     the slow path and leaving it. While it is above zero, slots are given
+//     back (and taken by newcomers) only with mu held, so a freed slot goes
+//     to the waiters before any newcomer can see it; a Release that reads
+//     pending == 0 after giving back knows nobody can be missed: such a
+//     request raises pending before its own attempt, which then sees the
+//     freed slot.
 type queue struct {
 	clock   Clock
 	mu      sync.Mutex
 	pending atomic.Int64
 	queued  atomic.Int64
-	lists   [High + 1]waitList
 	seq     uint64
+	flows
 }
 
 // Place is where a waiting request stands in the queue order.
@@ -115,12 +143,12 @@ func (p Place) score(now time.Time) float64 {
 type waiter struct {
 	Place
 	req        *Request
+	flow       *flow
 	ready      chan struct{} // closed when a slot is handed over
 	granted    bool
+	perKey     uint64 // its entry in the per-key waiting counts; 0: not counted
 	prev, next *waiter
 }
-
-type waitList struct{ head, tail *waiter }
 
 // Waiting returns how many requests are queued now.
 func (z *Zone) Waiting() int64 { return z.queued.Load() }
@@ -141,21 +169,24 @@ func (z *Zone) Acquire(ctx context.Context, req *Request, opt WaitOptions) Resul
 
 	z.mu.Lock()
 	z.pending.Add(1)
-	z.dispatchLocked()
 	o, d := z.tryAcquire(req, true)
 	if o == Admitted {
 		z.pending.Add(-1)
 		z.mu.Unlock()
 		return Result{Outcome: Admitted}
 	}
-	if opt.MaxWaiting > 0 && z.queued.Load() >= int64(opt.MaxWaiting) {
+	perKey, over := z.perKeyRoom(req, opt)
+	if over {
+		d = opt.KeyDim
+	}
+	if over || (opt.MaxWaiting > 0 && z.queued.Load() >= int64(opt.MaxWaiting)) {
 		z.pending.Add(-1)
 		z.mu.Unlock()
 		return Result{Outcome: QueueFull, Dim: d}
 	}
 	z.seq++
-	w := &waiter{Place: Place{Class: opt.Class, Arrived: z.clock.Now(), Seq: z.seq}, req: req, ready: make(chan struct{})}
-	z.lists[w.Class].push(w)
+	w := &waiter{Place: Place{Class: opt.Class, Arrived: z.clock.Now(), Seq: z.seq}, req: req, ready: make(chan struct{}), perKey: perKey}
+	z.enqueue(w, opt, z.blockerOf(req, o, d))
 	z.queued.Add(1)
 	z.mu.Unlock()
 
@@ -180,8 +211,7 @@ func (z *Zone) Acquire(ctx context.Context, req *Request, opt WaitOptions) Resul
 		}
 		return Result{Outcome: Admitted, Waited: waited}
 	}
-	z.lists[w.Class].remove(w)
-	z.queued.Add(-1)
+	z.dequeue(w)
 	z.pending.Add(-1)
 	o, d = Full, 0
 	if outcome == Timeout {
@@ -192,72 +222,4 @@ func (z *Zone) Acquire(ctx context.Context, req *Request, opt WaitOptions) Resul
 		return Result{Outcome: Admitted, Waited: waited}
 	}
 	return Result{Outcome: outcome, Dim: d, Waited: waited}
-}
-
-// kick hands free slots to waiters, if there are any.
-func (z *Zone) kick() {
-	if z.pending.Load() == 0 {
-		return
-	}
-	z.mu.Lock()
-	z.dispatchLocked()
-	z.mu.Unlock()
-}
-
-// dispatchLocked admits waiters while any fits, best score first. Within a
-// class the oldest waiter that fits is that class's best; a waiter whose key
-// is full is skipped, so it never blocks waiters with other keys.
-func (z *Zone) dispatchLocked() {
-	for z.queued.Load() > 0 {
-		now := z.clock.Now()
-		var best *waiter
-		for c := High; ; c-- {
-			for w := z.lists[c].head; w != nil; w = w.next {
-				if o, _ := z.tryAcquire(w.req, false); o == Admitted {
-					if best == nil || w.Before(best.Place, now) {
-						best = w
-					}
-					break
-				}
-			}
-			if c == Low {
-				break
-			}
-		}
-		if best == nil {
-			return
-		}
-		if o, _ := z.tryAcquire(best.req, true); o != Admitted {
-			continue // a newcomer took the room in between; look again
-		}
-		z.lists[best.Class].remove(best)
-		z.queued.Add(-1)
-		z.pending.Add(-1)
-		best.granted = true
-		close(best.ready)
-	}
-}
-
-func (l *waitList) push(w *waiter) {
-	w.prev, w.next = l.tail, nil
-	if l.tail == nil {
-		l.head = w
-	} else {
-		l.tail.next = w
-	}
-	l.tail = w
-}
-
-func (l *waitList) remove(w *waiter) {
-	if w.prev == nil {
-		l.head = w.next
-	} else {
-		w.prev.next = w.next
-	}
-	if w.next == nil {
-		l.tail = w.prev
-	} else {
-		w.next.prev = w.prev
-	}
-	w.prev, w.next = nil, nil
 }

@@ -64,7 +64,9 @@ func (t *table) increment(hash uint64) {
 	t.peak = max(t.peak, int32(len(t.more)))
 }
 
-func (t *table) decrement(hash uint64) {
+// decrement gives back one of hash's slots, and reports whether that was
+// its last.
+func (t *table) decrement(hash uint64) (gone bool) {
 	for i := range t.n {
 		if e := &t.inline[i]; e.hash == hash {
 			t.held--
@@ -72,23 +74,25 @@ func (t *table) decrement(hash uint64) {
 				t.n--
 				*e = t.inline[t.n]
 				t.inline[t.n] = entry{}
+				return true
 			}
-			return
+			return false
 		}
 	}
 	n, ok := t.more[hash] // a nil map reads as empty
 	if !ok {
-		return // never held: nothing to give back
+		return false // never held: nothing to give back
 	}
 	t.held--
 	if n > 1 {
 		t.more[hash] = n - 1
-		return
+		return false
 	}
 	delete(t.more, hash)
 	if len(t.more) == 0 && t.peak >= shrinkAt {
 		t.more, t.peak = nil, 0
 	}
+	return true
 }
 
 // keys returns how many keys have requests in flight.

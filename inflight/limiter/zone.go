@@ -151,7 +151,7 @@ func (z *Zone) HasTotal() bool { return z.hasTotal }
 // any waiter that l now lets in (a raised max admits at once).
 func (z *Zone) Adopt(l *Limits) {
 	z.latest.Store(l)
-	z.kick()
+	z.retryAll()
 }
 
 // Retire marks l as replaced (its handler was unloaded): waiters that hold l
@@ -159,7 +159,18 @@ func (z *Zone) Adopt(l *Limits) {
 func (z *Zone) Retire(l *Limits) {
 	l.retired.Store(true)
 	z.latest.CompareAndSwap(l, nil)
-	z.kick()
+	z.retryAll()
+}
+
+// retryAll tries every waiting flow again, after the caps changed.
+func (z *Zone) retryAll() {
+	if z.pending.Load() == 0 {
+		return
+	}
+	z.mu.Lock()
+	z.takeAll()
+	z.dispatch()
+	z.mu.Unlock()
 }
 
 // TryAcquire admits req if every dimension has room, without waiting. On
@@ -173,9 +184,8 @@ func (z *Zone) TryAcquire(req *Request) (bool, int) {
 // tryNow admits req if it fits now, after any waiter that fits.
 func (z *Zone) tryNow(req *Request) (Outcome, int) {
 	if z.pending.Load() > 0 {
-		z.mu.Lock()
+		z.mu.Lock() // slots are given back under mu: waiters go first
 		defer z.mu.Unlock()
-		z.dispatchLocked()
 	}
 	return z.tryAcquire(req, true)
 }
@@ -203,6 +213,25 @@ func (z *Zone) Hold(req *Request) {
 // Release gives back the slots req holds and hands them to waiters that
 // now fit. It is safe after the zone is no longer used by any handler.
 func (z *Zone) Release(req *Request) {
+	if z.pending.Load() > 0 {
+		z.mu.Lock()
+		z.giveBack(req, true)
+		z.dispatch()
+		z.mu.Unlock()
+		return
+	}
+	z.giveBack(req, false)
+	if z.pending.Load() > 0 { // a request started waiting meanwhile
+		z.mu.Lock()
+		z.candidatesFor(req)
+		z.dispatch()
+		z.mu.Unlock()
+	}
+}
+
+// giveBack takes req's slots off the counts and, if collect is set (mu
+// held), makes the flows filed under them candidates.
+func (z *Zone) giveBack(req *Request, collect bool) {
 	for d, key := range req.Keys {
 		if key == "" {
 			continue
@@ -210,14 +239,39 @@ func (z *Zone) Release(req *Request) {
 		h := z.hash(req, d)
 		s := z.shardOf(d, h)
 		s.mu.Lock()
-		s.decrement(h)
+		gone := s.decrement(h)
 		s.mu.Unlock()
+		if collect && len(z.blocked) > 0 {
+			z.takeFiled(keyBlocker(d, h))
+			if gone {
+				z.takeFiled(shardBlocker(d, int(h>>32)&(numShards-1)))
+			}
+		}
 	}
 	req.held = false
 	if z.hasTotal {
 		z.total.Add(-1)
+		if collect {
+			z.takeFiled(blocker{total: true})
+		}
 	}
-	z.kick()
+}
+
+// candidatesFor makes the flows that req's released slots may unblock
+// candidates, when they were given back without mu. Its keys' shards may
+// have lost a key as well.
+func (z *Zone) candidatesFor(req *Request) {
+	for d, key := range req.Keys {
+		if key == "" || len(z.blocked) == 0 {
+			continue
+		}
+		h := maphash.String(z.seed, key)
+		z.takeFiled(keyBlocker(d, h))
+		z.takeFiled(shardBlocker(d, int(h>>32)&(numShards-1)))
+	}
+	if z.hasTotal {
+		z.takeFiled(blocker{total: true})
+	}
 }
 
 // Held returns the slots held in dimension d (TotalDim: the total).

@@ -1,0 +1,101 @@
+package limiter
+
+import "time"
+
+// dispatch tries the candidate flows (z.cands) and admits their waiters
+// while any fits, the best first; a flow that does not fit is filed under
+// what blocks it now. mu must be held.
+//
+// Each round tries every candidate's head once and either admits one
+// waiter or has filed every candidate, so a release costs the flows it
+// could unblock, once per waiter it admits and once more.
+func (z *Zone) dispatch() {
+	cands := z.cands
+	for len(cands) > 0 {
+		fit := cands[:0]
+		for _, f := range cands {
+			o, d := z.tryAcquire(f.head.req, false)
+			if o != Admitted {
+				z.file(f, z.blockerOf(f.head.req, o, d))
+				continue
+			}
+			if f.fair {
+				f.load = float64(z.heldBy(f.head.req, f.keyDim)) / f.weight
+			}
+			fit = append(fit, f)
+		}
+		cands = fit
+		if len(cands) == 0 {
+			break
+		}
+		i := z.best(cands)
+		f := cands[i]
+		if o, _ := z.tryAcquire(f.head.req, true); o != Admitted {
+			continue // a newcomer that read pending == 0 took the room: the next round files f
+		}
+		z.grant(f.head)
+		if f.n == 0 {
+			cands[i] = cands[len(cands)-1]
+			cands = cands[:len(cands)-1]
+		}
+	}
+	clear(z.cands[:cap(z.cands)])
+	z.cands = z.cands[:0]
+}
+
+// grant hands w the slots it was just admitted to, and wakes it.
+func (z *Zone) grant(w *waiter) {
+	z.dequeue(w)
+	z.pending.Add(-1)
+	w.granted = true
+	close(w.ready)
+}
+
+// best returns the index of the flow whose head goes first.
+func (z *Zone) best(cands []*flow) int {
+	b := 0
+	if len(cands) == 1 {
+		return b
+	}
+	now := z.clock.Now()
+	for i := 1; i < len(cands); i++ {
+		if cands[i].before(cands[b], now) {
+			b = i
+		}
+	}
+	return b
+}
+
+// before reports whether f's head goes before g's at time now. Fair flows
+// sharing a dimension go by load first: the fewest slots held by their key
+// there relative to their weight; ties (and flows not comparable so) go by
+// the queue order, with a fair flow's score using its own weight.
+func (f *flow) before(g *flow, now time.Time) bool {
+	if !f.fair || !g.fair || f.keyDim != g.keyDim {
+		return f.head.Before(g.head.Place, now)
+	}
+	if f.load != g.load {
+		return f.load < g.load
+	}
+	sf, sg := f.score(now), g.score(now)
+	if sf != sg {
+		return sf > sg
+	}
+	return f.head.Seq < g.head.Seq
+}
+
+func (f *flow) score(now time.Time) float64 {
+	return f.weight * (1 + float64(now.Sub(f.head.Arrived))/float64(agingPeriod))
+}
+
+// heldBy returns the slots req's key holds in dimension d; 0 if req has no
+// key there.
+func (z *Zone) heldBy(req *Request, d int) int64 {
+	if d >= len(req.Keys) || req.Keys[d] == "" {
+		return 0
+	}
+	s, h := z.shardFor(d, req.Keys[d])
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.count(h)
+}

@@ -1,0 +1,303 @@
+package limiter
+
+import (
+	"hash/maphash"
+	"math"
+	"unsafe"
+)
+
+// A flow is the waiters that have exactly the same constraints: the same
+// Limits, keys and per-request maxes, and the same class, weight and
+// fairness. So if its oldest waiter (its head) does not fit, none of them
+// does, and the head is the best of them in every queue order: a flow is
+// tried through its head alone, however many wait in it.
+type flow struct {
+	id         uint64 // hash of the constraints; flows with equal ids chain by collide
+	collide    *flow
+	class      Class
+	weight     float64 // the share under fair: WaitOptions.Weight or the class weight
+	fair       bool
+	keyDim     int
+	head, tail *waiter // arrival order
+	n          int
+
+	// filed is the blocker the flow is filed under, if isFiled (it is not
+	// while dispatch tries it); prev and next link the flows filed there.
+	filed      blocker
+	isFiled    bool
+	prev, next *flow
+	load       float64 // fair: slots its key holds ÷ weight, as of the last try
+}
+
+// blocker names a constraint that can keep a flow waiting: a key at its
+// cap in a dimension, a shard at its key bound (keys_full) in a dimension,
+// or the total. Blockers other than the total are mixed into one 64-bit
+// value; two that mix alike only make a flow be tried in vain.
+type blocker struct {
+	total bool
+	key   uint64
+}
+
+func keyBlocker(d int, hash uint64) blocker {
+	return blocker{key: hash ^ (uint64(d+1) * 0x9e3779b97f4a7c15)}
+}
+
+func shardBlocker(d int, shard int) blocker {
+	return blocker{key: uint64(shard) ^ (uint64(d+1) * 0xc2b2ae3d27d4eb4f) ^ 1<<63}
+}
+
+// flows indexes a zone's waiters: by flow, and each flow by the blocker it
+// is filed under. Guarded by the queue's mu.
+type flows struct {
+	byID    map[uint64]*flow
+	blocked map[uint64]*flow // non-total blocker -> first flow filed under it
+	onTotal *flow            // first flow filed under the total
+	// perKey counts waiters per key of their KeyDim, for MaxWaitingPerKey.
+	perKey map[uint64]int
+	// cands are the flows being tried by dispatch.
+	cands []*flow
+}
+
+// blockerOf returns what refused req: outcome o on dimension d.
+func (z *Zone) blockerOf(req *Request, o Outcome, d int) blocker {
+	switch {
+	case d == TotalDim:
+		return blocker{total: true}
+	case o == KeysFull:
+		_, h := z.shardFor(d, req.Keys[d])
+		return shardBlocker(d, int(h>>32)&(numShards-1))
+	}
+	return keyBlocker(d, maphash.String(z.seed, req.Keys[d]))
+}
+
+// classWeight is a waiter's share when no weight is given.
+func classWeight(c Class) float64 { return weight[c] }
+
+// enqueue adds w, refused by b, to its flow, making and filing the flow if
+// it is new. An existing flow stays filed where it is: its blocker is full
+// too (the invariant), and w cannot fit before it does.
+func (z *Zone) enqueue(w *waiter, opt WaitOptions, b blocker) {
+	wt := opt.Weight
+	if wt <= 0 {
+		wt = classWeight(opt.Class)
+	}
+	id := z.flowID(w.req, opt.Class, wt, opt.Fair, opt.KeyDim)
+	var f *flow
+	for f = z.byID[id]; f != nil && !f.holds(w.req, opt.Class, wt, opt.Fair, opt.KeyDim); f = f.collide {
+	}
+	if f == nil {
+		f = &flow{id: id, class: opt.Class, weight: wt, fair: opt.Fair, keyDim: opt.KeyDim}
+		if z.byID == nil {
+			z.byID, z.blocked, z.perKey = map[uint64]*flow{}, map[uint64]*flow{}, map[uint64]int{}
+		}
+		f.collide = z.byID[id]
+		z.byID[id] = f
+		z.file(f, b)
+	}
+	w.flow = f
+	w.prev, w.next = f.tail, nil
+	if f.tail == nil {
+		f.head = w
+	} else {
+		f.tail.next = w
+	}
+	f.tail = w
+	f.n++
+	if w.perKey != 0 {
+		z.perKey[w.perKey]++
+	}
+}
+
+// dequeue takes w out of its flow, and drops the flow once empty. A flow
+// being tried (in cands) is not filed; dispatch drops it itself.
+func (z *Zone) dequeue(w *waiter) {
+	f := w.flow
+	if w.prev == nil {
+		f.head = w.next
+	} else {
+		w.prev.next = w.next
+	}
+	if w.next == nil {
+		f.tail = w.prev
+	} else {
+		w.next.prev = w.prev
+	}
+	w.prev, w.next = nil, nil
+	f.n--
+	z.queued.Add(-1)
+	if w.perKey != 0 {
+		if z.perKey[w.perKey]--; z.perKey[w.perKey] == 0 {
+			delete(z.perKey, w.perKey)
+		}
+	}
+	if f.n > 0 {
+		return
+	}
+	if f.isFiled {
+		z.unfile(f)
+	}
+	switch first := z.byID[f.id]; {
+	case first != f:
+		for first.collide != f {
+			first = first.collide
+		}
+		first.collide = f.collide
+	case f.collide != nil:
+		z.byID[f.id] = f.collide
+	default:
+		delete(z.byID, f.id)
+	}
+}
+
+// file puts f under blocker b.
+func (z *Zone) file(f *flow, b blocker) {
+	f.filed, f.isFiled, f.prev = b, true, nil
+	if b.total {
+		f.next, z.onTotal = z.onTotal, f
+	} else {
+		f.next = z.blocked[b.key]
+		z.blocked[b.key] = f
+	}
+	if f.next != nil {
+		f.next.prev = f
+	}
+}
+
+// unfile takes f from under its blocker.
+func (z *Zone) unfile(f *flow) {
+	switch {
+	case f.prev != nil:
+		f.prev.next = f.next
+	case f.filed.total:
+		z.onTotal = f.next
+	case f.next == nil:
+		delete(z.blocked, f.filed.key)
+	default:
+		z.blocked[f.filed.key] = f.next
+	}
+	if f.next != nil {
+		f.next.prev = f.prev
+	}
+	f.isFiled, f.prev, f.next = false, nil, nil
+}
+
+// takeFiled moves every flow filed under b to the candidates.
+func (z *Zone) takeFiled(b blocker) {
+	var f *flow
+	if b.total {
+		f, z.onTotal = z.onTotal, nil
+	} else {
+		if f = z.blocked[b.key]; f == nil {
+			return
+		}
+		delete(z.blocked, b.key)
+	}
+	for f != nil {
+		next := f.next
+		f.isFiled, f.prev, f.next = false, nil, nil
+		z.cands = append(z.cands, f)
+		f = next
+	}
+}
+
+// takeAll moves every flow to the candidates, for a change of caps.
+func (z *Zone) takeAll() {
+	z.takeFiled(blocker{total: true})
+	for key := range z.blocked {
+		z.takeFiled(blocker{key: key})
+	}
+}
+
+// flowID hashes the constraints that make a flow.
+func (z *Zone) flowID(req *Request, c Class, wt float64, fair bool, keyDim int) uint64 {
+	var h maphash.Hash
+	h.SetSeed(z.seed)
+	var buf [8]byte
+	put := func(v uint64) {
+		for i := range buf {
+			buf[i] = byte(v >> (8 * i))
+		}
+		h.Write(buf[:])
+	}
+	put(uint64(uintptr(unsafe.Pointer(req.Limits))))
+	put(uint64(c) | uint64(keyDim)<<8 | uint64(boolBit(fair))<<40)
+	put(math.Float64bits(wt))
+	for d, k := range req.Keys {
+		put(uint64(len(k)))
+		h.WriteString(k)
+		if d < len(req.Max) {
+			put(uint64(req.Max[d]))
+		}
+	}
+	return h.Sum64()
+}
+
+// holds reports whether req with these options belongs to f.
+func (f *flow) holds(req *Request, c Class, wt float64, fair bool, keyDim int) bool {
+	r := f.head.req
+	if r.Limits != req.Limits || f.class != c || f.weight != wt || f.fair != fair || f.keyDim != keyDim || len(r.Keys) != len(req.Keys) {
+		return false
+	}
+	for d := range r.Keys {
+		if r.Keys[d] != req.Keys[d] || maxAt(r, d) != maxAt(req, d) {
+			return false
+		}
+	}
+	return true
+}
+
+func maxAt(req *Request, d int) int64 {
+	if d < len(req.Max) {
+		return req.Max[d]
+	}
+	return 0
+}
+
+func boolBit(b bool) uint8 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// perKeyRoom returns the per-key waiting count req would join, and whether
+// it is at opt.MaxWaitingPerKey. 0: req is not counted (no bound, or no key
+// in the dimension).
+func (z *Zone) perKeyRoom(req *Request, opt WaitOptions) (uint64, bool) {
+	if opt.MaxWaitingPerKey <= 0 || opt.KeyDim >= len(req.Keys) || req.Keys[opt.KeyDim] == "" {
+		return 0, false
+	}
+	k := keyBlocker(opt.KeyDim, maphash.String(z.seed, req.Keys[opt.KeyDim])).key | 1
+	return k, z.perKey[k] >= opt.MaxWaitingPerKey
+}
+
+// KeyWaiting is a key and its requests waiting.
+type KeyWaiting struct {
+	Key     string
+	Waiting int64
+}
+
+// WaitingKeys returns the keys of dimension d with requests waiting, and
+// how many wait for each. It walks the flows, not the waiters.
+func (z *Zone) WaitingKeys(d int) []KeyWaiting {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	idx := map[string]int{}
+	var out []KeyWaiting
+	for _, f := range z.byID {
+		for ; f != nil; f = f.collide {
+			if d >= len(f.head.req.Keys) || f.head.req.Keys[d] == "" {
+				continue
+			}
+			k := f.head.req.Keys[d]
+			i, ok := idx[k]
+			if !ok {
+				i = len(out)
+				idx[k] = i
+				out = append(out, KeyWaiting{Key: k})
+			}
+			out[i].Waiting += int64(f.n)
+		}
+	}
+	return out
+}
