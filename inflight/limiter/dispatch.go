@@ -1,7 +1,5 @@
 package limiter
 
-import "time"
-
 // dispatch tries the candidate flows (z.cands) and admits their waiters
 // while any fits, the best first; a flow that does not fit is filed under
 // what blocks it now. mu must be held.
@@ -19,9 +17,6 @@ func (z *Zone) dispatch() {
 				z.file(f, z.blockerOf(f.head.req, o, d))
 				continue
 			}
-			if f.fair {
-				f.load = float64(z.heldBy(f.head.req, f.keyDim)) / f.weight
-			}
 			fit = append(fit, f)
 		}
 		cands = fit
@@ -32,6 +27,9 @@ func (z *Zone) dispatch() {
 		f := cands[i]
 		if o, _ := z.tryAcquire(f.head.req, true); o != Admitted {
 			continue // a newcomer that read pending == 0 took the room: the next round files f
+		}
+		if f.fair {
+			z.charge(f)
 		}
 		z.grant(f.head)
 		if f.n == 0 {
@@ -59,43 +57,9 @@ func (z *Zone) best(cands []*flow) int {
 	}
 	now := z.clock.Now()
 	for i := 1; i < len(cands); i++ {
-		if cands[i].before(cands[b], now) {
+		if z.before(cands[i], cands[b], now) {
 			b = i
 		}
 	}
 	return b
-}
-
-// before reports whether f's head goes before g's at time now. Fair flows
-// sharing a dimension go by load first: the fewest slots held by their key
-// there relative to their weight; ties (and flows not comparable so) go by
-// the queue order, with a fair flow's score using its own weight.
-func (f *flow) before(g *flow, now time.Time) bool {
-	if !f.fair || !g.fair || f.keyDim != g.keyDim {
-		return f.head.Before(g.head.Place, now)
-	}
-	if f.load != g.load {
-		return f.load < g.load
-	}
-	sf, sg := f.score(now), g.score(now)
-	if sf != sg {
-		return sf > sg
-	}
-	return f.head.Seq < g.head.Seq
-}
-
-func (f *flow) score(now time.Time) float64 {
-	return f.weight * (1 + float64(now.Sub(f.head.Arrived))/float64(agingPeriod))
-}
-
-// heldBy returns the slots req's key holds in dimension d; 0 if req has no
-// key there.
-func (z *Zone) heldBy(req *Request, d int) int64 {
-	if d >= len(req.Keys) || req.Keys[d] == "" {
-		return 0
-	}
-	s, h := z.shardFor(d, req.Keys[d])
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.count(h)
 }

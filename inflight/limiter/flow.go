@@ -18,6 +18,7 @@ type flow struct {
 	weight     float64 // the share under fair: WaitOptions.Weight or the class weight
 	fair       bool
 	keyDim     int
+	fairKey    uint64  // fair: its key in dimension keyDim, mixed as a blocker
 	head, tail *waiter // arrival order
 	n          int
 
@@ -26,7 +27,6 @@ type flow struct {
 	filed      blocker
 	isFiled    bool
 	prev, next *flow
-	load       float64 // fair: slots its key holds ÷ weight, as of the last try
 }
 
 // blocker names a constraint that can keep a flow waiting: a key at its
@@ -56,6 +56,9 @@ type flows struct {
 	perKey map[uint64]int
 	// cands are the flows being tried by dispatch.
 	cands []*flow
+	// Fair sharing's virtual time (see fair.go).
+	vtime float64
+	tags  map[uint64]float64
 }
 
 // blockerOf returns what refused req: outcome o on dimension d.
@@ -87,8 +90,11 @@ func (z *Zone) enqueue(w *waiter, opt WaitOptions, b blocker) {
 	}
 	if f == nil {
 		f = &flow{id: id, class: opt.Class, weight: wt, fair: opt.Fair, keyDim: opt.KeyDim}
+		if f.fair {
+			f.fairKey = z.keyOf(w.req, f.keyDim)
+		}
 		if z.byID == nil {
-			z.byID, z.blocked, z.perKey = map[uint64]*flow{}, map[uint64]*flow{}, map[uint64]int{}
+			z.byID, z.blocked, z.perKey, z.tags = map[uint64]*flow{}, map[uint64]*flow{}, map[uint64]int{}, map[uint64]float64{}
 		}
 		f.collide = z.byID[id]
 		z.byID[id] = f
@@ -264,11 +270,20 @@ func boolBit(b bool) uint8 {
 // it is at opt.MaxWaitingPerKey. 0: req is not counted (no bound, or no key
 // in the dimension).
 func (z *Zone) perKeyRoom(req *Request, opt WaitOptions) (uint64, bool) {
-	if opt.MaxWaitingPerKey <= 0 || opt.KeyDim >= len(req.Keys) || req.Keys[opt.KeyDim] == "" {
+	if opt.MaxWaitingPerKey <= 0 {
 		return 0, false
 	}
-	k := keyBlocker(opt.KeyDim, maphash.String(z.seed, req.Keys[opt.KeyDim])).key | 1
-	return k, z.perKey[k] >= opt.MaxWaitingPerKey
+	k := z.keyOf(req, opt.KeyDim)
+	return k, k != 0 && z.perKey[k] >= opt.MaxWaitingPerKey
+}
+
+// keyOf identifies req's key in dimension d across the zone (never 0); 0
+// if req has no key there.
+func (z *Zone) keyOf(req *Request, d int) uint64 {
+	if d >= len(req.Keys) || req.Keys[d] == "" {
+		return 0
+	}
+	return keyBlocker(d, maphash.String(z.seed, req.Keys[d])).key | 1
 }
 
 // KeyWaiting is a key and its requests waiting.
