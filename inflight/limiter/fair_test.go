@@ -240,6 +240,8 @@ func TestMaxWaitingPerKey(t *testing.T) {
 	}
 	cancel()
 	waitFor(t, func() bool { return z.Waiting() == 0 })
+	z.mu.Lock()
+	defer z.mu.Unlock()
 	if len(z.perKey) != 0 || len(z.byID) != 0 || len(z.blocked) != 0 || z.onTotal != nil {
 		t.Fatalf("index left behind: perKey %d flows %d blocked %d total %v", len(z.perKey), len(z.byID), len(z.blocked), z.onTotal != nil)
 	}
@@ -276,6 +278,8 @@ func TestFairTimeoutAbortReload(t *testing.T) {
 			t.Fatalf("%s after reload: %+v, want admitted", a.name, r)
 		}
 	}
+	z.mu.Lock()
+	defer z.mu.Unlock()
 	if z.Waiting() != 0 || z.pending.Load() != 0 || len(z.byID) != 0 {
 		t.Fatalf("left behind: waiting %d pending %d flows %d", z.Waiting(), z.pending.Load(), len(z.byID))
 	}
