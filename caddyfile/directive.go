@@ -3,6 +3,7 @@
 package caddyfile
 
 import (
+	"slices"
 	"strconv"
 	"time"
 
@@ -23,7 +24,7 @@ func init() {
 }
 
 // subdirectives lists the block's options, for error messages.
-const subdirectives = "limit, total, zone, status, retry_after, dry_run, replicas, wait, max_waiting, priority, max_keys, metrics, store"
+const subdirectives = "limit, total, zone, status, retry_after, dry_run, replicas, wait, max_waiting, priority, max_keys, metrics, store, fair, weight, max_waiting_per_key"
 
 // parse reads the inflight directive into the handler's JSON:
 //
@@ -37,7 +38,10 @@ const subdirectives = "limit, total, zone, status, retry_after, dry_run, replica
 //		replicas    <n>                  # each of n instances enforces ceil(max/n)
 //		wait        <duration>           # wait for a slot instead of refusing (0)
 //		max_waiting <n>                  # bound on waiting requests (1000)
+//		max_waiting_per_key <n>          # bound on waiting requests of one key
 //		priority    <placeholder>        # high | normal | low per request
+//		fair        <limit>              # share slots fairly among the limit's keys
+//		weight      <placeholder>        # a key's share under fair (class weight)
 //		max_keys    <n>                  # bound on keys in flight per limit
 //		metrics     per_key [plain]      # per-key series (hashed keys, or raw)
 //		store       redis { ... }        # counts shared by a fleet, in Redis
@@ -94,8 +98,14 @@ func parse(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 			hd.Wait = caddy.Duration(d)
 		case "max_waiting":
 			hd.MaxWaiting, err = positiveInt(h, opt)
+		case "max_waiting_per_key":
+			hd.MaxWaitingPerKey, err = positiveInt(h, opt)
 		case "priority":
 			hd.Priority, err = oneArg(h, opt, "a placeholder such as {header.X-Priority}")
+		case "fair":
+			hd.Fair, err = oneArg(h, opt, "the name of a limit, such as fair tenant")
+		case "weight":
+			hd.Weight, err = oneArg(h, opt, "a placeholder such as {tenant_weight}, or a number")
 		case "max_keys":
 			hd.MaxKeys, err = positiveInt(h, opt)
 		case "metrics":
@@ -111,6 +121,9 @@ func parse(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 	}
 	if len(hd.Limits) == 0 && hd.Total == 0 {
 		return nil, h.Errf("inflight: no limit: give a max (inflight 20), a limit or a total")
+	}
+	if hd.Fair != "" && !slices.ContainsFunc(hd.Limits, func(l inflight.Limit) bool { return l.Name == hd.Fair }) {
+		return nil, h.Errf("inflight: fair %q is not allowed: want the name of one of this block's limits", hd.Fair)
 	}
 	return hd, nil
 }

@@ -88,8 +88,29 @@ type Handler struct {
 	// Priority is a placeholder template giving each waiting request its
 	// class: `high`, `normal` or `low` (anything else is normal). When a slot
 	// frees, the waiter with the highest weight × (1 + seconds waited / 30)
-	// goes first, with weights high 2, normal 1, low 0.5.
+	// goes first, with weights high 2, normal 1, low 0.5. With Fair, the
+	// class weight is also the key's default share.
 	Priority string `json:"priority,omitempty"`
+
+	// Fair names the limit whose keys share the slots fairly while requests
+	// wait: a freed slot goes to the waiting key that has had the fewest
+	// slots relative to its weight, so each key with waiters gets its
+	// weighted share of the cap however many requests it queues, and a key
+	// that arrives behind a flood is served at the next freed slot its share
+	// calls for. Without it, the queue order is the priority score alone.
+	Fair string `json:"fair,omitempty"`
+
+	// Weight is a placeholder template giving a key's share under Fair: a
+	// positive number (2 gets twice the slots of 1). Default: the request's
+	// priority class weight (high 2, normal 1, low 0.5). A value that is not
+	// a positive number counts as 1 and is logged once per value.
+	Weight string `json:"weight,omitempty"`
+
+	// MaxWaitingPerKey bounds the requests waiting with one key (of the Fair
+	// limit, or else of the first limit); one more is refused at once with
+	// reason `queue_full`. 0 (the default) means no bound besides
+	// MaxWaiting.
+	MaxWaitingPerKey int `json:"max_waiting_per_key,omitempty"`
 
 	// MaxKeys bounds the keys each limit of the zone holds at once, so that
 	// a flood of distinct keys cannot grow memory without end: a request
@@ -128,13 +149,14 @@ type Handler struct {
 	keys       []valueFunc
 	maxes      []valueFunc // nil where the max is fixed
 	priority   valueFunc
+	weight     valueFunc // nil without fair
 	retryAfter string
 	waitOpt    limiter.WaitOptions
 	rejected   map[string][]prometheus.Counter // reason -> per dimension, total last
 	waited     [limiter.Aborted + 1]prometheus.Observer
 	admissions sync.Pool
-	badMaxes   sync.Map // values already logged
-	badMaxLogs atomic.Int32
+	badValues  sync.Map // bad placeholder values already logged
+	badLogs    atomic.Int32
 }
 
 // CaddyModule returns the Caddy module information.
@@ -154,6 +176,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("inflight: %w", err)
 	}
 	h.compile()
+	if err := h.compileFair(); err != nil {
+		return fmt.Errorf("inflight: %w", err)
+	}
 
 	eventsApp, err := ctx.App("events")
 	if err != nil {
@@ -216,6 +241,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	opt := h.waitOpt
 	if h.priority != nil {
 		opt.Class = limiter.ParseClass(h.priority(r))
+	}
+	if h.weight != nil {
+		opt.Weight = h.resolveWeight(r)
 	}
 
 	res := h.store.Acquire(r.Context(), &a.req, opt)
@@ -376,20 +404,30 @@ func (h *Handler) resolveMax(i int, r *http.Request) (int64, error) {
 	if err == nil && n > 0 {
 		return n, nil
 	}
-	// The value may come from a client (a header): log only its hash.
+	seen := h.logBadValue("max", v, func(seen string) {
+		h.logger.Error("max placeholder did not resolve to a positive integer; answering 500",
+			zap.String("limit", h.Limits[i].Name), zap.String("max", h.Limits[i].Max.Placeholder), zap.String("value", seen))
+	})
+	return 0, caddyhttp.Error(http.StatusInternalServerError,
+		fmt.Errorf("inflight: limit %s: max %s resolved to a value that is not a positive integer (%s)", h.Limits[i].Name, h.Limits[i].Max.Placeholder, seen))
+}
+
+// logBadValue calls log once per distinct bad value of a placeholder
+// (kind: max, weight), for the first 1000 values, and returns the value as
+// logs show it. The value may come from a client (a header): only its hash
+// is shown.
+func (h *Handler) logBadValue(kind, v string, log func(seen string)) string {
 	seen := redact(v)
 	if v == "" {
 		seen = "empty"
 	}
-	if h.badMaxLogs.Load() < 1000 {
-		if _, logged := h.badMaxes.LoadOrStore(seen, true); !logged {
-			h.badMaxLogs.Add(1)
-			h.logger.Error("max placeholder did not resolve to a positive integer; answering 500",
-				zap.String("limit", h.Limits[i].Name), zap.String("max", h.Limits[i].Max.Placeholder), zap.String("value", seen))
+	if h.badLogs.Load() < 1000 {
+		if _, logged := h.badValues.LoadOrStore(kind+" "+seen, true); !logged {
+			h.badLogs.Add(1)
+			log(seen)
 		}
 	}
-	return 0, caddyhttp.Error(http.StatusInternalServerError,
-		fmt.Errorf("inflight: limit %s: max %s resolved to a value that is not a positive integer (%s)", h.Limits[i].Name, h.Limits[i].Max.Placeholder, seen))
+	return seen
 }
 
 // dimIndex maps a result's dimension to the index of its metric children,

@@ -14,6 +14,15 @@ func (h *Handler) warnIneffective() {
 	if h.Wait == 0 && h.Priority != "" {
 		warn("priority", "requests never wait without wait")
 	}
+	if h.Wait == 0 && h.Fair != "" {
+		warn("fair", "requests never wait without wait")
+	}
+	if h.Wait == 0 && h.MaxWaitingPerKey != 0 {
+		warn("max_waiting_per_key", "requests never wait without wait")
+	}
+	if h.Weight != "" && h.Fair == "" {
+		warn("weight", "weights are shares under fair, and fair is not set")
+	}
 	if h.DryRun && h.Wait != 0 {
 		warn("wait", "dry_run never holds a request back")
 	}
