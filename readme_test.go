@@ -13,7 +13,9 @@ package caddyinflight_test
 //	caddyfile-syntax    the directive's grammar: not adapted, but every
 //	                    option it lists must be one the directive knows,
 //	                    and those names decide which inline code is checked.
-//	json                must parse as JSON.
+//	json                must parse as JSON. An object with "handler" is a
+//	                    handler: placed in a route and validated; one
+//	                    with "apps" is a whole config: validated.
 //	sh, yaml            not Caddyfile: not checked here.
 //
 // Inline code (`...`) is a Caddyfile snippet when it has at least two words
@@ -24,7 +26,8 @@ package caddyinflight_test
 // `dry_run` alone, labels) is prose.
 //
 // Adapting must succeed with no warning, so every Caddyfile snippet is also
-// `caddy fmt` clean. `rate_limit` (caddy-ratelimit, which the module proxy
+// `caddy fmt` clean. Every snippet and every config in examples/ must then
+// pass what `caddy validate` does (validate_test.go) with no warning logged. `rate_limit` (caddy-ratelimit, which the module proxy
 // here does not serve) is a stand-in directive that accepts any block, so
 // the snippet combining it with `inflight` is adapted too.
 
@@ -50,7 +53,8 @@ type snippet struct {
 	line      int    // where it starts in README.md
 	kind      string // the fence tag, or "inline"
 	text      string // as written
-	caddyfile string // what is adapted
+	caddyfile string // what is adapted, or
+	json      []byte // the JSON config to validate
 }
 
 // readmeBlock is a fenced block of README.md.
@@ -149,10 +153,10 @@ func readmeSnippets(t *testing.T) []snippet {
 		case "caddyfile-fragment":
 			s.caddyfile = inSite(b.text)
 		case "json":
-			if !json.Valid([]byte(b.text)) {
-				t.Errorf("README.md:%d: json block does not parse:\n%s", b.line, b.text)
+			s.json = readmeJSONConfig(t, b)
+			if s.json == nil {
+				continue
 			}
-			continue
 		case "caddyfile-syntax", "sh", "yaml":
 			continue
 		default:
@@ -186,6 +190,24 @@ func readmeSnippets(t *testing.T) []snippet {
 	return out
 }
 
+// readmeJSONConfig returns a json block as a config to validate: a whole
+// config as is, a handler in a route; nil for other JSON.
+func readmeJSONConfig(t *testing.T, b readmeBlock) []byte {
+	t.Helper()
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(b.text), &fields); err != nil {
+		t.Errorf("README.md:%d: json block does not parse: %v\n%s", b.line, err, b.text)
+		return nil
+	}
+	switch {
+	case fields["apps"] != nil:
+		return []byte(b.text)
+	case fields["handler"] != nil:
+		return []byte(`{"apps": {"http": {"servers": {"readme": {"listen": ["127.0.0.1:0"], "routes": [{"handle": [` + b.text + `]}]}}}}}`)
+	}
+	return nil
+}
+
 // TestREADMESnippets adapts every Caddyfile snippet of README.md.
 func TestREADMESnippets(t *testing.T) {
 	snippets := readmeSnippets(t)
@@ -193,6 +215,9 @@ func TestREADMESnippets(t *testing.T) {
 	for _, s := range snippets {
 		if s.kind == "inline" {
 			inline++
+		}
+		if s.caddyfile == "" {
+			continue
 		}
 		_, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(s.caddyfile), nil)
 		if err != nil {
@@ -231,7 +256,7 @@ func TestREADMESyntaxOptionsExist(t *testing.T) {
 type rateLimitStandIn struct{}
 
 func (rateLimitStandIn) CaddyModule() caddy.ModuleInfo {
-	return caddy.ModuleInfo{ID: "http.handlers.rate_limit", New: func() caddy.Module { return rateLimitStandIn{} }}
+	return caddy.ModuleInfo{ID: "http.handlers.rate_limit", New: func() caddy.Module { return new(rateLimitStandIn) }}
 }
 
 func (rateLimitStandIn) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
@@ -243,6 +268,6 @@ func init() {
 	httpcaddyfile.RegisterHandlerDirective("rate_limit", func(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 		for h.Next() { // the whole segment, block included
 		}
-		return rateLimitStandIn{}, nil
+		return new(rateLimitStandIn), nil
 	})
 }
