@@ -17,6 +17,7 @@ import (
 type redisServer struct {
 	addr string
 	port int
+	args []string // extra arguments, such as --cluster-enabled yes
 	cmd  *exec.Cmd
 }
 
@@ -25,13 +26,19 @@ type redisServer struct {
 // it fails.
 func startRedis(t testing.TB) *redisServer {
 	t.Helper()
+	return startRedisWith(t, freePort(t))
+}
+
+// startRedisWith is startRedis on a given port, with extra arguments.
+func startRedisWith(t testing.TB, port int, args ...string) *redisServer {
+	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		if os.Getenv("CI") != "" {
 			t.Fatal("redis-server is not installed; .ci/run installs it")
 		}
 		t.Skip("redis-server is not installed (apt-get install redis-server)")
 	}
-	r := &redisServer{port: freePort(t)}
+	r := &redisServer{port: port, args: args}
 	r.addr = fmt.Sprintf("127.0.0.1:%d", r.port)
 	r.start(t)
 	t.Cleanup(r.stop)
@@ -42,6 +49,7 @@ func (r *redisServer) start(t testing.TB) {
 	t.Helper()
 	r.cmd = exec.Command("redis-server", "--port", strconv.Itoa(r.port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", t.TempDir())
+	r.cmd.Args = append(r.cmd.Args, r.args...)
 	if err := r.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

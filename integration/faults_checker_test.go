@@ -1,0 +1,232 @@
+package integration
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+)
+
+// recorder is the real backend of the fault suite. It holds each request
+// for ?ms= milliseconds (or until the client goes) and records when each
+// arrived and left, by tenant, so the checker can replay the concurrency
+// the backend saw over time.
+type recorder struct {
+	addr   string
+	mu     sync.Mutex
+	events []event
+}
+
+// event is a request arriving at (+1) or leaving (-1) the backend.
+type event struct {
+	at    time.Time
+	key   string
+	delta int
+}
+
+func newRecorder(t *testing.T) *recorder {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{addr: l.Addr().String()}
+	srv := &http.Server{Handler: rec}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	return rec
+}
+
+func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	key := r.Header.Get("X-Tenant")
+	rec.record(key, +1)
+	defer rec.record(key, -1)
+	io.Copy(io.Discard, r.Body)
+	ms, _ := strconv.Atoi(r.URL.Query().Get("ms"))
+	select {
+	case <-time.After(time.Duration(ms) * time.Millisecond):
+		io.WriteString(w, "ok")
+	case <-r.Context().Done():
+	}
+}
+
+func (rec *recorder) record(key string, delta int) {
+	rec.mu.Lock()
+	rec.events = append(rec.events, event{time.Now(), key, delta})
+	rec.mu.Unlock()
+}
+
+// caps are the limits the fleet promises: per tenant and in total.
+type caps struct{ tenant, total int }
+
+// span is a stretch of time [from, to).
+type span struct{ from, to time.Time }
+
+func (s span) overlaps(from, to time.Time) bool { return s.from.Before(to) && from.Before(s.to) }
+
+// timeline is the backend's concurrency replayed: when it held more than
+// the caps (over-admission) and when a tenant or the total was at its cap
+// (so a refusal then was deserved).
+type timeline struct {
+	over       []span
+	peakTenant int
+	peakTotal  int
+	keyFull    map[string][]span
+	totalFull  []span
+}
+
+// replay sweeps the recorded events in order.
+func (rec *recorder) replay(c caps) *timeline {
+	rec.mu.Lock()
+	events := append([]event(nil), rec.events...)
+	rec.mu.Unlock()
+	tl := &timeline{keyFull: map[string][]span{}}
+	count := map[string]int{}
+	sum, overKeys := 0, 0
+	var overSince, totalSince time.Time
+	keySince := map[string]time.Time{}
+	end := time.Now().Add(time.Hour) // spans still open at the end
+	for _, e := range events {
+		wasOver := overKeys > 0 || (c.total > 0 && sum > c.total)
+		wasTotalFull := c.total > 0 && sum >= c.total
+		before := count[e.key]
+		count[e.key] += e.delta
+		sum += e.delta
+		after := count[e.key]
+		tl.peakTenant, tl.peakTotal = max(tl.peakTenant, after), max(tl.peakTotal, sum)
+		switch {
+		case before <= c.tenant && after > c.tenant:
+			overKeys++
+		case before > c.tenant && after <= c.tenant:
+			overKeys--
+		}
+		switch {
+		case before < c.tenant && after >= c.tenant:
+			keySince[e.key] = e.at
+		case before >= c.tenant && after < c.tenant:
+			tl.keyFull[e.key] = append(tl.keyFull[e.key], span{keySince[e.key], e.at})
+		}
+		isOver := overKeys > 0 || (c.total > 0 && sum > c.total)
+		switch {
+		case !wasOver && isOver:
+			overSince = e.at
+		case wasOver && !isOver && e.at.Sub(overSince) > overlapSlack:
+			tl.over = append(tl.over, span{overSince, e.at})
+		}
+		isTotalFull := c.total > 0 && sum >= c.total
+		switch {
+		case !wasTotalFull && isTotalFull:
+			totalSince = e.at
+		case wasTotalFull && !isTotalFull:
+			tl.totalFull = append(tl.totalFull, span{totalSince, e.at})
+		}
+	}
+	if overKeys > 0 || (c.total > 0 && sum > c.total) {
+		tl.over = append(tl.over, span{overSince, end})
+	}
+	for k, n := range count {
+		if n >= c.tenant {
+			tl.keyFull[k] = append(tl.keyFull[k], span{keySince[k], end})
+		}
+	}
+	if c.total > 0 && sum >= c.total {
+		tl.totalFull = append(tl.totalFull, span{totalSince, end})
+	}
+	return tl
+}
+
+// overlapSlack is how long the backend may seem to hold more than the caps
+// without it counting: a client's cancellation reaches the backend (through
+// Caddy's upstream connection closing) a moment after Caddy has given its
+// slot to the next request.
+const overlapSlack = 20 * time.Millisecond
+
+// overIn returns how long the backend held more than the caps within
+// [from, to).
+func (tl *timeline) overIn(from, to time.Time) time.Duration {
+	var d time.Duration
+	for _, s := range tl.over {
+		if s.overlaps(from, to) {
+			d += earliest(s.to, to).Sub(latest(s.from, from))
+		}
+	}
+	return d
+}
+
+// overWindow is how long after heal the backend last held more than the
+// caps: 0 if it never did after heal.
+func (tl *timeline) overWindow(heal time.Time) time.Duration {
+	var w time.Duration
+	for _, s := range tl.over {
+		w = max(w, s.to.Sub(heal))
+	}
+	return w
+}
+
+// refusalSlack is the time around a refusal in which a tenant or the total
+// at its cap at the backend explains it: a slot is taken in Redis a little
+// before the request reaches the backend, and given back a little after it
+// leaves.
+const refusalSlack = 150 * time.Millisecond
+
+// undeserved returns the refusals sent in [from, to) during which the
+// backend never had the tenant, nor the total, at its cap: capacity lost.
+func (tl *timeline) undeserved(refusals []outcome, from, to time.Time) []outcome {
+	var out []outcome
+next:
+	for _, r := range refusals {
+		if r.sent.Before(from) || !r.sent.Before(to) {
+			continue
+		}
+		a, b := r.sent.Add(-refusalSlack), r.done.Add(refusalSlack)
+		for _, s := range append(tl.keyFull[r.key], tl.totalFull...) {
+			if s.overlaps(a, b) {
+				continue next
+			}
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// lostWindow is how long after heal a refusal was last undeserved: 0 if
+// none was.
+func (tl *timeline) lostWindow(refusals []outcome, heal time.Time) time.Duration {
+	var w time.Duration
+	for _, r := range tl.undeserved(refusals, heal, time.Now()) {
+		w = max(w, r.done.Sub(heal))
+	}
+	return w
+}
+
+func latest(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+func earliest(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
+// windows is what one fault cost, as measured.
+type windows struct {
+	fault         string
+	overAdmission time.Duration
+	capacityLost  time.Duration
+	peakTenant    int
+	peakTotal     int
+}
+
+func (w windows) String() string {
+	return fmt.Sprintf("%s: over-admission window %v (peak tenant %d, total %d), capacity-lost window %v",
+		w.fault, w.overAdmission.Round(10*time.Millisecond), w.peakTenant, w.peakTotal, w.capacityLost.Round(10*time.Millisecond))
+}

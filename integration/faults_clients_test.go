@@ -1,0 +1,189 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// behaviour is what a client of the fault suite does with each request.
+type behaviour int
+
+const (
+	finishes behaviour = iota // GET held 50-300 ms, read to the end
+	cancels                   // gives up after 10-400 ms, waiting or being served
+	resets                    // raw connection reset 10-300 ms after the request
+	posts                     // POST with a body, may wait; half of them give up
+	polite                    // one short request at a time, with pauses
+	streams                   // held longer than a lease: renewal keeps it counted
+)
+
+// tenantLoad is one tenant's clients: how many, and the behaviours they
+// draw from at random.
+type tenantLoad struct {
+	key     string
+	clients int
+	mix     []behaviour
+}
+
+// rude is a mix of every impolite behaviour.
+var rude = []behaviour{finishes, finishes, cancels, resets, posts}
+
+// outcome is one request as its client saw it; status 0 when it got no
+// response (it gave up or was reset).
+type outcome struct {
+	key        string
+	sent, done time.Time
+	status     int
+}
+
+// traffic runs clients against a fleet until halted, recording outcomes.
+type traffic struct {
+	urls       []string
+	streamHold time.Duration
+	client     *http.Client
+	stop       chan struct{}
+	wg         sync.WaitGroup
+
+	mu       sync.Mutex
+	outcomes []outcome
+}
+
+func startTraffic(t *testing.T, urls []string, streamHold time.Duration, loads ...tenantLoad) *traffic {
+	t.Helper()
+	tr := &traffic{
+		urls:       urls,
+		streamHold: streamHold,
+		client:     &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 10 * time.Second},
+		stop:       make(chan struct{}),
+	}
+	for _, l := range loads {
+		for range l.clients {
+			tr.wg.Add(1)
+			go tr.run(l)
+		}
+	}
+	t.Cleanup(tr.halt)
+	return tr
+}
+
+// halt stops the clients and waits for their last requests.
+func (tr *traffic) halt() {
+	select {
+	case <-tr.stop:
+	default:
+		close(tr.stop)
+	}
+	tr.wg.Wait()
+}
+
+func (tr *traffic) run(l tenantLoad) {
+	defer tr.wg.Done()
+	for {
+		select {
+		case <-tr.stop:
+			return
+		default:
+		}
+		b := l.mix[rand.IntN(len(l.mix))]
+		o := outcome{key: l.key, sent: time.Now()}
+		o.status = tr.send(b, l.key, tr.urls[rand.IntN(len(tr.urls))])
+		o.done = time.Now()
+		tr.mu.Lock()
+		tr.outcomes = append(tr.outcomes, o)
+		tr.mu.Unlock()
+		switch {
+		case b == polite:
+			time.Sleep(50 * time.Millisecond)
+		case o.status != http.StatusOK: // refused or failed: retry soon, not in a hot loop
+			time.Sleep(time.Duration(10+rand.IntN(10)) * time.Millisecond)
+		}
+	}
+}
+
+// send makes one request and returns its status (0: no response).
+func (tr *traffic) send(b behaviour, key, base string) int {
+	ms := 50 + rand.IntN(250)
+	ctx := context.Background()
+	method, body := http.MethodGet, ""
+	switch b {
+	case polite:
+		ms = 20
+	case streams:
+		ms = int(tr.streamHold.Milliseconds())
+	case cancels:
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, time.Duration(10+rand.IntN(390))*time.Millisecond)
+		defer cancel()
+	case resets:
+		resetAfterSending(base, key, ms, time.Duration(10+rand.IntN(290))*time.Millisecond)
+		return 0
+	case posts:
+		method, body = http.MethodPost, strings.Repeat("x", 4096)
+		if rand.IntN(2) == 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, time.Duration(50+rand.IntN(550))*time.Millisecond)
+			defer cancel()
+		}
+	}
+	req, _ := http.NewRequestWithContext(ctx, method, fmt.Sprintf("%s/work?ms=%d", base, ms), strings.NewReader(body))
+	req.Header.Set("X-Tenant", key)
+	resp, err := tr.client.Do(req)
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		return 0
+	}
+	return resp.StatusCode
+}
+
+// resetAfterSending sends a request on a raw connection and resets the
+// connection (RST) after a while, as a client that vanishes does.
+func resetAfterSending(base, key string, ms int, after time.Duration) {
+	u, _ := url.Parse(base)
+	c, err := net.Dial("tcp", u.Host)
+	if err != nil {
+		return
+	}
+	fmt.Fprintf(c, "GET /work?ms=%d HTTP/1.1\r\nHost: %s\r\nX-Tenant: %s\r\n\r\n", ms, u.Host, key)
+	time.Sleep(after)
+	c.(*net.TCPConn).SetLinger(0)
+	c.Close()
+}
+
+// refusals returns the requests refused (429, or 503).
+func (tr *traffic) refusals() []outcome {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	var out []outcome
+	for _, o := range tr.outcomes {
+		if o.status == http.StatusTooManyRequests || o.status == http.StatusServiceUnavailable {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// statuses counts the outcomes by status, per tenant.
+func (tr *traffic) statuses() map[string]map[int]int {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	m := map[string]map[int]int{}
+	for _, o := range tr.outcomes {
+		if m[o.key] == nil {
+			m[o.key] = map[int]int{}
+		}
+		m[o.key][o.status]++
+	}
+	return m
+}
