@@ -49,6 +49,9 @@ type ZoneState struct {
 	// otherwise anonymous (#-prefixed), as the engine keeps only a keyed
 	// hash of each key.
 	TopKeys []keyHeld `json:"top_keys"`
+	// TopWaiting are the keys with the most requests waiting, shown as
+	// TopKeys shows keys.
+	TopWaiting []keyWaiting `json:"top_waiting"`
 }
 
 // LimitState is one limit of a zone.
@@ -96,6 +99,11 @@ func stateOf(z *zone) ZoneState {
 			}
 		}
 		st.TopKeys = topN(anon, topKeys)
+	}
+	st.TopWaiting = []keyWaiting{}
+	if z.Waiting() > 0 {
+		w := z.waitingKeys()
+		st.TopWaiting = w[:min(topKeys, len(w))]
 	}
 	return st
 }

@@ -192,6 +192,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.initMetrics()
+	h.zone.keyDisplay.Store(h.keyDisplay())
 	h.zone.Adopt(h.limits)
 	return nil
 }

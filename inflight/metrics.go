@@ -57,12 +57,14 @@ type stateCollector struct{}
 func (stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- requestsDesc
 	ch <- waitingDesc
+	ch <- keyWaitingDesc
 }
 
 func (stateCollector) Collect(ch chan<- prometheus.Metric) {
 	type series struct{ zone, limit string }
 	held := map[series]int64{}
 	waiting := map[string]int64{}
+	keyWaiting := map[[3]string]int64{}
 	zones.Range(func(_, v any) bool {
 		z := v.(*zone)
 		for d, name := range z.limits {
@@ -72,6 +74,7 @@ func (stateCollector) Collect(ch chan<- prometheus.Metric) {
 			held[series{z.label, totalName}] += z.Held(limiter.TotalDim)
 		}
 		waiting[z.label] += z.waiting()
+		addKeyWaiting(keyWaiting, z)
 		return true
 	})
 	for s, n := range held {
@@ -80,6 +83,7 @@ func (stateCollector) Collect(ch chan<- prometheus.Metric) {
 	for label, n := range waiting {
 		ch <- prometheus.MustNewConstMetric(waitingDesc, prometheus.GaugeValue, float64(n), label)
 	}
+	sendKeyWaiting(ch, keyWaiting)
 }
 
 // registerMetrics adds the collectors to a config's registry; the same

@@ -25,6 +25,9 @@ type zone struct {
 	label  string   // the zone name; "" for a handler that names none
 	limits []string // dimension names
 	series keySeries
+	// keyDisplay is how per-key metrics and the admin API show keys
+	// (keysAnonymous, keysHashed, keysPlain).
+	keyDisplay atomic.Int32
 	// shared counts a shared store's waiters, if the zone uses one. It is
 	// set by Provision while scrapes may read it.
 	shared atomic.Pointer[waitCounter]

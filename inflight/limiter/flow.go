@@ -286,9 +286,11 @@ func (z *Zone) keyOf(req *Request, d int) uint64 {
 	return keyBlocker(d, maphash.String(z.seed, req.Keys[d])).key | 1
 }
 
-// KeyWaiting is a key and its requests waiting.
+// KeyWaiting is a key, its hash (as KeyCount has it) and its requests
+// waiting.
 type KeyWaiting struct {
 	Key     string
+	Hash    uint64
 	Waiting int64
 }
 
@@ -297,7 +299,7 @@ type KeyWaiting struct {
 func (z *Zone) WaitingKeys(d int) []KeyWaiting {
 	z.mu.Lock()
 	defer z.mu.Unlock()
-	idx := map[string]int{}
+	idx := map[uint64]int{}
 	var out []KeyWaiting
 	for _, f := range z.byID {
 		for ; f != nil; f = f.collide {
@@ -305,11 +307,12 @@ func (z *Zone) WaitingKeys(d int) []KeyWaiting {
 				continue
 			}
 			k := f.head.req.Keys[d]
-			i, ok := idx[k]
+			h := maphash.String(z.seed, k)
+			i, ok := idx[h]
 			if !ok {
 				i = len(out)
-				idx[k] = i
-				out = append(out, KeyWaiting{Key: k})
+				idx[h] = i
+				out = append(out, KeyWaiting{Key: k, Hash: h})
 			}
 			out[i].Waiting += int64(f.n)
 		}

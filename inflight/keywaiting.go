@@ -1,0 +1,92 @@
+package inflight
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+var keyWaitingDesc = prometheus.NewDesc("caddy_inflight_key_waiting",
+	"Requests waiting now per key (hashed unless plain_keys), for handlers with per_key_metrics; at most 1000 keys per zone, the rest under key _overflow.",
+	[]string{"zone", "limit", "key"}, nil)
+
+// How a zone's keys are shown, as its handlers' per_key_metrics and
+// plain_keys say (the latest provisioned handler's).
+const (
+	keysAnonymous int32 = iota // #-prefixed keyed hashes, as the admin API shows keys without per_key_metrics
+	keysHashed                 // short SHA-256 hashes, as in logs and events
+	keysPlain                  // raw
+)
+
+func (h *Handler) keyDisplay() int32 {
+	switch {
+	case !h.PerKeyMetrics:
+		return keysAnonymous
+	case h.PlainKeys:
+		return keysPlain
+	}
+	return keysHashed
+}
+
+// keyWaiting is a key with requests waiting, as metrics and the admin API
+// show it.
+type keyWaiting struct {
+	Limit   string `json:"limit"`
+	Key     string `json:"key"`
+	Waiting int64  `json:"waiting"`
+}
+
+// waitingKeys returns the zone's keys with requests waiting, in every
+// limit, most waiting first; beyond maxKeySeries keys, the rest are summed
+// under overflowKey per limit. It walks the waiting flows, at scrape time.
+func (z *zone) waitingKeys() []keyWaiting {
+	display := z.keyDisplay.Load()
+	var out []keyWaiting
+	for d, name := range z.limits {
+		for _, kw := range z.WaitingKeys(d) {
+			label := fmt.Sprintf("#%016x", kw.Hash)
+			switch display {
+			case keysHashed:
+				label = redact(kw.Key)
+			case keysPlain:
+				label = kw.Key
+			}
+			out = append(out, keyWaiting{Limit: name, Key: label, Waiting: kw.Waiting})
+		}
+	}
+	slices.SortFunc(out, func(a, b keyWaiting) int { return cmp.Compare(b.Waiting, a.Waiting) })
+	if len(out) <= maxKeySeries {
+		return out
+	}
+	overflow := map[string]int64{}
+	for _, kw := range out[maxKeySeries:] {
+		overflow[kw.Limit] += kw.Waiting
+	}
+	out = out[:maxKeySeries]
+	for _, name := range z.limits {
+		if n := overflow[name]; n > 0 {
+			out = append(out, keyWaiting{Limit: name, Key: overflowKey, Waiting: n})
+		}
+	}
+	return out
+}
+
+// addKeyWaiting adds z's per-key waiting counts to sum, by zone label,
+// limit and key, if its handlers asked for per-key metrics. Zones without a
+// name can share a label, so the gauges are summed before they are sent.
+func addKeyWaiting(sum map[[3]string]int64, z *zone) {
+	if z.keyDisplay.Load() == keysAnonymous || z.Waiting() == 0 {
+		return
+	}
+	for _, kw := range z.waitingKeys() {
+		sum[[3]string{z.label, kw.Limit, kw.Key}] += kw.Waiting
+	}
+}
+
+func sendKeyWaiting(ch chan<- prometheus.Metric, sum map[[3]string]int64) {
+	for l, n := range sum {
+		ch <- prometheus.MustNewConstMetric(keyWaitingDesc, prometheus.GaugeValue, float64(n), l[0], l[1], l[2])
+	}
+}

@@ -1,0 +1,68 @@
+package inflight
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
+)
+
+// TestKeyWaitingIsCappedShownAsAskedAndGoneAtZero: 1,005 keys waiting give
+// 1,000 series and one overflow of 5, with keys hashed, raw or anonymous
+// as configured, and none once nobody waits.
+func TestKeyWaitingIsCappedShownAsAskedAndGoneAtZero(t *testing.T) {
+	z := &zone{Zone: limiter.NewZone(1, true, nil), label: "w", limits: []string{"tenant"}}
+	lim := &limiter.Limits{Max: []int64{10}, Total: 1}
+	holder := &limiter.Request{Keys: []string{"holder"}, Max: []int64{0}, Limits: lim}
+	z.Acquire(context.Background(), holder, limiter.WaitOptions{})
+	ctx, cancel := context.WithCancel(context.Background())
+	const keys = maxKeySeries + 5
+	done := make(chan struct{}, keys+1)
+	for i := range keys + 1 {
+		key := fmt.Sprint("tenant-", i)
+		if i == keys {
+			key = "tenant-0" // a second waiter of one key
+		}
+		go func() {
+			z.Acquire(ctx, &limiter.Request{Keys: []string{key}, Max: []int64{0}, Limits: lim}, limiter.WaitOptions{Wait: time.Hour})
+			done <- struct{}{}
+		}()
+	}
+	for z.Waiting() < keys+1 {
+		time.Sleep(time.Millisecond)
+	}
+	for _, tc := range []struct {
+		display int32
+		prefix  string
+	}{{keysHashed, "h:"}, {keysPlain, "tenant-"}, {keysAnonymous, "#"}} {
+		z.keyDisplay.Store(tc.display)
+		got := z.waitingKeys()
+		if len(got) != maxKeySeries+1 || got[0].Waiting != 2 {
+			t.Fatalf("display %d: %d entries, first %+v; want %d, the first with 2 waiting", tc.display, len(got), got[0], maxKeySeries+1)
+		}
+		if last := got[len(got)-1]; last.Key != overflowKey || last.Waiting != 5 || last.Limit != "tenant" {
+			t.Fatalf("display %d: last entry %+v, want the overflow of 5", tc.display, last)
+		}
+		if !strings.HasPrefix(got[0].Key, tc.prefix) {
+			t.Fatalf("display %d: key %q, want prefix %q", tc.display, got[0].Key, tc.prefix)
+		}
+		sum := map[[3]string]int64{}
+		addKeyWaiting(sum, z)
+		if want := map[bool]int{true: 0, false: maxKeySeries + 1}[tc.display == keysAnonymous]; len(sum) != want {
+			t.Fatalf("display %d: %d gauges, want %d", tc.display, len(sum), want)
+		}
+	}
+	cancel()
+	for range keys + 1 {
+		<-done
+	}
+	z.keyDisplay.Store(keysHashed)
+	sum := map[[3]string]int64{}
+	addKeyWaiting(sum, z)
+	if len(sum) != 0 || len(z.waitingKeys()) != 0 {
+		t.Fatalf("%d gauges left after the waiters left", len(sum))
+	}
+}
