@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
@@ -48,39 +49,67 @@ func TestExampleCaddyfile(t *testing.T) {
 
 // TestExampleLLMGateway streams from a fake model: the batch tenant fills
 // its cap of 4 and its fifth stream waits; the interactive tenant (cap 6)
-// then gets 4 streams and its fifth waits too, held back by the model-wide
-// total of 8; every stream finishes once the model ends them.
+// then gets 4 streams and its fifth and sixth wait too, held back by the
+// model-wide total of 8. A request of the default tenant (normal priority)
+// waits behind them: when two interactive streams end, fair sharing gives
+// the first freed slot to the interactive queue (high, and a tie) and the
+// second to the default tenant, which has had none, where the priority
+// order alone would give both to the interactive queue. Every stream
+// finishes once the model ends them.
 func TestExampleLLMGateway(t *testing.T) {
 	model := newBackendAt(t, "127.0.0.1:11434")
 	loadExample(t, "llm-gateway.Caddyfile")
 	c := client("127.0.0.1")
-	done := make(chan result, 10)
-	stream := func(key string, n int) {
-		for range n {
-			go func() {
-				done <- get(context.Background(), c, "http://127.0.0.1:8090/stream", "Authorization", "Bearer "+key)
-			}()
-		}
-	}
 	const admin = "127.0.0.1:2019"
 	waiting := func() float64 { return metricAt(t, admin, "caddy_inflight_waiting", `zone="model"`) }
-	stream("key-batch", 5)
-	eventually(t, "four batch streams run and the fifth waits", func() bool {
-		return model.cur.Load() == 4 && waiting() == 1
-	})
-	stream("key-interactive", 5)
-	eventually(t, "the model runs 8 streams and an interactive one waits too", func() bool {
-		return model.cur.Load() == 8 && waiting() == 2
-	})
+	type stream struct {
+		cancel context.CancelFunc
+		done   chan result
+	}
+	var streams []stream
+	open := func(key string) {
+		ctx, cancel := context.WithCancel(context.Background())
+		s := stream{cancel, make(chan result, 1)}
+		go func() { s.done <- get(ctx, c, "http://127.0.0.1:8090/stream", "Authorization", "Bearer "+key) }()
+		streams = append(streams, s)
+		eventually(t, "the stream runs or waits", func() bool { return float64(model.cur.Load())+waiting() == float64(len(streams)) })
+	}
+	for range 5 {
+		open("key-batch")
+	}
+	if model.cur.Load() != 4 || waiting() != 1 {
+		t.Fatalf("batch: %d streams run, %v wait; want 4 and 1", model.cur.Load(), waiting())
+	}
+	for range 6 {
+		open("key-interactive")
+	}
+	if model.cur.Load() != 8 || waiting() != 3 {
+		t.Fatalf("the model runs %d streams and %v wait; want 8 and 3", model.cur.Load(), waiting())
+	}
 	if got := metricAt(t, admin, "caddy_inflight_requests", `zone="model"`, `limit="tenant"`); got != 8 {
 		t.Fatalf("tenant slots held = %v, want 8", got)
+	}
+	light := make(chan result, 1)
+	go func() { light <- get(context.Background(), c, "http://127.0.0.1:8090/") }()
+	eventually(t, "the default tenant waits", func() bool { return waiting() == 4 })
+	for _, s := range streams[5:7] { // two running interactive streams end: their clients leave
+		s.cancel()
+		<-s.done
+	}
+	select {
+	case r := <-light:
+		if r.status != 200 {
+			t.Fatalf("default tenant: %d, want 200", r.status)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("default tenant still waiting after two slots freed: the interactive queue took both")
 	}
 	if p := model.peak.Load(); p != 8 {
 		t.Fatalf("the model saw %d streams at once, want the total of 8", p)
 	}
 	model.open()
-	for range 10 {
-		if r := <-done; r.status != 200 || !strings.Contains(r.body, "data: end") {
+	for _, s := range append(streams[:5], streams[7:]...) {
+		if r := <-s.done; r.status != 200 || !strings.Contains(r.body, "data: end") {
 			t.Fatalf("stream: %d %q %v", r.status, r.body, r.err)
 		}
 	}

@@ -1,0 +1,155 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// slowBackend answers every request after a fixed service time, and
+// records the most requests it had at once.
+type slowBackend struct {
+	service   time.Duration
+	cur, peak atomic.Int64
+	addr      string
+}
+
+func newSlowBackend(t *testing.T, service time.Duration) *slowBackend {
+	t.Helper()
+	b := &slowBackend{service: service}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := b.cur.Add(1)
+		defer b.cur.Add(-1)
+		for p := b.peak.Load(); n > p && !b.peak.CompareAndSwap(p, n); p = b.peak.Load() {
+		}
+		time.Sleep(b.service)
+		w.Write([]byte("ok"))
+	})}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.addr = l.Addr().String()
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	return b
+}
+
+// lightTenantWait floods a zone of total 4 with 80 requests of one tenant,
+// then sends one request of another tenant once the flood queues, and
+// returns how long that one took.
+func lightTenantWait(t *testing.T, fair bool) time.Duration {
+	t.Helper()
+	b := newSlowBackend(t, 100*time.Millisecond)
+	port := freePort(t)
+	fairLine := ""
+	if fair {
+		fairLine = "fair tenant"
+	}
+	load(t, fmt.Sprintf(`http://127.0.0.1:%d {
+	inflight {
+		limit tenant {header.X-Tenant} 100
+		total 4
+		zone llm
+		wait 60s
+		%s
+		metrics per_key
+	}
+	reverse_proxy %s
+}
+`, port, fairLine, b.addr))
+	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
+	c := client("127.0.0.1")
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for range 80 {
+		wg.Go(func() {
+			if r := get(context.Background(), c, url, "X-Tenant", "flood"); r.status != 200 {
+				failed.Add(1)
+			}
+		})
+	}
+	eventually(t, "the flood queues", func() bool { return metric(t, "caddy_inflight_waiting", `zone="llm"`) >= 70 })
+	if got := metric(t, "caddy_inflight_key_waiting", `zone="llm"`, `limit="tenant"`, `key="h:`); got < 60 {
+		t.Errorf("caddy_inflight_key_waiting of the flooding tenant: %v, want the queue (≥ 60)", got)
+	}
+	if top := adminTopWaiting(t); len(top) == 0 || top[0].Waiting < 60 || !strings.HasPrefix(top[0].Key, "h:") {
+		t.Errorf("GET /inflight/ top_waiting %+v, want the flooding tenant's hash first with the queue", top)
+	}
+	start := time.Now()
+	r := get(context.Background(), c, url, "X-Tenant", "light")
+	waited := time.Since(start)
+	if r.status != 200 {
+		t.Fatalf("light tenant: %d", r.status)
+	}
+	wg.Wait()
+	if failed.Load() != 0 || b.peak.Load() != 4 {
+		t.Fatalf("flood: %d failed, backend peak %d; want 0 and 4", failed.Load(), b.peak.Load())
+	}
+	eventually(t, "no waiting series left", func() bool {
+		return metric(t, "caddy_inflight_key_waiting", `zone="llm"`) == 0 && len(adminTopWaiting(t)) == 0
+	})
+	return waited
+}
+
+type topWaiting []struct {
+	Key     string `json:"key"`
+	Waiting int64  `json:"waiting"`
+}
+
+func adminTopWaiting(t *testing.T) topWaiting {
+	t.Helper()
+	resp, err := adminClient.Get("http://" + adminAddr + "/inflight/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var state struct {
+		Zones []struct {
+			Zone       string     `json:"zone"`
+			TopWaiting topWaiting `json:"top_waiting"`
+		} `json:"zones"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&state); err != nil {
+		t.Fatal(err)
+	}
+	for _, z := range state.Zones {
+		if z.Zone == "llm" {
+			return z.TopWaiting
+		}
+	}
+	return nil
+}
+
+// TestFairLightTenantBehindFlood: through a real Caddy, a tenant's single
+// request behind another's flood of 80 (total 4, 100 ms each: a 2 s queue)
+// waits about one service time with fair, and the whole queue without.
+func TestFairLightTenantBehindFlood(t *testing.T) {
+	without := lightTenantWait(t, false)
+	with := lightTenantWait(t, true)
+	t.Logf("light tenant's latency behind a flood of 80 (total 4, 100 ms service): without fair %s, with fair %s", without.Round(time.Millisecond), with.Round(time.Millisecond))
+	if without < time.Second || with > 500*time.Millisecond {
+		t.Fatalf("light tenant's latency: without fair %s, with fair %s; want over 1s without (the queue) and under 500ms with (one service time)", without, with)
+	}
+}
+
+// TestFairJSONErrors: a fair that names no limit, and a negative
+// max_waiting_per_key, refuse the config with a clear message.
+func TestFairJSONErrors(t *testing.T) {
+	for _, tc := range []struct{ handler, want string }{
+		{`{"handler":"inflight","limits":[{"name":"tenant","max":5}],"wait":"10s","fair":"client"}`, `fair "client" is not allowed: want the name of one of this handler's limits ["tenant"]`},
+		{`{"handler":"inflight","limits":[{"name":"tenant","max":5}],"wait":"10s","max_waiting_per_key":-1}`, `max_waiting_per_key -1 is not allowed: want a positive integer`},
+	} {
+		err := loadJSONRoute(tc.handler)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: error %v, want it to contain %q", tc.handler, err, tc.want)
+		}
+	}
+}
