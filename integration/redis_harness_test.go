@@ -82,9 +82,14 @@ var (
 	buildErr  error
 )
 
-// caddyBinary builds examples/caddy (Caddy with the module) once per run.
+// caddyBinary builds examples/caddy (Caddy with the module) once per run,
+// or returns INFLIGHT_CADDY, a Caddy with the module built already (CI
+// passes the one xcaddy built, saving a second build).
 func caddyBinary(t *testing.T) string {
 	t.Helper()
+	if prebuilt := os.Getenv("INFLIGHT_CADDY"); prebuilt != "" {
+		return prebuilt
+	}
 	buildOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "inflight-caddy")
 		if err != nil {
