@@ -71,7 +71,7 @@ gobench() {
 say "benchmarks: engine, handler, Caddy route and peers; rounds: $count"
 route_variants=(without pass_through with_inflight)
 for round in $(seq "$count"); do
-	gobench "$root" engine -bench '^(BenchmarkAdmitRelease|BenchmarkRefuse)$' ./inflight/limiter
+	gobench "$root" engine -bench '^(BenchmarkAdmitRelease|BenchmarkRefuse|BenchmarkBesideWaiters)$' ./inflight/limiter
 	gobench "$root" engine -bench '^BenchmarkParallelKeys$' -cpu 1,2 ./inflight/limiter
 	gobench "$root" handler -bench '^(BenchmarkAdmitRelease|BenchmarkRefuse)' ./inflight
 	for i in 0 1 2; do
@@ -251,6 +251,10 @@ echo "| Engine and handler path | ns/op | allocs/op |"
 echo "|---|--:|--:|"
 echo "| engine: admit + release, one key | $(ns engine AdmitRelease) | $(allocs engine AdmitRelease) |"
 echo "| engine: refuse | $(ns engine Refuse) | $(allocs engine Refuse) |"
+beside0=$(median engine BesideWaiters/waiters=0 ns/op)
+beside10k=$(median engine BesideWaiters/waiters=10000 ns/op)
+echo "| engine: another key's admit + release, no request waiting | $(ns engine BesideWaiters/waiters=0) | $(allocs engine BesideWaiters/waiters=0) |"
+echo "| engine: the same beside 10,000 waiters of one key at its cap (target ≤ 2×) | $(ns engine BesideWaiters/waiters=10000) ($(ratio "$beside10k" "$beside0")) | $(allocs engine BesideWaiters/waiters=10000) |"
 echo "| with key evaluation \`{client_ip}\`: admit + release | $(ns handler AdmitReleaseClientIP) | $(allocs handler AdmitReleaseClientIP) |"
 echo "| with key evaluation \`{header.X-Api-Key}\`: admit + release | $(ns handler AdmitReleaseHeader) | $(allocs handler AdmitReleaseHeader) |"
 echo "| with key evaluation \`{client_ip}\`: refuse | $(ns handler RefuseClientIP) | $(allocs handler RefuseClientIP) |"
