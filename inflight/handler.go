@@ -43,7 +43,9 @@ const RefusedEvent = "inflight_refused"
 // A request over a cap is refused at once with `status_code` and
 // `Retry-After`, or, with `wait`, queued until a slot frees. On refusal the
 // placeholder `{http.inflight.limit}` holds the name of the limit that
-// refused (`total` for the total cap), for use in `handle_errors`.
+// refused (`total` for the total cap), and `{http.inflight.reason}` why
+// (full, timeout, queue_full, keys_full, store_error), for use in
+// `handle_errors`.
 type Handler struct {
 	// Limits are the dimensions a request must fit in, all of them, to be
 	// admitted: per client IP, per API key, per tenant, and so on.
@@ -365,6 +367,7 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, a *admission, r
 	reason := reasonFor(res.Outcome)
 	name := h.report(a, res, reason)
 	replacer(r).Set("http.inflight.limit", name)
+	replacer(r).Set("http.inflight.reason", reason)
 	w.Header().Set("Retry-After", h.retryAfter)
 	return caddyhttp.Error(h.StatusCode, fmt.Errorf("inflight: limit %s refused the request (%s)", name, reason))
 }

@@ -201,7 +201,7 @@ func TestHandleErrorsSeesTheLimitName(t *testing.T) {
 	}
 	reverse_proxy %s
 	handle_errors {
-		respond "{\"error\":\"{http.inflight.limit}\",\"status\":{err.status_code}}"
+		respond "{\"error\":\"{http.inflight.limit}\",\"reason\":\"{http.inflight.reason}\",\"status\":{err.status_code}}"
 	}
 }
 `, port, b.addr))
@@ -209,7 +209,7 @@ func TestHandleErrorsSeesTheLimitName(t *testing.T) {
 	c := client("127.0.0.1")
 	done := hold(t, b, context.Background(), c, url+"/hold", "X-Tenant", "acme")
 	r := get(context.Background(), c, url+"/", "X-Tenant", "acme")
-	if r.status != 503 || r.retryAfter != "3" || r.body != `{"error":"tenant","status":503}` {
+	if r.status != 503 || r.retryAfter != "3" || r.body != `{"error":"tenant","reason":"full","status":503}` {
 		t.Fatalf("refusal: %d Retry-After %q body %q", r.status, r.retryAfter, r.body)
 	}
 	// No tenant header: the key is empty and the limit does not apply.
