@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
@@ -18,39 +17,84 @@ import (
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
 
-// redisBooks holds one book per Redis configuration, shared by every
-// handler and config generation that uses it, so leases held across a
-// reload keep being renewed.
-var redisBooks = caddy.NewUsagePool()
+// books holds the book of every Redis setup in use, by a hash of its
+// options. A reload that keeps the options keeps the book; one that changes
+// them makes a new book, and the old one lives until its last lease and
+// waiter are gone.
+var books = struct {
+	sync.Mutex
+	m map[string]*book
+}{m: map[string]*book{}}
 
-// redisBook is the client for one Redis setup, and this instance's record of
-// the leases it holds there.
-//
-// Invariants: leases lists exactly the leases this instance was granted and
-// has not released; the renewal timer extends each of them every lease/3,
-// so a lease held by a live instance never expires, and one of a dead
-// instance expires at most `lease` after its last renewal.
-type redisBook struct {
+// scriptChunk bounds the leases one renewal or release script handles, so
+// that no script holds Redis for long.
+const scriptChunk = 512
+
+// book is the client of one Redis setup and this instance's record of the
+// leases it holds there (see the package's invariants).
+type book struct {
+	id       string
 	client   redis.UniversalClient
 	logger   *zap.Logger
 	lease    time.Duration
 	timeout  time.Duration
 	prefix   string
+	closed   bool   // on_error closed
 	instance string // random, so members from different instances differ
 
-	next   atomic.Uint64
-	mu     sync.Mutex
-	leases map[string][]string // member -> the sorted sets it is in
-	zones  map[string]*redisZone
+	next    atomic.Uint64
+	mu      sync.Mutex
+	leases  map[string]*lease // by member
+	zones   map[string]*redisZone
+	users   int // configs using the book
+	waiters atomic.Int64
 
-	down    atomic.Int64 // unix nanos until which Redis counts as unreachable
-	stop    chan struct{}
-	stopped sync.WaitGroup
+	downUntil atomic.Int64 // unix nanos until which Redis is not tried
+	outage    atomic.Bool
+	renewSoon atomic.Bool
+	work      chan struct{}
+	stop      chan struct{} // closed with the client
 }
 
-func newRedisBook(s *Store, logger *zap.Logger) *redisBook {
+// lease is one member this instance put, or will put, in a zone's sets.
+type lease struct {
+	tag  string // the zone's hash-tagged prefix: its cluster slot
+	sets []string
+	// released is when its request ended (zero while it runs): from then
+	// on it is removed, not renewed, until removed or expired anyway.
+	released time.Time
+	// ghost marks the members of an admission whose reply never came: the
+	// script may still run later, so they are removed on every tick until
+	// they would have expired.
+	ghost bool
+}
+
+// joinBook returns the book for s's options, made if needed, and counts s
+// as one of its users.
+func joinBook(s *Store, id string) *book {
+	books.Lock()
+	defer books.Unlock()
+	b := books.m[id]
+	if b == nil {
+		b = newBook(s, id)
+		books.m[id] = b
+	}
+	b.users++
+	return b
+}
+
+// leave drops one user; the book closes once nothing needs it.
+func (b *book) leave() {
+	books.Lock()
+	b.users--
+	books.Unlock()
+	b.poke()
+}
+
+func newBook(s *Store, id string) *book {
 	timeout := time.Duration(s.Timeout)
-	b := &redisBook{
+	b := &book{
+		id: id,
 		client: redis.NewUniversalClient(&redis.UniversalOptions{
 			Addrs:        s.Address,
 			MasterName:   s.MasterName,
@@ -63,124 +107,240 @@ func newRedisBook(s *Store, logger *zap.Logger) *redisBook {
 			PoolTimeout:  timeout,
 			MaxRetries:   -1, // a retry would double the wait; the caller falls back instead
 		}),
-		logger:   logger,
+		logger:   s.logger,
 		lease:    time.Duration(s.Lease),
 		timeout:  timeout,
 		prefix:   s.KeyPrefix,
+		closed:   s.OnError == "closed",
 		instance: randomID(),
-		leases:   map[string][]string{},
+		leases:   map[string]*lease{},
 		zones:    map[string]*redisZone{},
+		work:     make(chan struct{}, 1),
 		stop:     make(chan struct{}),
 	}
-	b.stopped.Add(2)
-	go b.renewLoop()
 	go b.listen()
+	go b.maintain()
 	return b
 }
 
-// Destruct stops the timer and the subscription and closes the client.
-// Leases still held expire by themselves.
-func (b *redisBook) Destruct() error {
-	close(b.stop)
-	err := b.client.Close()
-	b.stopped.Wait()
-	return err
-}
-
-// zone returns the store of one zone, made on first use and kept across
-// reloads (with its waiters); id names the zone and its shape, so the
-// whole fleet uses the same keys for the same limits.
-func (b *redisBook) zone(id string, limits []string, hasTotal bool, local *limiter.Zone, closed bool) *redisZone {
+// zone returns the store of one zone: id names the zone and its shape, so
+// the whole fleet uses the same keys for the same limits. It is kept across
+// reloads, with its waiters, while its local zone stays the same.
+func (b *book) zone(id string, limits []string, hasTotal bool, local *limiter.Zone) *redisZone {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	// The braces are a Redis Cluster hash tag: all of a zone's keys live in
-	// one slot, as the admission script needs.
+	// one slot, as the scripts need. key_prefix has no braces (Validate).
 	tag := b.prefix + ":{" + id + "}"
 	z := b.zones[tag]
-	if z == nil {
+	if z == nil || z.local != local {
+		// A zone that left and came back has a new local zone: the old
+		// store object keeps serving the requests it admitted.
 		z = newRedisZone(b, tag, limits, hasTotal, local)
 		b.zones[tag] = z
 	}
-	z.closed.Store(closed)
 	return z
 }
 
 // member returns a new lease identifier.
-func (b *redisBook) member() string {
+func (b *book) member() string {
 	return b.instance + ":" + strconv.FormatUint(b.next.Add(1), 36)
 }
 
-func (b *redisBook) track(member string, keys []string) {
+// hold records a lease granted (or admitted locally) for renewal.
+func (b *book) hold(member, tag string, sets []string) {
 	b.mu.Lock()
-	b.leases[member] = keys
+	b.leases[member] = &lease{tag: tag, sets: sets}
 	b.mu.Unlock()
 }
 
-func (b *redisBook) untrack(member string) {
+// release marks a lease's request as ended; maintain removes it from Redis.
+func (b *book) release(member string) {
 	b.mu.Lock()
-	delete(b.leases, member)
+	if l := b.leases[member]; l != nil {
+		l.released = time.Now()
+	}
 	b.mu.Unlock()
+	b.poke()
 }
 
-// renewLoop extends every lease held, in one pipeline per tick.
-func (b *redisBook) renewLoop() {
-	defer b.stopped.Done()
-	tick := time.NewTicker(b.lease / 3)
-	defer tick.Stop()
-	for {
-		select {
-		case <-b.stop:
-			return
-		case <-tick.C:
-		}
-		// One script per zone (a cluster slot), all in one pipeline.
-		b.mu.Lock()
-		byZone := map[string][]any{} // zone -> sets and members, interleaved
-		for m, keys := range b.leases {
-			for _, k := range keys {
-				tag := k[:strings.IndexByte(k, '}')+1]
-				byZone[tag] = append(byZone[tag], k, m)
-			}
-		}
-		b.mu.Unlock()
-		if len(byZone) == 0 {
-			continue
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
-		start := time.Now()
-		_, err := b.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for _, pairs := range byZone {
-				keys := make([]string, 0, len(pairs)/2)
-				args := []any{b.lease.Milliseconds()}
-				for i := 0; i < len(pairs); i += 2 {
-					keys = append(keys, pairs[i].(string))
-					args = append(args, pairs[i+1])
-				}
-				p.Eval(ctx, renewScript, keys, args...)
-			}
-			return nil
-		})
-		cancel()
-		b.observe("renew", start, err)
+// dropGhosts records the members of an admission whose reply never came.
+func (b *book) dropGhosts(tag string, members []string, sets [][]string) {
+	now := time.Now()
+	b.mu.Lock()
+	for i, m := range members {
+		b.leases[m] = &lease{tag: tag, sets: sets[i], released: now, ghost: true}
+	}
+	b.mu.Unlock()
+	b.poke()
+}
+
+// poke asks maintain to remove the leases released.
+func (b *book) poke() {
+	select {
+	case b.work <- struct{}{}:
+	default:
 	}
 }
 
-// renewScript extends leases by the lease from Redis's own clock. KEYS:
-// the sets; ARGV: the lease (ms), then the member in each set.
-const renewScript = `
-local t = redis.call('TIME')
-local expiry = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[1])
-for i, key in ipairs(KEYS) do
-	redis.call('ZADD', key, 'XX', expiry, ARGV[i + 1])
-	redis.call('PEXPIRE', key, 2 * tonumber(ARGV[1]))
-end
-return 0
-`
+// maintain renews the leases held every lease/3, removes the released ones
+// when poked and on every tick, and closes the book once no config, lease
+// or waiter needs it. Being one goroutine, it never renews a lease after
+// removing it.
+func (b *book) maintain() {
+	tick := time.NewTicker(b.lease / 3)
+	defer tick.Stop()
+	for {
+		renew := false
+		select {
+		case <-b.work:
+			renew = b.renewSoon.Swap(false)
+		case <-tick.C:
+			renew = true
+		}
+		if renew {
+			b.renew()
+		}
+		b.removeReleased()
+		if b.closeIfUnused() {
+			return
+		}
+	}
+}
+
+// closeIfUnused closes the book if nothing needs it any more.
+func (b *book) closeIfUnused() bool {
+	books.Lock()
+	defer books.Unlock()
+	b.mu.Lock()
+	idle := b.users == 0 && len(b.leases) == 0 && b.waiters.Load() == 0
+	b.mu.Unlock()
+	if !idle {
+		return false
+	}
+	if books.m[b.id] == b {
+		delete(books.m, b.id)
+	}
+	close(b.stop)
+	b.client.Close()
+	return true
+}
+
+// renew writes every lease held with a new expiry, one script per zone (a
+// cluster slot) and chunk, in one pipeline.
+func (b *book) renew() {
+	byZone := map[string]*entries{}
+	b.mu.Lock()
+	for m, l := range b.leases {
+		if !l.released.IsZero() {
+			continue
+		}
+		e := byZone[l.tag]
+		if e == nil {
+			e = &entries{}
+			byZone[l.tag] = e
+		}
+		for _, set := range l.sets {
+			e.add(set, m)
+		}
+	}
+	b.mu.Unlock()
+	if len(byZone) == 0 {
+		return
+	}
+	b.pipeline("renew", func(ctx context.Context, p redis.Pipeliner) {
+		for _, e := range byZone {
+			for lo := 0; lo < len(e.keys); lo += scriptChunk {
+				hi := min(lo+scriptChunk, len(e.keys))
+				args := append([]any{b.lease.Milliseconds()}, e.members[lo:hi]...)
+				renewScript.Eval(ctx, p, e.keys[lo:hi], args...)
+			}
+		}
+	})
+}
+
+// removeReleased removes the leases of requests that ended, one script per
+// zone and chunk, in one pipeline. A lease is forgotten once removed (a
+// ghost: once it would have expired), or once it has expired anyway.
+func (b *book) removeReleased() {
+	type batch struct {
+		entries
+		ids []string // each member once
+	}
+	byZone := map[string]*batch{}
+	now := time.Now()
+	b.mu.Lock()
+	for m, l := range b.leases {
+		switch {
+		case l.released.IsZero():
+			continue
+		case now.Sub(l.released) > b.lease:
+			delete(b.leases, m) // expired in Redis by now
+			continue
+		}
+		e := byZone[l.tag]
+		if e == nil {
+			e = &batch{}
+			byZone[l.tag] = e
+		}
+		e.ids = append(e.ids, m)
+		for _, set := range l.sets {
+			e.add(set, m)
+		}
+	}
+	b.mu.Unlock()
+	if len(byZone) == 0 {
+		return
+	}
+	ok := b.pipeline("release", func(ctx context.Context, p redis.Pipeliner) {
+		for tag, e := range byZone {
+			waiting := []string{tag + ":waiting"}
+			for lo := 0; lo < len(e.keys); lo += scriptChunk {
+				hi := min(lo+scriptChunk, len(e.keys))
+				args := append([]any{tag + ":released"}, e.members[lo:hi]...)
+				releaseScript.Eval(ctx, p, append(waiting, e.keys[lo:hi]...), args...)
+			}
+		}
+	})
+	if !ok {
+		return // retried on the next tick
+	}
+	b.mu.Lock()
+	for _, e := range byZone {
+		for _, m := range e.ids {
+			if l := b.leases[m]; l != nil && !l.ghost {
+				delete(b.leases, m)
+			}
+		}
+	}
+	b.mu.Unlock()
+}
+
+// pipeline runs fill's scripts in one round trip and reports whether all
+// succeeded. Scripts are sent by hash, falling back to their source once.
+func (b *book) pipeline(op string, fill func(context.Context, redis.Pipeliner)) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
+	defer cancel()
+	start := time.Now()
+	cmds, err := b.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		fill(ctx, p)
+		return nil
+	})
+	if err == nil {
+		for _, c := range cmds {
+			if c.Err() != nil {
+				err = c.Err()
+				break
+			}
+		}
+	}
+	b.observe(op, start, err)
+	return err == nil
+}
 
 // listen wakes a zone's waiters when any instance releases one of its
 // slots.
-func (b *redisBook) listen() {
-	defer b.stopped.Done()
+func (b *book) listen() {
 	pubsub := b.client.PSubscribe(context.Background(), b.prefix+":{*}:released")
 	defer pubsub.Close()
 	messages := pubsub.Channel()
@@ -204,22 +364,27 @@ func (b *redisBook) listen() {
 
 // available reports whether Redis is worth trying: after a failure it is
 // left alone for a second, so requests do not each wait out a timeout.
-func (b *redisBook) available() bool {
-	return time.Now().UnixNano() >= b.down.Load()
+func (b *book) available() bool {
+	return time.Now().UnixNano() >= b.downUntil.Load()
 }
 
 // observe records an operation's latency and outcome, and logs when Redis
-// becomes unreachable and reachable again.
-func (b *redisBook) observe(op string, start time.Time, err error) {
+// becomes unreachable and when it is reachable again; then every lease is
+// written back at once, whatever Redis lost meanwhile.
+func (b *book) observe(op string, start time.Time, err error) {
 	failed := err != nil && err != redis.Nil
 	inflight.ObserveStore("redis", op, time.Since(start), failed)
 	if !failed {
-		if b.down.Swap(0) != 0 {
+		if b.outage.CompareAndSwap(true, false) {
+			b.downUntil.Store(0)
 			b.logger.Info("redis store reachable again")
+			b.renewSoon.Store(true)
+			b.poke()
 		}
 		return
 	}
-	if b.down.Swap(time.Now().Add(time.Second).UnixNano()) == 0 {
+	b.downUntil.Store(time.Now().Add(time.Second).UnixNano())
+	if b.outage.CompareAndSwap(false, true) {
 		b.logger.Error("redis store unreachable", zap.String("op", op), zap.Error(err))
 	}
 }

@@ -1,13 +1,13 @@
-// Package redisstore is the inflight store `redis`
-// (http.handlers.inflight.stores.redis): it keeps a zone's counts in Redis,
-// so that one cap holds across a fleet of Caddy instances.
 package redisstore
 
 import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -64,8 +64,7 @@ type Store struct {
 	KeyPrefix string `json:"key_prefix,omitempty"`
 
 	logger *zap.Logger
-	book   *redisBook
-	bookID string
+	book   *book
 }
 
 // CaddyModule returns the Caddy module information.
@@ -104,16 +103,10 @@ func (s *Store) Provision(ctx caddy.Context) error {
 	if err := s.Validate(); err != nil {
 		return err
 	}
+	routeRedisLog()
 	raw, _ := json.Marshal(s)
 	sum := sha256.Sum256(raw)
-	s.bookID = hex.EncodeToString(sum[:])
-	v, _, err := redisBooks.LoadOrNew(s.bookID, func() (caddy.Destructor, error) {
-		return newRedisBook(s, s.logger), nil
-	})
-	if err != nil {
-		return err
-	}
-	s.book = v.(*redisBook)
+	s.book = joinBook(s, hex.EncodeToString(sum[:]))
 	return nil
 }
 
@@ -126,23 +119,28 @@ func (s *Store) Validate() error {
 		return fmt.Errorf("inflight: store redis: lease %s is not allowed: want at least 1s", time.Duration(s.Lease))
 	case s.Timeout <= 0:
 		return fmt.Errorf("inflight: store redis: timeout %s is not allowed: want a positive duration", time.Duration(s.Timeout))
+	case s.DB < 0:
+		return fmt.Errorf("inflight: store redis: db %d is not allowed: want a database number, 0 or more", s.DB)
+	case strings.ContainsAny(s.KeyPrefix, "{}"):
+		// A brace would change the Redis Cluster hash tag that keeps a
+		// zone's keys in one slot.
+		return fmt.Errorf("inflight: store redis: key_prefix %q is not allowed: want no '{' or '}'", s.KeyPrefix)
 	}
 	return nil
 }
 
-// Cleanup drops this handler's reference to the shared client; it closes
-// once no handler uses it.
+// Cleanup drops this config's use of the shared client; it closes once no
+// config, lease or waiter needs it.
 func (s *Store) Cleanup() error {
-	if s.book == nil {
-		return nil
+	if s.book != nil {
+		s.book.leave()
 	}
-	_, err := redisBooks.Delete(s.bookID)
-	return err
+	return nil
 }
 
 // Bind returns the store of one zone.
 func (s *Store) Bind(zone string, limits []string, hasTotal bool, local *limiter.Zone) inflight.Store {
-	return s.book.zone(zone, limits, hasTotal, local, s.OnError == "closed")
+	return s.book.zone(zone, limits, hasTotal, local)
 }
 
 // UnmarshalCaddyfile reads the store's block:
@@ -177,11 +175,14 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "password":
 			s.Password = args[0]
 		case "db":
-			_, err = fmt.Sscan(args[0], &s.DB)
+			s.DB, err = strconv.Atoi(args[0])
+			if err != nil || s.DB < 0 {
+				return d.Errf("inflight: store redis: db %q is not allowed: want a database number, 0 or more", args[0])
+			}
 		case "lease":
-			err = parseDuration(&s.Lease, args[0])
+			err = parseDuration(&s.Lease, args[0], "at least 1s, such as 30s")
 		case "timeout":
-			err = parseDuration(&s.Timeout, args[0])
+			err = parseDuration(&s.Timeout, args[0], "a positive duration such as 250ms")
 		case "on_error":
 			s.OnError = args[0]
 		case "key_prefix":
@@ -190,16 +191,20 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return d.Errf("inflight: store redis: unknown option %q: want address, master_name, username, password, db, lease, on_error, timeout or key_prefix", opt)
 		}
 		if err != nil {
-			return d.Errf("inflight: store redis: %s %q is not allowed: %v", opt, args[0], err)
+			return d.Errf("inflight: store redis: %s %q is not allowed: want %v", opt, args[0], err)
 		}
 	}
 	return nil
 }
 
-func parseDuration(dst *caddy.Duration, s string) error {
+// parseDuration reads a positive duration; the error says what is allowed.
+func parseDuration(dst *caddy.Duration, s, want string) error {
 	d, err := caddy.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return errors.New(want)
+	}
 	*dst = caddy.Duration(d)
-	return err
+	return nil
 }
 
 // Interface guards

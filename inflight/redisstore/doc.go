@@ -1,0 +1,44 @@
+// Package redisstore is the inflight store `redis`
+// (http.handlers.inflight.stores.redis): it keeps a zone's counts in Redis,
+// so that one cap holds across a fleet of Caddy instances.
+//
+// Each slot held is a lease: a member of a sorted set per key (and one for
+// the zone's total), scored by its expiry on Redis's own clock. Admission
+// is one script, atomic, for a batch of requests: drop expired leases,
+// check every set, add the lease to all of a request's sets or to none.
+//
+// Files: module.go is the Caddy module (config, Caddyfile, lifetime);
+// book.go a Redis setup's client and this instance's leases (renewal,
+// release, outage); scripts.go the Lua scripts and what they return;
+// zone.go one zone's admission and release; queue.go its waiters;
+// logger.go routes go-redis's own log lines into Caddy's log.
+//
+// Invariants:
+//   - A book records a lease only once Redis granted it, or once the
+//     local zone admitted its request while Redis was unreachable (on_error
+//     open). Until its request ends, renewal writes every recorded lease
+//     into Redis every lease/3, re-creating it if Redis lost it (FLUSHALL,
+//     a restart, a failover) and entering locally admitted ones, so the
+//     fleet's counts are whole again within one renewal interval.
+//   - An admission whose reply does not come within timeout may still run
+//     on Redis later: its members are removed on every renewal tick for a
+//     whole lease, so such a ghost holds a slot for at most one renewal
+//     interval after it appears.
+//   - Renewal and the Redis side of release run in one goroutine per
+//     book, in order, so a lease released is never renewed again after
+//     its removal. Release takes the local count back at once; the Redis
+//     round trip happens off the response path, and is retried on every
+//     tick until it succeeds or the lease has expired anyway.
+//   - A book (and its client) lives while a config uses it or any of its
+//     leases or waiters remain: a reload that changes any option keeps
+//     renewing, releasing and dispatching for the requests the old config
+//     admitted.
+//   - Only Redis failing makes Redis count as down: a client's own
+//     cancellation never does (Redis calls do not inherit the request's
+//     cancellation). An outage is logged once when it starts and once when
+//     it ends.
+//   - While this instance has waiters in a zone, it is listed in the
+//     zone's waiting set (refreshed by every dispatch), and a release
+//     publishes a notice only while that set is not empty. Newcomers are
+//     admitted behind this instance's waiters, in the same batch.
+package redisstore

@@ -1,0 +1,218 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os/exec"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/caddyserver/caddy/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight"
+	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
+)
+
+// startRedis starts a redis-server of its own on a free loopback port, or,
+// where redis-server is not installed, an embedded miniredis. It returns
+// the address and a client for inspecting what the store wrote.
+func startRedis(t testing.TB) (string, *redis.Client) {
+	t.Helper()
+	var addr string
+	if path, err := exec.LookPath("redis-server"); err == nil {
+		port := freePort(t)
+		cmd := exec.Command(path, "--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		addr = fmt.Sprintf("127.0.0.1:%d", port)
+	} else {
+		m := miniredis.RunT(t)
+		addr = m.Addr()
+	}
+	cli := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { cli.Close() })
+	eventually(t, "redis answers", func() bool { return cli.Ping(context.Background()).Err() == nil })
+	return addr, cli
+}
+
+func freePort(t testing.TB) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// eventually polls cond until it holds, failing the test after 10 s: a
+// bound against hanging, not a measure of speed.
+func eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not after 10s", what)
+		}
+	}
+}
+
+// newStore provisions a redis store as Caddy would, cleaned up with the
+// test unless the test does it itself.
+func newStore(t testing.TB, s *Store) *Store {
+	t.Helper()
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	if err := s.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Cleanup() })
+	return s
+}
+
+// zoneOf binds a zone with one limit "client" (max 1 unless given) and
+// optionally a total, and returns the store and its local zone.
+func zoneOf(s *Store, name string, limits *limiter.Limits) (inflight.Store, *limiter.Zone) {
+	local := limiter.NewZone(len(limits.Max), limits.Total > 0, nil)
+	local.Adopt(limits)
+	names := []string{"client"}[:len(limits.Max)]
+	return s.Bind(name, names, limits.Total > 0, local), local
+}
+
+func request(limits *limiter.Limits, key string) *limiter.Request {
+	return &limiter.Request{Keys: []string{key}, Max: []int64{0}, Limits: limits}
+}
+
+// members counts the leases Redis holds under the store's prefix.
+func members(t testing.TB, cli *redis.Client, prefix string) int64 {
+	t.Helper()
+	ctx := context.Background()
+	keys, err := cli.Keys(ctx, prefix+":*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, k := range keys {
+		if typ, _ := cli.Type(ctx, k).Result(); typ == "zset" && !isWaitingSet(k) {
+			n += cli.ZCard(ctx, k).Val()
+		}
+	}
+	return n
+}
+
+func isWaitingSet(k string) bool { return len(k) > 8 && k[len(k)-8:] == ":waiting" }
+
+// faultProxy forwards TCP to Redis and can hold back Redis's replies
+// (stall), delay them, or refuse connections.
+type faultProxy struct {
+	addr   string
+	target string
+	mu     sync.Mutex
+	delay  time.Duration
+	stall  chan struct{} // non-nil: replies wait until it is closed
+	refuse bool
+	conns  []net.Conn
+}
+
+func newFaultProxy(t testing.TB, target string) *faultProxy {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &faultProxy{addr: l.Addr().String(), target: target}
+	t.Cleanup(func() { l.Close(); p.setStall(false); p.dropAll() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go p.serve(c)
+		}
+	}()
+	return p
+}
+
+func (p *faultProxy) serve(c net.Conn) {
+	p.mu.Lock()
+	refuse := p.refuse
+	p.mu.Unlock()
+	if refuse {
+		c.Close()
+		return
+	}
+	up, err := net.Dial("tcp", p.target)
+	if err != nil {
+		c.Close()
+		return
+	}
+	p.mu.Lock()
+	p.conns = append(p.conns, c, up)
+	p.mu.Unlock()
+	go func() { io.Copy(up, c); up.Close() }()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := up.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			delay, stall := p.delay, p.stall
+			p.mu.Unlock()
+			if stall != nil {
+				<-stall
+			}
+			time.Sleep(delay)
+			if _, werr := c.Write(buf[:n]); werr != nil {
+				break
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
+	c.Close()
+}
+
+func (p *faultProxy) setDelay(d time.Duration) {
+	p.mu.Lock()
+	p.delay = d
+	p.mu.Unlock()
+}
+
+// setStall holds back every reply from now on, or lets them go.
+func (p *faultProxy) setStall(on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case on && p.stall == nil:
+		p.stall = make(chan struct{})
+	case !on && p.stall != nil:
+		close(p.stall)
+		p.stall = nil
+	}
+}
+
+// setDown refuses new connections and drops the open ones, or accepts
+// them again.
+func (p *faultProxy) setDown(down bool) {
+	p.mu.Lock()
+	p.refuse = down
+	p.mu.Unlock()
+	if down {
+		p.dropAll()
+	}
+}
+
+func (p *faultProxy) dropAll() {
+	p.mu.Lock()
+	conns := p.conns
+	p.conns = nil
+	p.mu.Unlock()
+	for _, c := range conns {
+		c.Close()
+	}
+}

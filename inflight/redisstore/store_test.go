@@ -1,0 +1,274 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight"
+	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
+)
+
+// mustAdmit acquires req without waiting, and fails the test unless it is
+// admitted.
+func mustAdmit(t *testing.T, z inflight.Store, req *limiter.Request, what string) {
+	t.Helper()
+	if res := z.Acquire(context.Background(), req, limiter.WaitOptions{}); res.Outcome != limiter.Admitted {
+		t.Fatalf("%s: %v, want admitted", what, res.Outcome)
+	}
+}
+
+func store(addr string, opts func(*Store)) *Store {
+	s := &Store{Address: []string{addr}, KeyPrefix: "t", Timeout: caddy.Duration(2 * time.Second)}
+	if opts != nil {
+		opts(s)
+	}
+	return s
+}
+
+// Defect 1: the total was never enforced, and the local total went
+// negative on release.
+func TestTotalIsEnforced(t *testing.T) {
+	addr, cli := startRedis(t)
+	s := newStore(t, store(addr, nil))
+	limits := &limiter.Limits{Max: []int64{5}, Total: 2}
+	z, local := zoneOf(s, "total", limits)
+	var held []*limiter.Request
+	for i := range 3 {
+		req := request(limits, fmt.Sprint("tenant", i))
+		res := z.Acquire(context.Background(), req, limiter.WaitOptions{})
+		if i < 2 && res.Outcome != limiter.Admitted {
+			t.Fatalf("request %d: %v, want admitted", i, res.Outcome)
+		}
+		if i == 2 {
+			if res.Outcome != limiter.Full || res.Dim != limiter.TotalDim {
+				t.Fatalf("third tenant: outcome %v dim %d, want full by the total", res.Outcome, res.Dim)
+			}
+			continue
+		}
+		held = append(held, req)
+	}
+	if n := local.Held(limiter.TotalDim); n != 2 {
+		t.Fatalf("local total %d while 2 are held, want 2", n)
+	}
+	for _, req := range held {
+		z.Release(req)
+	}
+	if n := local.Held(limiter.TotalDim); n != 0 {
+		t.Fatalf("local total %d after every release, want 0", n)
+	}
+	eventually(t, "leases removed from Redis", func() bool { return members(t, cli, "t") == 0 })
+}
+
+// Defect 2: an admission whose reply came after timeout left a lease in
+// Redis that nobody renewed or released.
+func TestLateReplyLeavesNoGhost(t *testing.T) {
+	addr, cli := startRedis(t)
+	p := newFaultProxy(t, addr)
+	s := newStore(t, store(p.addr, func(s *Store) { s.Timeout = caddy.Duration(100 * time.Millisecond) }))
+	limits := &limiter.Limits{Max: []int64{5}}
+	z, _ := zoneOf(s, "ghost", limits)
+	// Warm the connection, so the stalled call is the script itself.
+	warm := request(limits, "warm")
+	mustAdmit(t, z, warm, "warm-up")
+	z.Release(warm)
+	eventually(t, "warm-up released", func() bool { return members(t, cli, "t") == 0 })
+
+	p.setStall(true)
+	req := request(limits, "a")
+	// The reply never comes within timeout: admitted locally (on_error
+	// open), while the script runs on Redis all the same.
+	if res := z.Acquire(context.Background(), req, limiter.WaitOptions{}); res.Outcome != limiter.Admitted {
+		t.Fatalf("acquire with Redis stalled: %v, want admitted locally", res.Outcome)
+	}
+	z.Release(req)
+	p.setStall(false)
+	eventually(t, "no lease left in Redis once the request ended", func() bool { return members(t, cli, "t") == 0 })
+}
+
+// Defect 3: a reload that changed a store option closed the client while
+// its requests still ran: their releases failed, their leases stayed.
+func TestReloadChangingOptionsKeepsLeases(t *testing.T) {
+	addr, cli := startRedis(t)
+	limits := &limiter.Limits{Max: []int64{5}}
+	old := newStore(t, store(addr, nil))
+	z, _ := zoneOf(old, "reload", limits)
+	req := request(limits, "a")
+	mustAdmit(t, z, req, "acquire")
+	newStore(t, store(addr, func(s *Store) { s.Timeout = caddy.Duration(3 * time.Second) }))
+	old.Cleanup() // the old config goes, its request still runs
+	if n := members(t, cli, "t"); n != 1 {
+		t.Fatalf("%d leases in Redis, want 1", n)
+	}
+	z.Release(req)
+	eventually(t, "lease released through the old config's client", func() bool { return members(t, cli, "t") == 0 })
+}
+
+// Defect 4: a client's own cancellation counted as a Redis failure, so
+// with on_error closed other clients were refused.
+func TestClientCancellationIsNoStoreError(t *testing.T) {
+	addr, _ := startRedis(t)
+	s := newStore(t, store(addr, func(s *Store) { s.OnError = "closed" }))
+	limits := &limiter.Limits{Max: []int64{5}}
+	z, _ := zoneOf(s, "cancel", limits)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	first := request(limits, "leaver")
+	if res := z.Acquire(ctx, first, limiter.WaitOptions{}); res.Outcome == limiter.Admitted {
+		z.Release(first)
+	}
+	res := z.Acquire(context.Background(), request(limits, "other"), limiter.WaitOptions{})
+	if res.Outcome != limiter.Admitted {
+		t.Fatalf("another client after a cancellation: %v, want admitted", res.Outcome)
+	}
+}
+
+// Defect 5: leases Redis lost (FLUSHALL) were never re-created, so the
+// fleet over-admitted for as long as the requests ran.
+func TestRenewalRecreatesLostLeases(t *testing.T) {
+	addr, cli := startRedis(t)
+	s := newStore(t, store(addr, func(s *Store) { s.Lease = caddy.Duration(3 * time.Second) }))
+	limits := &limiter.Limits{Max: []int64{1}}
+	z, _ := zoneOf(s, "flush", limits)
+	mustAdmit(t, z, request(limits, "a"), "acquire")
+	cli.FlushAll(context.Background())
+	eventually(t, "lease re-created by renewal", func() bool { return members(t, cli, "t") == 1 })
+	other, _ := zoneOf(newStore(t, store(addr, func(s *Store) { s.Timeout = caddy.Duration(3 * time.Second) })), "flush", limits)
+	if res := other.Acquire(context.Background(), request(limits, "a"), limiter.WaitOptions{}); res.Outcome != limiter.Full {
+		t.Fatalf("another instance, same key, after renewal: %v, want full", res.Outcome)
+	}
+}
+
+// Defect 5: requests admitted locally while Redis was unreachable (on_error
+// open) were never entered into Redis when it came back.
+func TestLocalAdmissionsEnterRedisWhenItReturns(t *testing.T) {
+	addr, cli := startRedis(t)
+	p := newFaultProxy(t, addr)
+	s := newStore(t, store(p.addr, func(s *Store) {
+		s.Lease = caddy.Duration(3 * time.Second)
+		s.Timeout = caddy.Duration(200 * time.Millisecond)
+	}))
+	limits := &limiter.Limits{Max: []int64{1}}
+	z, _ := zoneOf(s, "outage", limits)
+	p.setDown(true)
+	mustAdmit(t, z, request(limits, "a"), "acquire while Redis is down (on_error open)")
+	p.setDown(false)
+	eventually(t, "local admission entered into Redis", func() bool { return members(t, cli, "t") == 1 })
+}
+
+// Defect 6: newcomers overtook this instance's waiters.
+func TestNewcomerDoesNotOvertakeWaiter(t *testing.T) {
+	addr, cli := startRedis(t)
+	s := newStore(t, store(addr, nil))
+	limits := &limiter.Limits{Max: []int64{1}}
+	z, _ := zoneOf(s, "fifo", limits)
+	holder := request(limits, "k")
+	mustAdmit(t, z, holder, "holder")
+	waited := make(chan limiter.Result, 1)
+	go func() {
+		waited <- z.Acquire(context.Background(), request(limits, "k"), limiter.WaitOptions{Wait: 10 * time.Second})
+	}()
+	eventually(t, "waiter queued", func() bool { return z.(interface{ Waiting() int64 }).Waiting() == 1 })
+	// The slot frees in Redis without a notice (as another instance's
+	// release whose message was lost): the next dispatch is up to a poll
+	// away, and a newcomer arrives first.
+	keys, _ := cli.Keys(context.Background(), "t:*:client:*").Result()
+	if len(keys) != 1 {
+		t.Fatalf("sets %v, want one", keys)
+	}
+	cli.Del(context.Background(), keys[0])
+	if res := z.Acquire(context.Background(), request(limits, "k"), limiter.WaitOptions{}); res.Outcome != limiter.Full {
+		t.Fatalf("newcomer while a waiter fits: %v, want full", res.Outcome)
+	}
+	if res := <-waited; res.Outcome != limiter.Admitted {
+		t.Fatalf("waiter: %v, want admitted", res.Outcome)
+	}
+}
+
+// Defect 6: Redis waiters never moved to the limits of a new config.
+func TestWaitersMoveToNewLimits(t *testing.T) {
+	addr, _ := startRedis(t)
+	s := newStore(t, store(addr, nil))
+	limits := &limiter.Limits{Max: []int64{1}}
+	z, local := zoneOf(s, "raise", limits)
+	mustAdmit(t, z, request(limits, "k"), "holder")
+	waited := make(chan limiter.Result, 1)
+	go func() {
+		waited <- z.Acquire(context.Background(), request(limits, "k"), limiter.WaitOptions{Wait: 5 * time.Second})
+	}()
+	eventually(t, "waiter queued", func() bool { return z.(interface{ Waiting() int64 }).Waiting() == 1 })
+	local.Adopt(&limiter.Limits{Max: []int64{2}}) // a reload raises the max
+	local.Retire(limits)
+	if res := <-waited; res.Outcome != limiter.Admitted {
+		t.Fatalf("waiter after the max was raised to 2: %v, want admitted", res.Outcome)
+	}
+}
+
+// Defect 6: every release published a notice, although nobody waited.
+func TestReleasePublishesOnlyWhenSomeoneWaits(t *testing.T) {
+	addr, cli := startRedis(t)
+	ctx := context.Background()
+	sub := cli.PSubscribe(ctx, "t:*")
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s := newStore(t, store(addr, nil))
+	limits := &limiter.Limits{Max: []int64{1}}
+	z, _ := zoneOf(s, "quiet", limits)
+	req := request(limits, "k")
+	if res := z.Acquire(ctx, req, limiter.WaitOptions{}); res.Outcome != limiter.Admitted {
+		t.Fatalf("acquire: %v", res.Outcome)
+	}
+	z.Release(req)
+	eventually(t, "released", func() bool { return members(t, cli, "t") == 0 })
+	cli.Publish(ctx, "t:marker", "after the release")
+	msg, err := sub.ReceiveMessage(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if msg.Channel != "t:marker" {
+		t.Fatalf("first notice on %s, want none before the marker: a release published with no waiter", msg.Channel)
+	}
+}
+
+// Defect 7: Release waited for Redis, delaying the response's end.
+func TestReleaseDoesNotWaitForRedis(t *testing.T) {
+	addr, cli := startRedis(t)
+	p := newFaultProxy(t, addr)
+	s := newStore(t, store(p.addr, func(s *Store) { s.Timeout = caddy.Duration(time.Minute) }))
+	limits := &limiter.Limits{Max: []int64{1}}
+	z, local := zoneOf(s, "fast", limits)
+	req := request(limits, "k")
+	mustAdmit(t, z, req, "acquire")
+	p.setStall(true)
+	done := make(chan struct{})
+	go func() { z.Release(req); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Release waited for a stalled Redis")
+	}
+	if n := local.Held(0); n != 0 {
+		t.Fatalf("local count %d after Release, want 0", n)
+	}
+	p.setStall(false)
+	eventually(t, "lease removed once Redis answers", func() bool { return members(t, cli, "t") == 0 })
+}
+
+// Defect 8: a zone that left and came back reused the store object bound
+// to its old local zone, so metrics showed 0 while Redis held leases.
+func TestZoneThatCameBackCountsLocally(t *testing.T) {
+	addr, _ := startRedis(t)
+	s := newStore(t, store(addr, nil))
+	limits := &limiter.Limits{Max: []int64{5}}
+	zoneOf(s, "back", limits)
+	z, local := zoneOf(s, "back", limits) // a new local zone, same name
+	mustAdmit(t, z, request(limits, "k"), "acquire")
+	if n := local.Held(0); n != 1 {
+		t.Fatalf("the zone's local count is %d with one request held, want 1", n)
+	}
+}
