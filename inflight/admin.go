@@ -44,6 +44,10 @@ type ZoneState struct {
 	Limits  []LimitState `json:"limits"`
 	Total   *int64       `json:"total,omitempty"`
 	Waiting int64        `json:"waiting"`
+	// Retired is set on a zone that no loaded config uses any more (a
+	// reload renamed it or changed its limits) while requests it admitted
+	// or queued are still running; it is listed until they end.
+	Retired bool `json:"retired,omitempty"`
 	// TopKeys are the keys holding the most slots. With per_key_metrics
 	// they are the hashes logs and metrics show (raw with plain_keys);
 	// otherwise anonymous (#-prefixed), as the engine keeps only a keyed
@@ -72,9 +76,10 @@ func (a *AdminAPI) serveState(w http.ResponseWriter, r *http.Request) error {
 		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method not allowed")}
 	}
 	states := []ZoneState{}
-	zones.Range(func(_, v any) bool {
-		states = append(states, stateOf(v.(*zone)))
-		return true
+	eachZone(func(z *zone, retired bool) {
+		st := stateOf(z)
+		st.Retired = retired
+		states = append(states, st)
 	})
 	slices.SortFunc(states, func(a, b ZoneState) int { return cmp.Compare(a.Zone, b.Zone) })
 	w.Header().Set("Content-Type", "application/json")

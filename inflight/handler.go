@@ -9,6 +9,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -57,9 +58,12 @@ type Handler struct {
 
 	// Zone names the counters: handlers with the same zone share them,
 	// across sites and routes, and must have the same limits (names and
-	// keys). A handler without a zone shares counters with handlers that
-	// have exactly the same limits and no zone; counts carry over a reload
-	// either way.
+	// keys). A handler without a zone has counters of its own, in a zone
+	// named after its site and its position among the site's unnamed
+	// inflight handlers (`example.com#1`; the listen address for a site
+	// without hosts), which is what metrics and the admin API show. Counts
+	// carry over a reload either way, as long as the zone's name and limits
+	// stay the same. A name may not contain `#`.
 	Zone string `json:"zone,omitempty"`
 
 	// StatusCode is the status of a refusal, 400-599. Default: 429.
@@ -146,6 +150,7 @@ type Handler struct {
 	events     *caddyevents.App
 	zone       *zone
 	zoneID     string
+	label      string // the zone's name: Zone, or the automatic one
 	store      Store
 	limits     *limiter.Limits
 	keys       []valueFunc
@@ -216,6 +221,8 @@ func (h *Handler) Validate() error {
 		return fmt.Errorf("inflight: wait %s is not allowed: want a positive duration (0 refuses at once)", time.Duration(h.Wait))
 	case h.MaxWaiting < 0:
 		return fmt.Errorf("inflight: max_waiting %d is not allowed: want a positive integer", h.MaxWaiting)
+	case strings.Contains(h.Zone, "#"):
+		return fmt.Errorf("inflight: zone %q is not allowed: '#' marks the automatic names of unnamed zones; choose a name without it", h.Zone)
 	case h.MaxKeys < 0:
 		return fmt.Errorf("inflight: max_keys %d is not allowed: want a positive integer (0 for none)", h.MaxKeys)
 	}
@@ -336,13 +343,17 @@ func (h *Handler) compile() {
 // handlers and config generations, and binds the shared store if any.
 func (h *Handler) joinZone(ctx caddy.Context) error {
 	hasTotal := h.Total > 0
-	h.zoneID = zoneID(h.Zone, h.Limits, hasTotal)
+	h.label = h.Zone
+	if h.Zone == "" {
+		h.label = autoZone(ctx)
+	}
+	h.zoneID = zoneID(h.label, h.Zone != "", h.Limits, hasTotal)
 	if err := claimZone(ctx.GetMetricsRegistry(), h.Zone, h.zoneID, describeShape(h.Limits, hasTotal)); err != nil {
 		return fmt.Errorf("inflight: %w", err)
 	}
-	z, err := loadZone(h.zoneID, h.Zone, h.Limits, hasTotal)
+	z, err := loadZone(h.zoneID, h.label, h.Limits, hasTotal)
 	if err != nil {
-		return fmt.Errorf("inflight: zone %q: %v", h.Zone, err)
+		return fmt.Errorf("inflight: zone %q: %v", h.label, err)
 	}
 	h.zone, h.store = z, z.Zone
 	z.shared.Store(nil)
@@ -353,7 +364,7 @@ func (h *Handler) joinZone(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("inflight: loading store: %v", err)
 	}
-	shared := mod.(SharedStore).Bind(fleetID(h.Zone, h.zoneID), names(h.Limits), hasTotal, z.Zone)
+	shared := mod.(SharedStore).Bind(fleetID(h.label, h.zoneID), names(h.Limits), hasTotal, z.Zone)
 	h.store = shared
 	if w, ok := shared.(waitCounter); ok {
 		z.shared.Store(&w)
@@ -387,14 +398,14 @@ func (h *Handler) report(a *admission, res limiter.Result, reason string) string
 		if key != "" && !keyIsAddress(h.Limits[res.Dim].Key) {
 			shown = redact(key)
 		}
-		ce.Write(zap.String("zone", h.Zone), zap.String("limit", name), zap.String("key", shown), zap.String("reason", reason))
+		ce.Write(zap.String("zone", h.label), zap.String("limit", name), zap.String("key", shown), zap.String("reason", reason))
 	}
 	if h.events.ShouldEmit(RefusedEvent) {
 		hashed := ""
 		if key != "" {
 			hashed = redact(key)
 		}
-		h.events.Emit(h.ctx, RefusedEvent, map[string]any{"zone": h.Zone, "limit": name, "key": hashed, "reason": reason})
+		h.events.Emit(h.ctx, RefusedEvent, map[string]any{"zone": h.label, "limit": name, "key": hashed, "reason": reason})
 	}
 	return name
 }
@@ -448,12 +459,12 @@ func (h *Handler) initMetrics() {
 	for _, reason := range []string{reasonFull, reasonTimeout, reasonQueueFull, reasonKeysFull, reasonStore, reasonDryRun} {
 		cs := make([]prometheus.Counter, 0, len(h.Limits)+1)
 		for _, l := range h.Limits {
-			cs = append(cs, rejectedTotal.WithLabelValues(h.Zone, l.Name, reason))
+			cs = append(cs, rejectedTotal.WithLabelValues(h.label, l.Name, reason))
 		}
-		h.rejected[reason] = append(cs, rejectedTotal.WithLabelValues(h.Zone, totalName, reason))
+		h.rejected[reason] = append(cs, rejectedTotal.WithLabelValues(h.label, totalName, reason))
 	}
 	for _, o := range []limiter.Outcome{limiter.Admitted, limiter.Timeout, limiter.Aborted} {
-		h.waited[o] = waitSeconds.WithLabelValues(h.Zone, outcomeLabel(o))
+		h.waited[o] = waitSeconds.WithLabelValues(h.label, outcomeLabel(o))
 	}
 }
 

@@ -52,7 +52,7 @@ func (k *keySeries) admit(h *Handler, a *admission) {
 		}
 		a.labels[d] = sk.key
 		k.counts[sk]++
-		keyRequests.WithLabelValues(h.Zone, sk.limit, sk.key).Inc()
+		keyRequests.WithLabelValues(h.label, sk.limit, sk.key).Inc()
 	}
 }
 
@@ -66,11 +66,11 @@ func (k *keySeries) release(h *Handler, a *admission) {
 		}
 		sk := seriesKey{h.Limits[d].Name, label}
 		if k.counts[sk]--; k.counts[sk] > 0 {
-			keyRequests.WithLabelValues(h.Zone, sk.limit, sk.key).Dec()
+			keyRequests.WithLabelValues(h.label, sk.limit, sk.key).Dec()
 			continue
 		}
 		delete(k.counts, sk)
-		keyRequests.DeleteLabelValues(h.Zone, sk.limit, sk.key)
+		keyRequests.DeleteLabelValues(h.label, sk.limit, sk.key)
 	}
 }
 

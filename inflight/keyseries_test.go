@@ -8,7 +8,7 @@ import (
 )
 
 func TestKeySeriesAreCappedAndRemovedAtZero(t *testing.T) {
-	h := &Handler{Zone: "cap-test", Limits: []Limit{{Name: "key"}}}
+	h := &Handler{Zone: "cap-test", label: "cap-test", Limits: []Limit{{Name: "key"}}}
 	var ks keySeries
 	var admitted []*admission
 	for i := range maxKeySeries + 5 {

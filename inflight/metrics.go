@@ -65,8 +65,7 @@ func (stateCollector) Collect(ch chan<- prometheus.Metric) {
 	held := map[series]int64{}
 	waiting := map[string]int64{}
 	keyWaiting := map[[3]string]int64{}
-	zones.Range(func(_, v any) bool {
-		z := v.(*zone)
+	eachZone(func(z *zone, _ bool) {
 		for d, name := range z.limits {
 			held[series{z.label, name}] += z.Held(d)
 		}
@@ -75,7 +74,6 @@ func (stateCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		waiting[z.label] += z.waiting()
 		addKeyWaiting(keyWaiting, z)
-		return true
 	})
 	for s, n := range held {
 		ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.GaugeValue, float64(n), s.zone, s.limit)

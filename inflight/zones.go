@@ -22,7 +22,8 @@ var zones = caddy.NewUsagePool()
 // zone is a limiter.Zone with the names metrics and logs show.
 type zone struct {
 	*limiter.Zone
-	label  string   // the zone name; "" for a handler that names none
+	id     string   // identity: name and shape (zoneID)
+	label  string   // the zone's name, as named or automatic
 	limits []string // dimension names
 	series keySeries
 	// keyDisplay is how per-key metrics and the admin API show keys
@@ -45,17 +46,28 @@ func (z *zone) waiting() int64 {
 	return n
 }
 
-// Destruct satisfies caddy.Destructor. Requests still in flight keep a
-// pointer to the zone and release into it safely; nothing to undo.
-func (*zone) Destruct() error { return nil }
+// idle reports whether the zone has no request in flight or waiting.
+func (z *zone) idle() bool {
+	if z.waiting() > 0 || (z.HasTotal() && z.Held(limiter.TotalDim) > 0) {
+		return false
+	}
+	for d := range z.limits {
+		if z.Held(d) > 0 {
+			return false
+		}
+	}
+	return true
+}
 
-// zoneID identifies a zone by its name and its shape (limit names and keys,
-// and whether it has a total). A handler that names no zone is identified by
-// its shape alone, which is what carries its counts over a reload; maxes are
-// not part of the identity, so an edited max keeps the counts.
-func zoneID(name string, limits []Limit, hasTotal bool) string {
+// zoneID identifies a zone by its name, named or automatic, and its shape
+// (limit names and keys, and whether it has a total). Maxes are not part of
+// the identity, so an edited max keeps the counts.
+func zoneID(label string, named bool, limits []Limit, hasTotal bool) string {
 	var b strings.Builder
-	b.WriteString(name)
+	if !named {
+		b.WriteString("\x01") // an automatic name never equals a zone's name
+	}
+	b.WriteString(label)
 	for _, l := range limits {
 		fmt.Fprintf(&b, "\x00%s=%s", l.Name, l.Key)
 	}
@@ -105,13 +117,10 @@ func claimZone(config any, name, id, shape string) error {
 }
 
 // fleetID names a zone and its shape in a shared store, the same on every
-// instance with the same config: the zone's name and a hash of its shape.
-func fleetID(name, id string) string {
+// instance with the same config: the zone's name and a hash of its identity.
+func fleetID(label, id string) string {
 	sum := sha256.Sum256([]byte(id))
-	if name == "" {
-		name = "anon"
-	}
-	return name + "/" + hex.EncodeToString(sum[:6])
+	return label + "/" + hex.EncodeToString(sum[:6])
 }
 
 func names(limits []Limit) []string {
@@ -122,10 +131,14 @@ func names(limits []Limit) []string {
 	return out
 }
 
-// loadZone takes a reference to the zone for id, making it if it is new.
+// loadZone takes a reference to the zone for id, making it if it is new (or
+// taking it back from the retired zones).
 func loadZone(id, label string, limits []Limit, hasTotal bool) (*zone, error) {
 	v, _, err := zones.LoadOrNew(id, func() (caddy.Destructor, error) {
-		return &zone{Zone: limiter.NewZone(len(limits), hasTotal, nil), label: label, limits: names(limits)}, nil
+		if z := takeRetired(id); z != nil {
+			return z, nil
+		}
+		return &zone{Zone: limiter.NewZone(len(limits), hasTotal, nil), id: id, label: label, limits: names(limits)}, nil
 	})
 	if err != nil {
 		return nil, err

@@ -385,7 +385,9 @@ func TestChaosLeavesNothingBehind(t *testing.T) {
 
 // ZoneLike is the part of the admin API's zone state the chaos test reads.
 type ZoneLike struct {
-	Limits []struct {
+	Zone    string
+	Retired bool
+	Limits  []struct {
 		Held int64
 		Keys int
 	}

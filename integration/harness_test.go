@@ -182,6 +182,10 @@ func get(ctx context.Context, c *http.Client, url string, header ...string) resu
 		return result{err: err}
 	}
 	for i := 0; i+1 < len(header); i += 2 {
+		if header[i] == "Host" { // net/http sends req.Host, not a Host field
+			req.Host = header[i+1]
+			continue
+		}
 		req.Header.Set(header[i], header[i+1])
 	}
 	resp, err := c.Do(req)

@@ -126,3 +126,33 @@ func BenchmarkBesideWaiters(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkAdmitReleaseMaxKeys is BenchmarkAdmitRelease under max_keys, for
+// a key already in flight (the path max_keys must not slow down) and for a
+// key new each time (which max_keys counts).
+func BenchmarkAdmitReleaseMaxKeys(b *testing.B) {
+	lim := &Limits{Max: []int64{100}, MaxKeys: 1000}
+	b.Run("present", func(b *testing.B) {
+		z := NewZone(1, false, nil)
+		z.TryAcquire(&Request{Keys: []string{"198.51.100.7"}, Max: []int64{0}, Limits: lim})
+		r := &Request{Keys: []string{"198.51.100.7"}, Max: []int64{0}, Limits: lim}
+		b.ReportAllocs()
+		for b.Loop() {
+			if ok, _ := z.TryAcquire(r); !ok {
+				b.Fatal("refused")
+			}
+			z.Release(r)
+		}
+	})
+	b.Run("new", func(b *testing.B) {
+		z := NewZone(1, false, nil)
+		r := &Request{Keys: []string{"198.51.100.7"}, Max: []int64{0}, Limits: lim}
+		b.ReportAllocs()
+		for b.Loop() {
+			if ok, _ := z.TryAcquire(r); !ok {
+				b.Fatal("refused")
+			}
+			z.Release(r)
+		}
+	})
+}

@@ -30,8 +30,8 @@ type flow struct {
 }
 
 // blocker names a constraint that can keep a flow waiting: a key at its
-// cap in a dimension, a shard at its key bound (keys_full) in a dimension,
-// or the total. Blockers other than the total are mixed into one 64-bit
+// cap in a dimension, a dimension at its key bound (keys_full), or the
+// total. Blockers other than the total are mixed into one 64-bit
 // value; two that mix alike only make a flow be tried in vain.
 type blocker struct {
 	total bool
@@ -42,8 +42,10 @@ func keyBlocker(d int, hash uint64) blocker {
 	return blocker{key: hash ^ (uint64(d+1) * 0x9e3779b97f4a7c15)}
 }
 
-func shardBlocker(d int, shard int) blocker {
-	return blocker{key: uint64(shard) ^ (uint64(d+1) * 0xc2b2ae3d27d4eb4f) ^ 1<<63}
+// keysBlocker is dimension d at its key bound (max_keys): any key leaving
+// the dimension makes room.
+func keysBlocker(d int) blocker {
+	return blocker{key: uint64(d+1)*0xc2b2ae3d27d4eb4f ^ 1<<63}
 }
 
 // flows indexes a zone's waiters: by flow, and each flow by the blocker it
@@ -67,8 +69,7 @@ func (z *Zone) blockerOf(req *Request, o Outcome, d int) blocker {
 	case d == TotalDim:
 		return blocker{total: true}
 	case o == KeysFull:
-		_, h := z.shardFor(d, req.Keys[d])
-		return shardBlocker(d, int(h>>32)&(numShards-1))
+		return keysBlocker(d)
 	}
 	return keyBlocker(d, maphash.String(z.seed, req.Keys[d]))
 }

@@ -54,3 +54,38 @@ func TestMillionKeysComeAndGo(t *testing.T) {
 	runtime.KeepAlive(reqs)
 	runtime.KeepAlive(z)
 }
+
+// TestMemoryComesBackWhileKeysStay: after a burst of 500,000 keys leaves,
+// the heap returns near where it started even though a few keys that came
+// with the burst are still in flight (each pinned its shard's map before).
+func TestMemoryComesBackWhileKeysStay(t *testing.T) {
+	const n, stay = 512_000, 64
+	lim := &Limits{Max: []int64{1}}
+	reqs := make([]Request, n)
+	for i := range reqs {
+		reqs[i] = Request{Keys: []string{"burst-" + strconv.Itoa(i)}, Max: []int64{0}, Limits: lim}
+	}
+	z := NewZone(1, false, nil)
+	before := liveHeap()
+	for i := range reqs {
+		if ok, _ := z.TryAcquire(&reqs[i]); !ok {
+			t.Fatalf("key %d refused", i)
+		}
+	}
+	during := liveHeap()
+	for i := range reqs { // the ones that stay came mid-burst, into overflow maps
+		if i%(n/stay) != n/stay/2 {
+			z.Release(&reqs[i])
+		}
+	}
+	after := liveHeap()
+	t.Logf("burst: +%.1f MiB; after it left with %d keys staying: %+.1f KiB", float64(during-before)/(1<<20), stay, float64(after-before)/1024)
+	if z.Keys(0) != stay {
+		t.Fatalf("%d keys in flight, want %d", z.Keys(0), stay)
+	}
+	if after-before > 1<<20 {
+		t.Errorf("live heap %.1f MiB above the start with %d keys staying, want within 1 MiB", float64(after-before)/(1<<20), stay)
+	}
+	runtime.KeepAlive(reqs)
+	runtime.KeepAlive(z)
+}

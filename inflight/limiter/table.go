@@ -7,8 +7,8 @@ package limiter
 //
 // Invariants: inline[:n] hold distinct hashes, each with a count above
 // zero; more holds the other hashes with a count above zero; no hash is in
-// both. more is nil until the inline entries are all in use, and is dropped
-// once emptied after it grew past shrinkAt (Go maps never give memory back).
+// both. more is nil until the inline entries are all in use, and gives
+// its memory back as keys leave (see shrink).
 type table struct {
 	n      int32
 	peak   int32 // largest len(more) since it was made
@@ -38,35 +38,37 @@ func (t *table) count(hash uint64) int64 {
 	return t.more[hash]
 }
 
-func (t *table) increment(hash uint64) {
+// increment adds one to hash's count and reports whether hash is a new key.
+func (t *table) increment(hash uint64) (added bool) {
 	t.held++
 	for i := range t.n {
 		if t.inline[i].hash == hash {
 			t.inline[i].count++
-			return
+			return false
 		}
 	}
 	if t.more != nil {
 		if n, ok := t.more[hash]; ok {
 			t.more[hash] = n + 1
-			return
+			return false
 		}
 	}
 	if t.n < inlineKeys {
 		t.inline[t.n] = entry{hash: hash, count: 1}
 		t.n++
-		return
+		return true
 	}
 	if t.more == nil {
 		t.more = make(map[uint64]int64)
 	}
 	t.more[hash] = 1
 	t.peak = max(t.peak, int32(len(t.more)))
+	return true
 }
 
-// decrement gives back one of hash's slots, and reports whether that was
-// its last.
-func (t *table) decrement(hash uint64) (gone bool) {
+// decrement takes one from hash's count and reports whether that removed
+// the key.
+func (t *table) decrement(hash uint64) (removed bool) {
 	for i := range t.n {
 		if e := &t.inline[i]; e.hash == hash {
 			t.held--
@@ -89,10 +91,30 @@ func (t *table) decrement(hash uint64) (gone bool) {
 		return false
 	}
 	delete(t.more, hash)
-	if len(t.more) == 0 && t.peak >= shrinkAt {
-		t.more, t.peak = nil, 0
-	}
+	t.shrink()
 	return true
+}
+
+// shrink gives back an overflow map's memory: Go maps never give back
+// their buckets, so one key that stays in flight after a burst would
+// otherwise pin the memory of the whole burst. A map that grew to shrinkAt
+// keys is dropped once empty, and replaced by one sized to what it holds
+// once that falls to 1/shrinkRatio of its peak (copying those few costs less
+// than the deletions that led there). A map that stayed smaller is kept, so
+// a shard whose keys hover at the inline capacity does not make a map every
+// time.
+func (t *table) shrink() {
+	switch {
+	case t.peak < shrinkAt:
+	case len(t.more) == 0:
+		t.more, t.peak = nil, 0
+	case len(t.more) <= int(t.peak)/shrinkRatio:
+		smaller := make(map[uint64]int64, len(t.more))
+		for h, c := range t.more {
+			smaller[h] = c
+		}
+		t.more, t.peak = smaller, max(int32(len(smaller)), shrinkAt) // dropped once empty
+	}
 }
 
 // keys returns how many keys have requests in flight.

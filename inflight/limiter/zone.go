@@ -21,6 +21,14 @@
 //   - The total is an atomic counter, raised only after the keyed dimensions
 //     have been checked under their locks, by compare-and-swap against its
 //     max; it never exceeds the max it was checked against.
+//   - Once any Limits with MaxKeys has been used, each dimension also counts
+//     its keys (keys.n): the count changes only under the lock of the shard
+//     whose table gained or lost the key, and counting starts with every
+//     shard locked, so it always equals the keys in the tables plus the
+//     reservations of admissions under way. A new key is reserved by
+//     compare-and-swap below MaxKeys before its slot is taken, so the keys
+//     of a dimension never exceed MaxKeys; a refused admission gives its
+//     reservations back before it unlocks.
 //   - The queue lock (Zone.mu) is always taken before any shard lock.
 //   - While any request is queued, newcomers go through the queue lock and
 //     let admissible waiters go first (see queue.go).
@@ -42,10 +50,9 @@ const TotalDim = -1
 const (
 	numShards = 256 // per dimension; a power of two
 	cacheLine = 64
-	// shrinkAt is the peak size after which an emptied map is replaced: Go maps
-	// never give back their buckets, and a burst of a million keys would
-	// otherwise stay in memory forever.
-	shrinkAt = 1024
+	// A shard's overflow map gives its memory back (see table.shrink).
+	shrinkAt    = 32
+	shrinkRatio = 8
 	// inlineDims is how many dimensions a request can have before admitting
 	// it allocates.
 	inlineDims = 8
@@ -60,10 +67,9 @@ type Limits struct {
 	Max []int64
 	// Total caps the zone-wide total; 0 means no cap.
 	Total int64
-	// MaxKeys bounds the keys each dimension holds; 0 means no bound. It is
-	// enforced per shard, a new key being refused once its shard holds
-	// ceil(MaxKeys/256) keys, so a dimension never holds more than MaxKeys
-	// rounded up to a multiple of 256.
+	// MaxKeys bounds the keys each dimension holds; 0 means no bound. A
+	// request with a new key is refused while MaxKeys keys are in flight
+	// in that dimension (or reserved by admissions under way).
 	MaxKeys int64
 	// Divisor splits every cap (Max, a request's own max, Total) between
 	// instances sharing the load: each enforces ceil(cap/Divisor). 0 or 1
@@ -113,6 +119,9 @@ type Zone struct {
 	hasTotal bool
 	seed     maphash.Seed
 	shards   []shard // dims × numShards, dimension-major
+	counting atomic.Bool
+	keys     []keyCount // per dimension, once counting
+	keysMu   sync.Mutex // starts counting
 	_        [cacheLine]byte
 	total    atomic.Int64
 	_        [cacheLine - 8]byte
@@ -133,13 +142,19 @@ type shard struct {
 	_ [2*cacheLine - 8 - unsafe.Sizeof(table{})]byte
 }
 
+// keyCount is a dimension's keys in flight, on a cache line of its own.
+type keyCount struct {
+	n atomic.Int64
+	_ [cacheLine - 8]byte
+}
+
 // NewZone returns a zone of dims keyed dimensions, with a zone-wide total
 // counter if hasTotal. A nil clock means the real one.
 func NewZone(dims int, hasTotal bool, clock Clock) *Zone {
 	if clock == nil {
 		clock = realClock{}
 	}
-	z := &Zone{hasTotal: hasTotal, seed: maphash.MakeSeed(), shards: make([]shard, dims*numShards)}
+	z := &Zone{hasTotal: hasTotal, seed: maphash.MakeSeed(), shards: make([]shard, dims*numShards), keys: make([]keyCount, dims)}
 	z.clock = clock
 	return z
 }
@@ -200,7 +215,9 @@ func (z *Zone) Hold(req *Request) {
 		}
 		s, h := z.shardFor(d, key)
 		s.mu.Lock()
-		s.increment(h)
+		if s.increment(h) && z.counting.Load() {
+			z.keys[d].n.Add(1)
+		}
 		s.mu.Unlock()
 		req.keep(d, h)
 	}
@@ -240,11 +257,14 @@ func (z *Zone) giveBack(req *Request, collect bool) {
 		s := z.shardOf(d, h)
 		s.mu.Lock()
 		gone := s.decrement(h)
+		if gone && z.counting.Load() {
+			z.keys[d].n.Add(-1)
+		}
 		s.mu.Unlock()
 		if collect && len(z.blocked) > 0 {
 			z.takeFiled(keyBlocker(d, h))
 			if gone {
-				z.takeFiled(shardBlocker(d, int(h>>32)&(numShards-1)))
+				z.takeFiled(keysBlocker(d))
 			}
 		}
 	}
@@ -267,7 +287,7 @@ func (z *Zone) candidatesFor(req *Request) {
 		}
 		h := maphash.String(z.seed, key)
 		z.takeFiled(keyBlocker(d, h))
-		z.takeFiled(shardBlocker(d, int(h>>32)&(numShards-1)))
+		z.takeFiled(keysBlocker(d))
 	}
 	if z.hasTotal {
 		z.takeFiled(blocker{total: true})
@@ -306,6 +326,9 @@ func (z *Zone) Keys(d int) int {
 // Full or KeysFull with the refusing dimension.
 func (z *Zone) tryAcquire(req *Request, commit bool) (Outcome, int) {
 	lim := z.limitsFor(req)
+	if lim.MaxKeys > 0 && !z.counting.Load() {
+		z.startCounting()
+	}
 	var buf [inlineDims]slot
 	locked := buf[:0]
 	if len(req.Keys) > inlineDims {
@@ -321,7 +344,8 @@ func (z *Zone) tryAcquire(req *Request, commit bool) (Outcome, int) {
 	}
 
 	outcome, refusedBy := Admitted, 0
-	for d, sl := range locked {
+	for d := range locked {
+		sl := &locked[d]
 		if sl.shard == nil {
 			continue
 		}
@@ -330,21 +354,30 @@ func (z *Zone) tryAcquire(req *Request, commit bool) (Outcome, int) {
 			outcome, refusedBy = Full, d
 			break
 		}
-		if n == 0 && lim.MaxKeys > 0 && int64(sl.shard.keys()) >= (lim.MaxKeys+numShards-1)/numShards {
-			outcome, refusedBy = KeysFull, d
-			break
+		if n == 0 && lim.MaxKeys > 0 {
+			if !z.reserveKey(d, lim.MaxKeys, commit) {
+				outcome, refusedBy = KeysFull, d
+				break
+			}
+			sl.reserved = commit
 		}
 	}
 	if outcome == Admitted && z.hasTotal && !z.takeTotal(split(lim.Total, lim.Divisor), commit) {
 		outcome, refusedBy = Full, TotalDim
 	}
+	counting := z.counting.Load()
 	for d, sl := range locked {
 		if sl.shard == nil {
 			continue
 		}
-		if outcome == Admitted && commit {
-			sl.shard.increment(sl.hash)
+		switch {
+		case outcome == Admitted && commit:
+			if sl.shard.increment(sl.hash) && counting && !sl.reserved {
+				z.keys[d].n.Add(1)
+			}
 			req.keep(d, sl.hash)
+		case sl.reserved:
+			z.keys[d].n.Add(-1)
 		}
 		sl.shard.mu.Unlock()
 	}
@@ -352,6 +385,45 @@ func (z *Zone) tryAcquire(req *Request, commit bool) (Outcome, int) {
 		req.held = true
 	}
 	return outcome, refusedBy
+}
+
+// reserveKey counts a new key in dimension d if fewer than max are in
+// flight; without commit it only reports whether it would.
+func (z *Zone) reserveKey(d int, max int64, commit bool) bool {
+	c := &z.keys[d].n
+	for {
+		n := c.Load()
+		if n >= max {
+			return false
+		}
+		if !commit || c.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+// startCounting makes the zone count each dimension's keys, from the keys
+// its tables hold. It locks every shard, so no key comes or goes unseen.
+func (z *Zone) startCounting() {
+	z.keysMu.Lock()
+	defer z.keysMu.Unlock()
+	if z.counting.Load() {
+		return
+	}
+	for i := range z.shards {
+		z.shards[i].mu.Lock()
+	}
+	for d := range z.keys {
+		var n int64
+		for i := range numShards {
+			n += int64(z.shards[d*numShards+i].keys())
+		}
+		z.keys[d].n.Store(n)
+	}
+	z.counting.Store(true)
+	for i := range z.shards {
+		z.shards[i].mu.Unlock()
+	}
 }
 
 // takeTotal raises the total by one if it is below max (0: no max). Without
@@ -406,10 +478,12 @@ func split(n, div int64) int64 {
 	return (n + div - 1) / div
 }
 
-// slot is a key's shard and hash, for one admission.
+// slot is a key's shard and hash, for one admission, and whether the key
+// was reserved as new under MaxKeys.
 type slot struct {
-	shard *shard
-	hash  uint64
+	shard    *shard
+	hash     uint64
+	reserved bool
 }
 
 // shardFor returns the shard of key in dimension d and the key's hash, which

@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -164,7 +165,7 @@ func TestEmptiedMapsAreReplaced(t *testing.T) {
 	z := NewZone(1, false, nil)
 	lim := &Limits{Max: []int64{1}}
 	var held []*Request
-	for i := range numShards * shrinkAt * 3 / 2 {
+	for i := range numShards * shrinkAt * 4 {
 		r := req(lim, fmt.Sprint(i))
 		mustAdmit(t, z, r)
 		held = append(held, r)
@@ -193,7 +194,7 @@ func TestReleaseOfUnheldKeyIsHarmless(t *testing.T) {
 
 func TestMaxKeysBoundsKeysNotRequests(t *testing.T) {
 	z := NewZone(1, false, nil)
-	lim := &Limits{Max: []int64{5}, MaxKeys: numShards} // one key per shard
+	lim := &Limits{Max: []int64{5}, MaxKeys: numShards}
 	admitted := map[string]bool{}
 	for i := range 2000 {
 		k := fmt.Sprint("k", i)
@@ -205,8 +206,8 @@ func TestMaxKeysBoundsKeysNotRequests(t *testing.T) {
 			t.Fatalf("key %s: outcome %d, want admitted or keys full", k, res.Outcome)
 		}
 	}
-	if n := z.Keys(0); n != len(admitted) || n > numShards || n < numShards/2 {
-		t.Fatalf("%d keys held (%d admitted), want at most %d and most shards used", n, len(admitted), numShards)
+	if n := z.Keys(0); n != len(admitted) || n != numShards {
+		t.Fatalf("%d keys held (%d admitted), want exactly %d", n, len(admitted), numShards)
 	}
 	for k := range admitted { // a key already in flight is not a new key
 		mustAdmit(t, z, req(lim, k))
@@ -226,4 +227,88 @@ func TestDivisorSplitsCapsRoundingUp(t *testing.T) {
 	mustAdmit(t, z2, r())
 	mustAdmit(t, z2, r())
 	mustRefuse(t, z2, r(), 0) // ceil(4/3) = 2
+}
+
+// TestMaxKeysIsExact: a new key is refused exactly when MaxKeys keys are in
+// flight, whatever shards they fall in, and admitted while fewer are.
+func TestMaxKeysIsExact(t *testing.T) {
+	for _, max := range []int64{1, 10, 1000} {
+		z := NewZone(2, false, nil)
+		lim := &Limits{Max: []int64{5, 1 << 20}, MaxKeys: max}
+		two := func(k string) *Request { return &Request{Keys: []string{k, "one tenant"}, Max: []int64{0, 0}, Limits: lim} }
+		held := make([]*Request, 0, max)
+		for i := range max {
+			r := two(fmt.Sprint("k", i))
+			mustAdmit(t, z, r)
+			held = append(held, r)
+		}
+		if ok, d := z.TryAcquire(two("one more")); ok || d != 0 {
+			t.Fatalf("max_keys %d: key %d admitted=%v (dim %d), want refused by dimension 0", max, max+1, ok, d)
+		}
+		if res := z.Acquire(context.Background(), two("one more"), WaitOptions{}); res.Outcome != KeysFull {
+			t.Fatalf("max_keys %d: outcome %d, want KeysFull", max, res.Outcome)
+		}
+		mustAdmit(t, z, two("k0")) // a key in flight is not new
+		z.Release(held[0])
+		z.Release(held[0])
+		mustAdmit(t, z, two("one more")) // a key left: room for one
+	}
+}
+
+// TestMaxKeysHoldsUnderConcurrency: goroutines admitting distinct keys at
+// once never get more than MaxKeys keys in flight, and a refused admission
+// leaves no reservation behind.
+func TestMaxKeysHoldsUnderConcurrency(t *testing.T) {
+	const max, workers, rounds = 10, 64, 500
+	z := NewZone(1, true, nil)
+	lim := &Limits{Max: []int64{1}, MaxKeys: max, Total: 1000}
+	var inFlight, peak atomic.Int64
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range rounds {
+				r := req(lim, fmt.Sprint(w, "/", i))
+				if ok, _ := z.TryAcquire(r); !ok {
+					continue
+				}
+				n := inFlight.Add(1)
+				for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+				}
+				runtime.Gosched() // hold the key a moment
+				inFlight.Add(-1)
+				z.Release(r)
+			}
+		}()
+	}
+	wg.Wait()
+	if p := peak.Load(); p > max {
+		t.Fatalf("%d keys in flight at once, want at most %d", p, max)
+	}
+	if n := z.keys[0].n.Load(); n != 0 || z.Keys(0) != 0 {
+		t.Fatalf("after every request ended: %d keys counted, %d in tables, want 0", n, z.Keys(0))
+	}
+	for i := range max { // the whole bound is free again
+		mustAdmit(t, z, req(lim, fmt.Sprint("after", i)))
+	}
+}
+
+// TestMaxKeysCountsKeysAlreadyInFlight: a config that adds max_keys to a
+// zone with keys in flight counts them.
+func TestMaxKeysCountsKeysAlreadyInFlight(t *testing.T) {
+	z := NewZone(1, false, nil)
+	free := &Limits{Max: []int64{5}}
+	for i := range 3 {
+		mustAdmit(t, z, req(free, fmt.Sprint("k", i)))
+	}
+	bounded := &Limits{Max: []int64{5}, MaxKeys: 4}
+	mustAdmit(t, z, req(bounded, "k3"))
+	if ok, _ := z.TryAcquire(req(bounded, "k4")); ok {
+		t.Fatal("fifth key admitted under max_keys 4 with 4 in flight")
+	}
+	mustAdmit(t, z, req(free, "k4")) // a config without the bound still admits
+	z.Release(req(free, "k4"))
+	z.Release(req(bounded, "k3"))
+	mustAdmit(t, z, req(bounded, "k5"))
 }

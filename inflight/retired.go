@@ -1,0 +1,56 @@
+package inflight
+
+import "sync"
+
+// retired holds the zones that no loaded config uses any more but that
+// still have requests in flight or waiting: a reload that renames a zone or
+// changes its limits leaves the old zone's requests running against the old
+// counters, and metrics and the admin API keep showing them until they end.
+// A zone that comes back (a config brings its name and limits again) before
+// it has drained is taken back with its counts.
+var retired = struct {
+	sync.Mutex
+	m map[string]*zone // by zone identity
+}{m: map[string]*zone{}}
+
+// Destruct runs when the last handler using the zone is unloaded. Requests
+// still in flight keep a pointer to the zone and release into it safely.
+func (z *zone) Destruct() error {
+	retired.Lock()
+	retired.m[z.id] = z
+	retired.Unlock()
+	return nil
+}
+
+// takeRetired returns the retired zone of identity id, if any, no longer
+// retired.
+func takeRetired(id string) *zone {
+	retired.Lock()
+	defer retired.Unlock()
+	z := retired.m[id]
+	delete(retired.m, id)
+	return z
+}
+
+// eachZone calls fn for every zone in use, then for every retired zone that
+// still has requests in flight or waiting, forgetting the ones that have
+// none.
+func eachZone(fn func(z *zone, retired bool)) {
+	zones.Range(func(_, v any) bool {
+		fn(v.(*zone), false)
+		return true
+	})
+	retired.Lock()
+	var busy []*zone
+	for id, z := range retired.m {
+		if z.idle() {
+			delete(retired.m, id)
+			continue
+		}
+		busy = append(busy, z)
+	}
+	retired.Unlock()
+	for _, z := range busy {
+		fn(z, true)
+	}
+}
