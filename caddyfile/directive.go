@@ -5,6 +5,7 @@ package caddyfile
 import (
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -52,7 +53,9 @@ const subdirectives = "limit, total, zone, status, retry_after, dry_run, replica
 func parse(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 	hd := new(inflight.Handler)
 	h.Next() // the directive's name
-	switch args := h.RemainingArgs(); len(args) {
+	args := h.RemainingArgs()
+	shorthand := len(args) == 1
+	switch len(args) {
 	case 0:
 	case 1:
 		max, err := inflight.ParseMax(args[0])
@@ -61,7 +64,7 @@ func parse(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 		}
 		hd.Limits = append(hd.Limits, inflight.Limit{Name: "client", Key: inflight.DefaultKey, Max: max})
 	default:
-		return nil, h.Errf("inflight: too many arguments %q: want at most one, the max per client IP", args)
+		return nil, h.Errf("inflight: too many arguments %q: want at most one, the max per client IP", shortForms(args))
 	}
 
 	seen := map[string]bool{}
@@ -74,11 +77,11 @@ func parse(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 		var err error
 		switch opt {
 		case "limit":
-			err = parseLimit(h, hd)
+			err = parseLimit(h, hd, shorthand)
 		case "total":
 			hd.Total, err = positiveInt(h, opt)
 		case "zone":
-			hd.Zone, err = oneArg(h, opt, "a zone name")
+			hd.Zone, err = zoneName(h)
 		case "status":
 			hd.StatusCode, err = statusCode(h)
 		case "retry_after":
@@ -128,18 +131,26 @@ func parse(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 	return hd, nil
 }
 
-// parseLimit reads `limit <name> <key> <max>`.
-func parseLimit(h httpcaddyfile.Helper, hd *inflight.Handler) error {
+// parseLimit reads `limit <name> <key> <max>`; shorthand tells that the
+// first limit came from `inflight <max>`.
+func parseLimit(h httpcaddyfile.Helper, hd *inflight.Handler, shorthand bool) error {
 	args := h.RemainingArgs()
 	if len(args) != 3 {
-		return h.Errf("inflight: limit %q: want three arguments, limit <name> <key> <max>", args)
+		return h.Errf("inflight: limit %q: want three arguments, limit <name> <key> <max>", shortForms(args))
+	}
+	if err := inflight.CheckLimitName(args[0]); err != nil {
+		return h.Errf("inflight: limit %s", err)
 	}
 	max, err := inflight.ParseMax(args[2])
 	if err != nil {
 		return h.Errf("inflight: limit %s: %v", args[0], err)
 	}
-	for _, l := range hd.Limits {
-		if l.Name == args[0] {
+	for i, l := range hd.Limits {
+		switch {
+		case l.Name != args[0]:
+		case i == 0 && shorthand:
+			return h.Errf("inflight: limit %q is already defined by the max after inflight (inflight <max> means limit client {client_ip} <max>): give this limit another name", args[0])
+		default:
 			return h.Errf("inflight: limit %q is given twice: each limit needs its own name", args[0])
 		}
 	}
@@ -180,9 +191,19 @@ func parseStore(h httpcaddyfile.Helper, hd *inflight.Handler) error {
 func oneArg(h httpcaddyfile.Helper, opt, want string) (string, error) {
 	args := h.RemainingArgs()
 	if len(args) != 1 {
-		return "", h.Errf("inflight: %s %q: want one argument, %s", opt, args, want)
+		return "", h.Errf("inflight: %s %q: want one argument, %s", opt, shortForms(args), want)
 	}
 	return args[0], nil
+}
+
+// zoneName reads a zone's name, which may not contain '#', the mark of the
+// automatic names of unnamed zones.
+func zoneName(h httpcaddyfile.Helper) (string, error) {
+	v, err := oneArg(h, "zone", "a zone name")
+	if err == nil && strings.Contains(v, "#") {
+		err = h.Errf("inflight: zone %q is not allowed: '#' marks the automatic names of unnamed zones; choose a name without it", v)
+	}
+	return v, err
 }
 
 func positiveInt(h httpcaddyfile.Helper, opt string) (int, error) {
@@ -225,4 +246,14 @@ func duration(h httpcaddyfile.Helper, opt string, zeroOK bool) (time.Duration, e
 		return 0, h.Errf("inflight: %s %q is not allowed: want %s", opt, v, want)
 	}
 	return d, nil
+}
+
+// shortForms writes placeholder arguments as the user wrote them: Caddy
+// expands the shorthands before the directive sees its tokens.
+func shortForms(args []string) []string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		out[i] = inflight.ShortForm(a)
+	}
+	return out
 }

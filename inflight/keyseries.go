@@ -42,9 +42,9 @@ func (k *keySeries) admit(h *Handler, a *admission) {
 		if key == "" {
 			continue
 		}
-		label := key
-		if !h.PlainKeys {
-			label = redact(key)
+		label := redact(key)
+		if h.PlainKeys {
+			label = labelValue(key)
 		}
 		sk := seriesKey{h.Limits[d].Name, label}
 		if _, ok := k.counts[sk]; !ok && len(k.counts) >= maxKeySeries {

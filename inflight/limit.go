@@ -83,15 +83,25 @@ func (m *Max) UnmarshalJSON(b []byte) error {
 
 var namePattern = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
 
+// CheckLimitName reports whether name can name a limit.
+func CheckLimitName(name string) error {
+	switch {
+	case !namePattern.MatchString(name):
+		return fmt.Errorf("name %q is not allowed: want letters, digits, '_' or '-'", name)
+	case name == totalName:
+		return fmt.Errorf("name %q is reserved for the total cap: choose another", name)
+	}
+	return nil
+}
+
 // checkLimits reports the first badly formed limit.
 func checkLimits(limits []Limit) error {
 	seen := make(map[string]bool, len(limits))
 	for i, l := range limits {
+		if err := CheckLimitName(l.Name); err != nil {
+			return fmt.Errorf("limits[%d]: %v", i, err)
+		}
 		switch {
-		case !namePattern.MatchString(l.Name):
-			return fmt.Errorf("limits[%d]: name %q is not allowed: want letters, digits, '_' or '-'", i, l.Name)
-		case l.Name == totalName:
-			return fmt.Errorf("limits[%d]: name %q is reserved for the total cap: choose another", i, l.Name)
 		case seen[l.Name]:
 			return fmt.Errorf("limits[%d]: name %q is used twice: each limit needs its own name", i, l.Name)
 		case l.Max.IsZero():
@@ -103,3 +113,18 @@ func checkLimits(limits []Limit) error {
 	}
 	return nil
 }
+
+// shorthands are the long forms of the Caddyfile's placeholder shorthands
+// that keys use most, so messages can show a key as the user wrote it.
+var shorthands = strings.NewReplacer(
+	"{http.vars.client_ip}", "{client_ip}",
+	"{http.request.remote.host}", "{remote_host}",
+	"{http.request.header.", "{header.",
+	"{http.request.cookie.", "{cookie.",
+	"{http.request.uri.query.", "{query.",
+	"{http.vars.", "{vars.",
+)
+
+// ShortForm writes a placeholder template with the Caddyfile's shorthands,
+// for messages: `{http.request.header.X-Key}` is shown as `{header.X-Key}`.
+func ShortForm(tmpl string) string { return shorthands.Replace(tmpl) }

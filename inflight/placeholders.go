@@ -3,9 +3,11 @@ package inflight
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"net/http"
 	"net/textproto"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -63,11 +65,16 @@ func singlePlaceholder(tmpl string) (string, bool) {
 	return name, true
 }
 
-// compileKey evaluates a limit's key, counting the IPv4-mapped IPv6 form of
-// an address as the IPv4 address. The zone keeps only a fixed-size hash of
-// the key, so a huge key costs no memory.
+// compileKey evaluates a limit's key. A key that is the client's address
+// counts its IPv4-mapped IPv6 form as the IPv4 address (one client, two
+// spellings, depending on the listener); any other key is compared exactly
+// as evaluated. The zone keeps only a fixed-size hash of the key, so a huge
+// key costs no memory.
 func compileKey(tmpl string) valueFunc {
 	eval := compileTemplate(tmpl)
+	if !keyIsAddress(tmpl) {
+		return eval
+	}
 	return func(r *http.Request) string {
 		key := eval(r)
 		if rest, ok := strings.CutPrefix(key, "::ffff:"); ok && strings.Contains(rest, ".") {
@@ -88,4 +95,23 @@ func keyIsAddress(tmpl string) bool {
 func redact(key string) string {
 	sum := sha256.Sum256([]byte(key))
 	return "h:" + hex.EncodeToString(sum[:6])
+}
+
+// labelValue returns key as a metric label value, which must be valid
+// UTF-8: bytes that are not are written as \xNN.
+func labelValue(key string) string {
+	if utf8.ValidString(key) {
+		return key
+	}
+	var b strings.Builder
+	for i := 0; i < len(key); {
+		r, size := utf8.DecodeRuneInString(key[i:])
+		if r == utf8.RuneError && size == 1 {
+			fmt.Fprintf(&b, `\x%02x`, key[i])
+		} else {
+			b.WriteString(key[i : i+size])
+		}
+		i += size
+	}
+	return b.String()
 }

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -54,6 +55,27 @@ func TestKeyNormalisation(t *testing.T) {
 	v6, _ := request("[2001:db8::1]:5555")
 	if got := key(v6); got != "2001:db8::1" {
 		t.Fatalf("IPv6 key %q", got)
+	}
+	// Other keys are compared exactly as evaluated.
+	header := compileKey("{http.request.header.X-Key}")
+	mappedHeader, _ := request("192.0.2.7:5555", "X-Key", "::ffff:1.2.3.4")
+	plainHeader, _ := request("192.0.2.7:5555", "X-Key", "1.2.3.4")
+	if a, b := header(mappedHeader), header(plainHeader); a == b {
+		t.Fatalf("header keys ::ffff:1.2.3.4 and 1.2.3.4 both evaluated to %q, want two keys", a)
+	}
+}
+
+func TestLabelValuesAreValidUTF8(t *testing.T) {
+	for key, want := range map[string]string{
+		"plain":          "plain",
+		"caf\u00e9":      "caf\u00e9",
+		"bad\xff\xfeend": `bad\xff\xfeend`,
+		"\xc3":           `\xc3`, // a cut multi-byte sequence
+	} {
+		got := labelValue(key)
+		if got != want || !utf8.ValidString(got) {
+			t.Errorf("labelValue(%q) = %q, want %q", key, got, want)
+		}
 	}
 }
 

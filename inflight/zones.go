@@ -81,7 +81,7 @@ func zoneID(label string, named bool, limits []Limit, hasTotal bool) string {
 func describeShape(limits []Limit, hasTotal bool) string {
 	parts := make([]string, 0, len(limits)+1)
 	for _, l := range limits {
-		parts = append(parts, l.Name+" "+l.Key)
+		parts = append(parts, l.Name+" "+ShortForm(l.Key))
 	}
 	if hasTotal {
 		parts = append(parts, "total")

@@ -235,7 +235,9 @@ func TestMaxKeysIsExact(t *testing.T) {
 	for _, max := range []int64{1, 10, 1000} {
 		z := NewZone(2, false, nil)
 		lim := &Limits{Max: []int64{5, 1 << 20}, MaxKeys: max}
-		two := func(k string) *Request { return &Request{Keys: []string{k, "one tenant"}, Max: []int64{0, 0}, Limits: lim} }
+		two := func(k string) *Request {
+			return &Request{Keys: []string{k, "one tenant"}, Max: []int64{0, 0}, Limits: lim}
+		}
 		held := make([]*Request, 0, max)
 		for i := range max {
 			r := two(fmt.Sprint("k", i))
