@@ -1,10 +1,10 @@
 package caddyinflight_test
 
-// How README.md's snippets are checked (TestREADMESnippets). Every snippet
-// is one of these; none is skipped silently.
+// How README.md's snippets are checked. Every snippet is one of these; none
+// is skipped silently.
 //
 // Fenced blocks must carry one of these tags (an untagged block, or another
-// tag, fails the test):
+// tag, fails TestREADMESnippets):
 //
 //	caddyfile           a whole Caddyfile (global options and/or sites):
 //	                    adapted as written.
@@ -16,20 +16,30 @@ package caddyinflight_test
 //	json                must parse as JSON. An object with "handler" is a
 //	                    handler: placed in a route and validated; one
 //	                    with "apps" is a whole config: validated.
-//	sh, yaml            not Caddyfile: not checked here.
+//	yaml                Docker labels: integration/labels_test.go converts
+//	                    the one in "Docker labels" as caddy-docker-proxy
+//	                    does and compares it with the caddyfile block after.
+//	sh                  commands and their output: not checked here.
 //
-// Inline code (`...`) is a Caddyfile snippet when it has at least two words
-// and its first word is `inflight` or an option listed in the
-// caddyfile-syntax block. `inflight ...` is wrapped in a site; an option is
-// wrapped in `inflight { limit snippet {client_ip} 1000; <option> }` inside a
-// site. Both are adapted. Other inline code (placeholders, metric names,
-// `dry_run` alone, labels) is prose.
+// Inline code (`...`):
+//
+//   - `inflight ...` with at least one argument is wrapped in a site and
+//     adapted;
+//   - an option listed in the caddyfile-syntax block, with at least one
+//     argument (`total 50`), is wrapped in
+//     `inflight { limit snippet {client_ip} 1000; <option> }` in a site and
+//     adapted;
+//   - `caddy.<path>: <value>` is a caddy-docker-proxy label:
+//     integration/labels_test.go (TestREADMELabelSnippets) converts it and
+//     adapts the result;
+//   - anything else (placeholders, metric names, `dry_run` alone) is prose.
 //
 // Adapting must succeed with no warning, so every Caddyfile snippet is also
 // `caddy fmt` clean. Every snippet and every config in examples/ must then
-// pass what `caddy validate` does (validate_test.go) with no warning logged. `rate_limit` (caddy-ratelimit, which the module proxy
-// here does not serve) is a stand-in directive that accepts any block, so
-// the snippet combining it with `inflight` is adapted too.
+// pass what `caddy validate` does (validate_test.go) with no warning logged.
+// `rate_limit` (caddy-ratelimit, which the module proxy here does not serve)
+// is a stand-in directive that accepts any block, so the snippet combining
+// it with `inflight` is adapted too.
 
 import (
 	"encoding/json"
