@@ -44,14 +44,18 @@ func newSlowBackend(t *testing.T, service time.Duration) *slowBackend {
 
 // lightTenantWait floods a zone of total 4 with 80 requests of one tenant
 // (200 ms each: a 4 s queue), then sends one request of another tenant once
-// the flood queues, and returns how long that one took.
-func lightTenantWait(t *testing.T, fair bool) time.Duration {
+// the flood queues, and returns how long that one took. With a Redis
+// address, the counts are kept there.
+func lightTenantWait(t *testing.T, fair bool, redisAddr string) time.Duration {
 	t.Helper()
 	b := newSlowBackend(t, 200*time.Millisecond)
 	port := freePort(t)
-	fairLine := ""
+	fairLine, storeLine := "", ""
 	if fair {
 		fairLine = "fair tenant"
+	}
+	if redisAddr != "" {
+		storeLine = "store redis {\n\t\t\taddress " + redisAddr + "\n\t\t}"
 	}
 	load(t, fmt.Sprintf(`http://127.0.0.1:%d {
 	inflight {
@@ -61,10 +65,11 @@ func lightTenantWait(t *testing.T, fair bool) time.Duration {
 		wait 60s
 		%s
 		metrics per_key
+		%s
 	}
 	reverse_proxy %s
 }
-`, port, fairLine, b.addr))
+`, port, fairLine, storeLine, b.addr))
 	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
 	c := client("127.0.0.1")
 	var wg sync.WaitGroup
@@ -77,11 +82,8 @@ func lightTenantWait(t *testing.T, fair bool) time.Duration {
 		})
 	}
 	eventually(t, "the flood queues", func() bool { return metric(t, "caddy_inflight_waiting", `zone="llm"`) >= 60 })
-	if got := metric(t, "caddy_inflight_key_waiting", `zone="llm"`, `limit="tenant"`, `key="h:`); got < 40 {
-		t.Errorf("caddy_inflight_key_waiting of the flooding tenant: %v, want the queue (≥ 40)", got)
-	}
-	if top := adminTopWaiting(t); len(top) == 0 || top[0].Waiting < 40 || !strings.HasPrefix(top[0].Key, "h:") {
-		t.Errorf("GET /inflight/ top_waiting %+v, want the flooding tenant's hash first with the queue", top)
+	if redisAddr == "" { // the per-key gauges count this process's own queue
+		checkKeyWaiting(t)
 	}
 	start := time.Now()
 	r := get(context.Background(), c, url, "X-Tenant", "light")
@@ -97,6 +99,18 @@ func lightTenantWait(t *testing.T, fair bool) time.Duration {
 		return metric(t, "caddy_inflight_key_waiting", `zone="llm"`) == 0 && len(adminTopWaiting(t)) == 0
 	})
 	return waited
+}
+
+// checkKeyWaiting: the flooding tenant's queue shows in the per-key gauge
+// and in the admin API.
+func checkKeyWaiting(t *testing.T) {
+	t.Helper()
+	if got := metric(t, "caddy_inflight_key_waiting", `zone="llm"`, `limit="tenant"`, `key="h:`); got < 40 {
+		t.Errorf("caddy_inflight_key_waiting of the flooding tenant: %v, want the queue (≥ 40)", got)
+	}
+	if top := adminTopWaiting(t); len(top) == 0 || top[0].Waiting < 40 || !strings.HasPrefix(top[0].Key, "h:") {
+		t.Errorf("GET /inflight/ top_waiting %+v, want the flooding tenant's hash first with the queue", top)
+	}
 }
 
 type topWaiting []struct {
@@ -132,11 +146,24 @@ func adminTopWaiting(t *testing.T) topWaiting {
 // request behind another's flood of 80 (total 4, 200 ms each: a 4 s queue)
 // waits about one service time with fair, and the whole queue without.
 func TestFairLightTenantBehindFlood(t *testing.T) {
-	without := lightTenantWait(t, false)
-	with := lightTenantWait(t, true)
+	without := lightTenantWait(t, false, "")
+	with := lightTenantWait(t, true, "")
 	t.Logf("light tenant's latency behind a flood of 80 (total 4, 200 ms service): without fair %s, with fair %s", without.Round(time.Millisecond), with.Round(time.Millisecond))
 	if without < 2*time.Second || with > time.Second {
 		t.Fatalf("light tenant's latency: without fair %s, with fair %s; want over 2s without (the queue) and under 1s with (about one service time)", without, with)
+	}
+}
+
+// TestFairRedisStore: with store redis, fair sharing applies to this
+// instance's own waiters: the light tenant is served at the next slot
+// Redis frees, not after the flood.
+func TestFairRedisStore(t *testing.T) {
+	r := startRedis(t)
+	without := lightTenantWait(t, false, r.addr)
+	with := lightTenantWait(t, true, r.addr)
+	t.Logf("with store redis: light tenant's latency without fair %s, with fair %s", without.Round(time.Millisecond), with.Round(time.Millisecond))
+	if without < 2*time.Second || with > time.Second {
+		t.Fatalf("light tenant's latency: without fair %s, with fair %s; want over 2s without and under 1s with", without, with)
 	}
 }
 

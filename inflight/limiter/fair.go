@@ -59,6 +59,9 @@ func (z *Zone) before(f, g *flow, now time.Time) bool {
 	return f.head.Seq < g.head.Seq
 }
 
-func (f *flow) score(now time.Time) float64 {
-	return f.weight * (1 + float64(now.Sub(f.head.Arrived))/float64(agingPeriod))
+func (f *flow) score(now time.Time) float64 { return score(f.weight, f.head.Arrived, now) }
+
+// score is weight × (1 + waited / agingPeriod): the queue order's score.
+func score(weight float64, arrived, now time.Time) float64 {
+	return weight * (1 + float64(now.Sub(arrived))/float64(agingPeriod))
 }

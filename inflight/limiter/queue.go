@@ -137,7 +137,7 @@ func (p Place) Before(q Place, now time.Time) bool {
 }
 
 func (p Place) score(now time.Time) float64 {
-	return weight[p.Class] * (1 + float64(now.Sub(p.Arrived))/float64(agingPeriod))
+	return score(weight[p.Class], p.Arrived, now)
 }
 
 type waiter struct {

@@ -30,8 +30,9 @@
 //     of a dimension never exceed MaxKeys; a refused admission gives its
 //     reservations back before it unlocks.
 //   - The queue lock (Zone.mu) is always taken before any shard lock.
-//   - While any request is queued, newcomers go through the queue lock and
-//     let admissible waiters go first (see queue.go).
+//   - While any request is queued, admissions and releases go through the
+//     queue lock, so a freed slot reaches the waiters it can unblock before
+//     any newcomer sees it (see queue.go).
 package limiter
 
 import (

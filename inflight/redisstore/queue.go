@@ -28,12 +28,14 @@ type queue struct {
 	serving bool
 	wakeup  chan struct{}
 
-	dispatching sync.Mutex // one batch at a time, in queue order
+	dispatching sync.Mutex     // one batch at a time, in queue order
+	shares      limiter.Shares // fair sharing's state; guarded by dispatching
 }
 
 type waiter struct {
 	limiter.Place
 	req     *limiter.Request // the waiter's own copy: the dispatcher writes its Lease
+	opt     limiter.WaitOptions
 	ready   chan struct{}
 	granted bool
 }
@@ -54,16 +56,21 @@ func (z *redisZone) admitNewcomer(req *limiter.Request, willWait bool) (verdict,
 	return v[0], nil
 }
 
-// wait queues req. Waiters are tried best first (score, class, arrival).
+// wait queues req. Waiters are tried best first (score, class, arrival; by
+// fair share with fair, see fair.go).
 func (z *redisZone) wait(ctx context.Context, req *limiter.Request, opt limiter.WaitOptions, dim int) limiter.Result {
 	z.mu.Lock()
 	if opt.MaxWaiting > 0 && len(z.waiters) >= opt.MaxWaiting {
 		z.mu.Unlock()
 		return limiter.Result{Outcome: limiter.QueueFull, Dim: dim}
 	}
+	if z.overPerKey(req, opt) {
+		z.mu.Unlock()
+		return limiter.Result{Outcome: limiter.QueueFull, Dim: opt.KeyDim}
+	}
 	z.seq++
 	own := &limiter.Request{Keys: slices.Clone(req.Keys), Max: slices.Clone(req.Max), Limits: req.Limits}
-	w := &waiter{Place: limiter.Place{Class: opt.Class, Arrived: time.Now(), Seq: z.seq}, req: own, ready: make(chan struct{})}
+	w := &waiter{Place: limiter.Place{Class: opt.Class, Arrived: time.Now(), Seq: z.seq}, req: own, ready: make(chan struct{}), opt: opt}
 	z.waiters = append(z.waiters, w)
 	z.book.waiters.Add(1)
 	if !z.serving {
@@ -148,15 +155,7 @@ func (z *redisZone) dispatch(newcomer *limiter.Request, willWait bool) (verdict,
 	now := time.Now()
 	queue := slices.Clone(z.waiters)
 	z.mu.Unlock()
-	slices.SortFunc(queue, func(a, b *waiter) int {
-		switch {
-		case a.Before(b.Place, now):
-			return -1
-		case b.Before(a.Place, now):
-			return 1
-		}
-		return 0
-	})
+	z.order(queue, now)
 	reqs := make([]*limiter.Request, 0, len(queue)+1)
 	waits := make([]bool, 0, len(queue)+1)
 	for _, w := range queue {
@@ -176,6 +175,9 @@ func (z *redisZone) dispatch(newcomer *limiter.Request, willWait bool) (verdict,
 	for i, w := range queue {
 		if !verdicts[i].admitted {
 			continue
+		}
+		if w.opt.Fair {
+			z.shares.Charge(w.fairItem())
 		}
 		if !slices.Contains(z.waiters, w) { // it left while the script ran
 			z.Release(w.req) // its own copy: safe after it returned

@@ -1,0 +1,66 @@
+package redisstore
+
+import (
+	"slices"
+	"time"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
+)
+
+// Fair sharing and the per-key waiting bound apply to this instance's own
+// waiters: the fleet shares the slots in Redis, and each instance offers
+// them to its waiters in the order its in-process queue would.
+
+// overPerKey reports whether req's key already has opt.MaxWaitingPerKey
+// waiters here. mu must be held.
+func (z *redisZone) overPerKey(req *limiter.Request, opt limiter.WaitOptions) bool {
+	d := opt.KeyDim
+	if opt.MaxWaitingPerKey <= 0 || d >= len(req.Keys) || req.Keys[d] == "" {
+		return false
+	}
+	n := 0
+	for _, w := range z.waiters {
+		if d < len(w.req.Keys) && w.req.Keys[d] == req.Keys[d] {
+			n++
+		}
+	}
+	return n >= opt.MaxWaitingPerKey
+}
+
+// order sorts a batch of waiters best first: by fair share among those
+// with fair (the order of the in-process queue, see limiter.Shares), the
+// others by priority after them. dispatching must be held.
+func (z *redisZone) order(queue []*waiter, now time.Time) {
+	byPriority := func(a, b *waiter) int {
+		switch {
+		case a.Before(b.Place, now):
+			return -1
+		case b.Before(a.Place, now):
+			return 1
+		}
+		return 0
+	}
+	fair := slices.DeleteFunc(slices.Clone(queue), func(w *waiter) bool { return !w.opt.Fair })
+	if len(fair) == 0 {
+		slices.SortFunc(queue, byPriority)
+		return
+	}
+	rest := slices.DeleteFunc(slices.Clone(queue), func(w *waiter) bool { return w.opt.Fair })
+	slices.SortFunc(rest, byPriority)
+	items := make([]limiter.FairItem, len(fair))
+	for i, w := range fair {
+		items[i] = w.fairItem()
+	}
+	for i, j := range z.shares.Order(items, now) {
+		queue[i] = fair[j]
+	}
+	copy(queue[len(fair):], rest)
+}
+
+func (w *waiter) fairItem() limiter.FairItem {
+	key := ""
+	if d := w.opt.KeyDim; d < len(w.req.Keys) {
+		key = w.req.Keys[d]
+	}
+	return limiter.FairItem{Key: key, Weight: w.opt.Weight, Place: w.Place}
+}
