@@ -190,3 +190,24 @@ func TestUnnamedHandlersInJSONHaveTheirOwnCounters(t *testing.T) {
 	b.open()
 	<-held
 }
+
+// With store redis, two unnamed directives keep their counts under keys of
+// their own in Redis too.
+func TestUnnamedDirectivesHaveTheirOwnRedisKeys(t *testing.T) {
+	r := startRedis(t)
+	b := newBackend(t)
+	port := freePort(t)
+	site := func(host string, max int) string {
+		return fmt.Sprintf("http://%s:%d {\n\tinflight %d {\n\t\tstore redis {\n\t\t\taddress %s\n\t\t}\n\t}\n\treverse_proxy %s\n}\n", host, port, max, r.addr, b.addr)
+	}
+	load(t, site("a.test", 100)+site("b.test", 1))
+	url := fmt.Sprintf("http://127.0.0.1:%d", port)
+	c := client("127.0.0.1")
+
+	held := hold(t, b, context.Background(), c, url+"/hold", "Host", "a.test")
+	if r := get(context.Background(), c, url+"/", "Host", "b.test"); r.status != 200 {
+		t.Fatalf("b.test with one request in flight on a.test: %d %v, want 200", r.status, r.err)
+	}
+	b.open()
+	<-held
+}
