@@ -88,24 +88,30 @@ func TestWaitTimeoutAndQueueFull(t *testing.T) {
 		t.Fatalf("timeout refusals counted %v, want 1", got)
 	}
 
-	// Three wait (max_waiting 3); the fourth is refused at once.
+	// Three wait (max_waiting 3); the fourth is refused at once. A long
+	// wait now, so none of the three leaves before the fourth comes.
+	long, longURL := waitSite(t, b, "30s")
+	load(t, long(1))
+	c.CloseIdleConnections()
 	done := make(chan result, 3)
 	for i := range 3 {
-		go func() { done <- get(context.Background(), c, url+"/", "X-Tenant", "t") }()
+		go func() { done <- get(context.Background(), c, longURL+"/", "X-Tenant", "t") }()
 		eventually(t, "queued", func() bool { return waiting(t) == float64(i+1) })
 	}
 	start = time.Now()
-	if r := get(context.Background(), c, url+"/", "X-Tenant", "t"); r.status != 429 || time.Since(start) > 400*time.Millisecond {
+	if r := get(context.Background(), c, longURL+"/", "X-Tenant", "t"); r.status != 429 || time.Since(start) > 400*time.Millisecond {
 		t.Fatalf("fourth waiter: %d after %v, want 429 at once", r.status, time.Since(start))
 	}
 	if got := metric(t, "caddy_inflight_rejected_total", `zone="queue"`, `reason="queue_full"`); got < 1 {
 		t.Fatalf("queue_full refusals counted %v, want 1", got)
 	}
-	for range 3 {
-		<-done
-	}
-	b.open()
+	b.open() // the holder ends; the three are admitted in turn
 	<-holder
+	for range 3 {
+		if r := <-done; r.status != 200 {
+			t.Fatalf("a waiter ended %d, want 200", r.status)
+		}
+	}
 }
 
 func TestAbortWhileWaitingLeavesTheQueue(t *testing.T) {
