@@ -344,41 +344,40 @@ func (z *Zone) tryAcquire(req *Request, commit bool) (Outcome, int) {
 		locked = append(locked, sl)
 	}
 
-	outcome, refusedBy := Admitted, 0
-	for d := range locked {
-		sl := &locked[d]
+	// checked is how many dimensions passed; the new keys among them hold a
+	// reservation under MaxKeys (with commit), given back on refusal.
+	outcome, refusedBy, checked := Admitted, 0, len(locked)
+	for d, sl := range locked {
 		if sl.shard == nil {
 			continue
 		}
 		n := sl.shard.count(sl.hash)
 		if n >= capFor(lim, req, d) {
-			outcome, refusedBy = Full, d
+			outcome, refusedBy, checked = Full, d, d
 			break
 		}
-		if n == 0 && lim.MaxKeys > 0 {
-			if !z.reserveKey(d, lim.MaxKeys, commit) {
-				outcome, refusedBy = KeysFull, d
-				break
-			}
-			sl.reserved = commit
+		if n == 0 && lim.MaxKeys > 0 && !z.reserveKey(d, lim.MaxKeys, commit) {
+			outcome, refusedBy, checked = KeysFull, d, d
+			break
 		}
 	}
 	if outcome == Admitted && z.hasTotal && !z.takeTotal(split(lim.Total, lim.Divisor), commit) {
 		outcome, refusedBy = Full, TotalDim
 	}
-	counting := z.counting.Load()
+	admit := outcome == Admitted && commit
+	countNew := lim.MaxKeys == 0 && z.counting.Load() // else reserved above
 	for d, sl := range locked {
 		if sl.shard == nil {
 			continue
 		}
 		switch {
-		case outcome == Admitted && commit:
-			if sl.shard.increment(sl.hash) && counting && !sl.reserved {
+		case admit:
+			if sl.shard.increment(sl.hash) && countNew {
 				z.keys[d].n.Add(1)
 			}
 			req.keep(d, sl.hash)
-		case sl.reserved:
-			z.keys[d].n.Add(-1)
+		case commit && lim.MaxKeys > 0 && d < checked && sl.shard.count(sl.hash) == 0:
+			z.keys[d].n.Add(-1) // the reservation of a new key
 		}
 		sl.shard.mu.Unlock()
 	}
@@ -479,12 +478,10 @@ func split(n, div int64) int64 {
 	return (n + div - 1) / div
 }
 
-// slot is a key's shard and hash, for one admission, and whether the key
-// was reserved as new under MaxKeys.
+// slot is a key's shard and hash, for one admission.
 type slot struct {
-	shard    *shard
-	hash     uint64
-	reserved bool
+	shard *shard
+	hash  uint64
 }
 
 // shardFor returns the shard of key in dimension d and the key's hash, which
