@@ -20,7 +20,7 @@ type behaviour int
 const (
 	finishes behaviour = iota // GET held 50-300 ms, read to the end
 	cancels                   // gives up after 10-400 ms, waiting or being served
-	resets                    // raw connection reset 10-300 ms after the request
+	resets                    // raw connection reset at once or 10-300 ms after the request
 	posts                     // POST with a body, may wait; half of them give up
 	polite                    // one short request at a time, with pauses
 	streams                   // held longer than a lease: renewal keeps it counted
@@ -50,7 +50,8 @@ type traffic struct {
 	urls       []string
 	streamHold time.Duration
 	client     *http.Client
-	stop       chan struct{}
+	ctx        context.Context // ends every request in flight at halt
+	halt       context.CancelFunc
 	wg         sync.WaitGroup
 
 	mu       sync.Mutex
@@ -63,35 +64,29 @@ func startTraffic(t *testing.T, urls []string, streamHold time.Duration, loads .
 		urls:       urls,
 		streamHold: streamHold,
 		client:     &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 10 * time.Second},
-		stop:       make(chan struct{}),
 	}
+	tr.ctx, tr.halt = context.WithCancel(context.Background())
 	for _, l := range loads {
 		for range l.clients {
 			tr.wg.Add(1)
 			go tr.run(l)
 		}
 	}
-	t.Cleanup(tr.halt)
+	t.Cleanup(tr.stop)
 	return tr
 }
 
-// halt stops the clients and waits for their last requests.
-func (tr *traffic) halt() {
-	select {
-	case <-tr.stop:
-	default:
-		close(tr.stop)
-	}
+// stop ends the clients and their requests in flight, and waits for them.
+func (tr *traffic) stop() {
+	tr.halt()
 	tr.wg.Wait()
 }
 
 func (tr *traffic) run(l tenantLoad) {
 	defer tr.wg.Done()
 	for {
-		select {
-		case <-tr.stop:
+		if tr.ctx.Err() != nil {
 			return
-		default:
 		}
 		b := l.mix[rand.IntN(len(l.mix))]
 		o := outcome{key: l.key, sent: time.Now()}
@@ -112,7 +107,7 @@ func (tr *traffic) run(l tenantLoad) {
 // send makes one request and returns its status (0: no response).
 func (tr *traffic) send(b behaviour, key, base string) int {
 	ms := 50 + rand.IntN(250)
-	ctx := context.Background()
+	ctx := tr.ctx
 	method, body := http.MethodGet, ""
 	switch b {
 	case polite:
@@ -124,7 +119,11 @@ func (tr *traffic) send(b behaviour, key, base string) int {
 		ctx, cancel = context.WithTimeout(ctx, time.Duration(10+rand.IntN(390))*time.Millisecond)
 		defer cancel()
 	case resets:
-		resetAfterSending(base, key, ms, time.Duration(10+rand.IntN(290))*time.Millisecond)
+		after := time.Duration(0) // half of them at once: gone before Caddy asks Redis
+		if rand.IntN(2) == 0 {
+			after = time.Duration(10+rand.IntN(290)) * time.Millisecond
+		}
+		resetAfterSending(base, key, ms, after)
 		return 0
 	case posts:
 		method, body = http.MethodPost, strings.Repeat("x", 4096)

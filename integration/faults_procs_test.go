@@ -123,8 +123,14 @@ func (m *fleetMember) reload(site faultSite, backend string) error {
 	return nil
 }
 
-// logLines counts the instance's log lines containing text.
-func (m *fleetMember) logLines(text string) int {
+// logLines returns the instance's log lines containing text.
+func (m *fleetMember) logLines(text string) []string {
 	data, _ := os.ReadFile(m.log)
-	return strings.Count(string(data), text)
+	var lines []string
+	for line := range strings.Lines(string(data)) {
+		if strings.Contains(line, text) {
+			lines = append(lines, strings.TrimSpace(line))
+		}
+	}
+	return lines
 }

@@ -1,0 +1,177 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The topologies the README names, run locally: the fleet on a Redis
+// Cluster, and on Sentinel through a failover.
+
+// TestFaultsCluster: on a cluster of three masters the fleet is exact, and
+// FLUSHALL on every master heals like on one server.
+func TestFaultsCluster(t *testing.T) {
+	nodes := startRedisCluster(t)
+	var addrs []string
+	for _, n := range nodes {
+		addrs = append(addrs, n.addr)
+	}
+	cluster := strings.Join(addrs, " ")
+	e := startFaultFleet(t, faultSite{onError: "closed"}, tenantCaps, cluster, cluster, cluster)
+	began, healed := e.run(func(e *faultEnv) time.Time {
+		for _, n := range nodes {
+			if err := n.do(t, "flushall").Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return time.Now()
+	})
+	printTable(t, []windows{e.check("Redis Cluster (3 masters), FLUSHALL on each", began, healed, e.renewalBound(), false)})
+}
+
+// TestFaultsSentinel kills the master under Sentinel: the fleet keeps
+// working through the failover, and is exact again within a renewal
+// interval of the new master's promotion.
+func TestFaultsSentinel(t *testing.T) {
+	s := startSentinels(t)
+	sentinels := strings.Join(s.sentinels, " ")
+	e := startFaultFleet(t, faultSite{masterName: "faults", onError: "open"}, tenantCaps, sentinels, sentinels, sentinels)
+	began, promoted := e.run(func(e *faultEnv) time.Time {
+		killed := time.Now()
+		s.master.stop() // SIGKILL
+		deadline := time.Now().Add(20 * time.Second)
+		for s.masterAddr(t) != s.replica.addr {
+			if time.Now().After(deadline) {
+				t.Fatal("Sentinel did not promote the replica")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		t.Logf("the replica was promoted %v after the master was killed", time.Since(killed).Round(10*time.Millisecond))
+		return time.Now()
+	})
+	printTable(t, []windows{e.check("Sentinel: master SIGKILLed, replica promoted", began, promoted, e.renewalBound(), true)})
+}
+
+// field returns one field of a report such as INFO or CLUSTER INFO.
+func (r *redisServer) field(t testing.TB, report, name string) string {
+	t.Helper()
+	var args []any
+	for _, w := range strings.Fields(report) {
+		args = append(args, w)
+	}
+	text, _ := r.do(t, args...).Text()
+	for line := range strings.Lines(text) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// startRedisCluster runs a Redis Cluster of three masters (no replicas),
+// created by redis-cli as an operator would.
+func startRedisCluster(t *testing.T) []*redisServer {
+	t.Helper()
+	var nodes []*redisServer
+	var addrs []string
+	for range 3 {
+		port := clusterPort(t)
+		nodes = append(nodes, startRedisWith(t, port, "--cluster-enabled", "yes", "--cluster-node-timeout", "1000"))
+		addrs = append(addrs, nodes[len(nodes)-1].addr)
+	}
+	args := append([]string{"--cluster", "create"}, addrs...)
+	out, err := exec.Command("redis-cli", append(args, "--cluster-replicas", "0", "--cluster-yes")...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	for _, n := range nodes {
+		eventually(t, n.addr+" sees the cluster ok", func() bool { return n.field(t, "cluster info", "cluster_state") == "ok" })
+	}
+	return nodes
+}
+
+// clusterPort returns a free port whose cluster bus port (+10000) is free
+// too.
+func clusterPort(t *testing.T) int {
+	t.Helper()
+	for {
+		p := freePort(t)
+		if p+10000 > 65535 {
+			continue
+		}
+		if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p+10000)); err == nil {
+			l.Close()
+			return p
+		}
+	}
+}
+
+// sentinelSetup is a master, its replica and three sentinels watching
+// them, as master name "faults".
+type sentinelSetup struct {
+	master, replica *redisServer
+	sentinels       []string
+}
+
+func startSentinels(t *testing.T) *sentinelSetup {
+	t.Helper()
+	s := &sentinelSetup{master: startRedis(t)}
+	s.replica = startRedisWith(t, freePort(t), "--replicaof", "127.0.0.1", strconv.Itoa(s.master.port))
+	eventually(t, "the replica is in sync", func() bool {
+		return s.replica.field(t, "info replication", "master_link_status") == "up"
+	})
+	for range 3 {
+		port := freePort(t)
+		dir := t.TempDir()
+		conf := filepath.Join(dir, "sentinel.conf")
+		text := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\n"+
+			"sentinel monitor faults 127.0.0.1 %d 2\n"+
+			"sentinel down-after-milliseconds faults 500\n"+
+			"sentinel failover-timeout faults 2000\n", port, dir, s.master.port)
+		if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command("redis-server", conf, "--sentinel")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
+		waitForPort(t, addr)
+		s.sentinels = append(s.sentinels, addr)
+	}
+	// Sentinels find each other and the replica through hello messages,
+	// every two seconds.
+	c := redis.NewSentinelClient(&redis.Options{Addr: s.sentinels[0]})
+	defer c.Close()
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		m, _ := c.Master(context.Background(), "faults").Result()
+		if m["num-other-sentinels"] == "2" && m["num-slaves"] == "1" {
+			return s
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the sentinels never saw each other and the replica: %v", m)
+		}
+	}
+}
+
+// masterAddr asks a sentinel which server is the master now.
+func (s *sentinelSetup) masterAddr(t testing.TB) string {
+	c := redis.NewSentinelClient(&redis.Options{Addr: s.sentinels[0]})
+	defer c.Close()
+	addr, err := c.GetMasterAddrByName(context.Background(), "faults").Result()
+	if err != nil {
+		return ""
+	}
+	return addr[0] + ":" + addr[1]
+}
