@@ -60,8 +60,15 @@ func (rec *recorder) record(key string, delta int) {
 	rec.mu.Unlock()
 }
 
-// caps are the limits the fleet promises: per tenant and in total.
+// caps are the limits the fleet promises: per tenant and in total (0: none).
 type caps struct{ tenant, total int }
+
+func (c caps) String() string {
+	if c.total == 0 {
+		return fmt.Sprintf("tenant %d", c.tenant)
+	}
+	return fmt.Sprintf("tenant %d, total %d", c.tenant, c.total)
+}
 
 // span is a stretch of time [from, to).
 type span struct{ from, to time.Time }

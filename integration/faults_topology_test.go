@@ -49,13 +49,7 @@ func TestFaultsSentinel(t *testing.T) {
 	began, promoted := e.run(func(e *faultEnv) time.Time {
 		killed := time.Now()
 		s.master.stop() // SIGKILL
-		deadline := time.Now().Add(20 * time.Second)
-		for s.masterAddr(t) != s.replica.addr {
-			if time.Now().After(deadline) {
-				t.Fatal("Sentinel did not promote the replica")
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		waitLong(t, "Sentinel promotes the replica", func() bool { return s.masterAddr(t) == s.replica.addr })
 		t.Logf("the replica was promoted %v after the master was killed", time.Since(killed).Round(10*time.Millisecond))
 		return time.Now()
 	})
@@ -127,7 +121,7 @@ func startSentinels(t *testing.T) *sentinelSetup {
 	t.Helper()
 	s := &sentinelSetup{master: startRedis(t)}
 	s.replica = startRedisWith(t, freePort(t), "--replicaof", "127.0.0.1", strconv.Itoa(s.master.port))
-	eventually(t, "the replica is in sync", func() bool {
+	waitLong(t, "the replica is in sync", func() bool {
 		return s.replica.field(t, "info replication", "master_link_status") == "up"
 	})
 	for range 3 {
@@ -154,13 +148,20 @@ func startSentinels(t *testing.T) *sentinelSetup {
 	// every two seconds.
 	c := redis.NewSentinelClient(&redis.Options{Addr: s.sentinels[0]})
 	defer c.Close()
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+	waitLong(t, "the sentinels see each other and the replica", func() bool {
 		m, _ := c.Master(context.Background(), "faults").Result()
-		if m["num-other-sentinels"] == "2" && m["num-slaves"] == "1" {
-			return s
-		}
+		return m["num-other-sentinels"] == "2" && m["num-slaves"] == "1"
+	})
+	return s
+}
+
+// waitLong is eventually for what Redis does on timers of its own
+// (replication, sentinel hellos every 2s, failover): up to 30 seconds.
+func waitLong(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("the sentinels never saw each other and the replica: %v", m)
+			t.Fatalf("timed out waiting until %s", what)
 		}
 	}
 }
