@@ -75,11 +75,18 @@ type span struct{ from, to time.Time }
 
 func (s span) overlaps(from, to time.Time) bool { return s.from.Before(to) && from.Before(s.to) }
 
+// overSpan is a stretch of over-admission, and when the last request that
+// took the backend over the caps arrived in it.
+type overSpan struct {
+	span
+	lastAdmitted time.Time
+}
+
 // timeline is the backend's concurrency replayed: when it held more than
 // the caps (over-admission) and when a tenant or the total was at its cap
 // (so a refusal then was deserved).
 type timeline struct {
-	over       []span
+	over       []overSpan
 	peakTenant int
 	peakTotal  int
 	keyFull    map[string][]span
@@ -94,7 +101,7 @@ func (rec *recorder) replay(c caps) *timeline {
 	tl := &timeline{keyFull: map[string][]span{}}
 	count := map[string]int{}
 	sum, overKeys := 0, 0
-	var overSince, totalSince time.Time
+	var overSince, overAdmitted, totalSince time.Time
 	keySince := map[string]time.Time{}
 	end := time.Now().Add(time.Hour) // spans still open at the end
 	for _, e := range events {
@@ -118,11 +125,14 @@ func (rec *recorder) replay(c caps) *timeline {
 			tl.keyFull[e.key] = append(tl.keyFull[e.key], span{keySince[e.key], e.at})
 		}
 		isOver := overKeys > 0 || (c.total > 0 && sum > c.total)
+		if isOver && e.delta > 0 && (after > c.tenant || (c.total > 0 && sum > c.total)) {
+			overAdmitted = e.at
+		}
 		switch {
 		case !wasOver && isOver:
 			overSince = e.at
 		case wasOver && !isOver && e.at.Sub(overSince) > overlapSlack:
-			tl.over = append(tl.over, span{overSince, e.at})
+			tl.over = append(tl.over, overSpan{span{overSince, e.at}, overAdmitted})
 		}
 		isTotalFull := c.total > 0 && sum >= c.total
 		switch {
@@ -133,7 +143,7 @@ func (rec *recorder) replay(c caps) *timeline {
 		}
 	}
 	if overKeys > 0 || (c.total > 0 && sum > c.total) {
-		tl.over = append(tl.over, span{overSince, end})
+		tl.over = append(tl.over, overSpan{span{overSince, end}, overAdmitted})
 	}
 	for k, n := range count {
 		if n >= c.tenant {
@@ -164,12 +174,14 @@ func (tl *timeline) overIn(from, to time.Time) time.Duration {
 	return d
 }
 
-// overWindow is how long after heal the backend last held more than the
-// caps: 0 if it never did after heal.
+// overWindow is how long after heal the fleet still admitted over the
+// caps: when the last request that took the backend over them arrived (0
+// if none did after heal). Requests admitted in excess then run to their
+// end; the store cannot take them back.
 func (tl *timeline) overWindow(heal time.Time) time.Duration {
 	var w time.Duration
 	for _, s := range tl.over {
-		w = max(w, s.to.Sub(heal))
+		w = max(w, s.lastAdmitted.Sub(heal))
 	}
 	return w
 }
