@@ -249,3 +249,39 @@ func (w windows) String() string {
 	return fmt.Sprintf("%s: over-admission window %v (peak tenant %d, total %d), capacity-lost window %v",
 		w.fault, w.overAdmission.Round(10*time.Millisecond), w.peakTenant, w.peakTotal, w.capacityLost.Round(10*time.Millisecond))
 }
+
+// TestFaultChecker replays a made-up history: the checker finds the
+// over-admission, ignores an overlap shorter than overlapSlack, and tells a
+// deserved refusal from one that lost capacity.
+func TestFaultChecker(t *testing.T) {
+	t0 := time.Now()
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	rec := &recorder{}
+	for _, e := range []struct {
+		ms    int
+		key   string
+		delta int
+	}{
+		{0, "a", +1}, {0, "a", +1}, // a at its cap of 2
+		{100, "a", +1}, {105, "a", -1}, // an overlap of 5 ms: a cancellation seen late
+		{200, "a", +1}, {300, "a", +1}, {400, "a", -1}, {900, "a", -1}, // over from 200 to 900, last admitted at 300
+		{1000, "a", -1}, {1000, "a", -1}, // a empty from 1000 on
+	} {
+		rec.events = append(rec.events, event{at(e.ms), e.key, e.delta})
+	}
+	tl := rec.replay(caps{tenant: 2})
+	if got := tl.overIn(at(0), at(2000)); got != 700*time.Millisecond {
+		t.Errorf("over-admission for %v, want 700ms (the 5 ms overlap ignored)", got)
+	}
+	if got := tl.overWindow(at(250)); got != 50*time.Millisecond {
+		t.Errorf("over-admission window after +250ms: %v, want 50ms (the last admission over the cap at +300ms)", got)
+	}
+	refusals := []outcome{
+		{key: "a", sent: at(500), done: at(501), status: 429},   // a over its cap: deserved
+		{key: "a", sent: at(1200), done: at(1201), status: 429}, // a empty for longer than refusalSlack: capacity lost
+	}
+	lost := tl.undeserved(refusals, at(0), at(2000))
+	if len(lost) != 1 || lost[0].sent != at(1200) {
+		t.Errorf("undeserved refusals %v, want the one at +1200ms", lost)
+	}
+}
