@@ -51,6 +51,7 @@ type book struct {
 
 	downUntil atomic.Int64 // unix nanos until which Redis is not tried
 	outage    atomic.Bool
+	answered  atomic.Int64 // unix nanos of Redis's latest answer
 	renewSoon atomic.Bool
 	work      chan struct{}
 	stop      chan struct{} // closed with the client
@@ -375,6 +376,7 @@ func (b *book) observe(op string, start time.Time, err error) {
 	failed := err != nil && err != redis.Nil
 	inflight.ObserveStore("redis", op, time.Since(start), failed)
 	if !failed {
+		b.answered.Store(time.Now().UnixNano())
 		if b.outage.CompareAndSwap(true, false) {
 			b.downUntil.Store(0)
 			b.logger.Info("redis store reachable again")
@@ -382,6 +384,9 @@ func (b *book) observe(op string, start time.Time, err error) {
 			b.poke()
 		}
 		return
+	}
+	if start.UnixNano() < b.answered.Load() {
+		return // sent before Redis last answered: the tail of an outage already over
 	}
 	b.downUntil.Store(time.Now().Add(time.Second).UnixNano())
 	if b.outage.CompareAndSwap(false, true) {
