@@ -192,13 +192,14 @@ func (tl *timeline) overWindow(heal time.Time) time.Duration {
 // leaves.
 const refusalSlack = 150 * time.Millisecond
 
-// undeserved returns the refusals sent in [from, to) during which the
-// backend never had the tenant, nor the total, at its cap: capacity lost.
+// undeserved returns the refusals sent and answered within [from, to)
+// during which the backend never had the tenant, nor the total, at its cap:
+// capacity lost.
 func (tl *timeline) undeserved(refusals []outcome, from, to time.Time) []outcome {
 	var out []outcome
 next:
 	for _, r := range refusals {
-		if r.sent.Before(from) || !r.sent.Before(to) {
+		if r.sent.Before(from) || !r.done.Before(to) {
 			continue
 		}
 		a, b := r.sent.Add(-refusalSlack), r.done.Add(refusalSlack)

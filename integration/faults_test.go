@@ -24,14 +24,14 @@ type faultTiming struct {
 	lease  time.Duration // the store's lease; renewal runs every lease/3
 	warm   time.Duration // traffic before the fault
 	fault  time.Duration // how long the fault lasts
-	settle time.Duration // traffic after it healed
+	margin time.Duration // traffic after it healed, beyond the bound on its windows
 }
 
 func timings() faultTiming {
 	if os.Getenv("INFLIGHT_FAULTS_LONG") != "" {
-		return faultTiming{lease: 30 * time.Second, warm: 5 * time.Second, fault: 10 * time.Second, settle: 40 * time.Second}
+		return faultTiming{lease: 30 * time.Second, warm: 5 * time.Second, fault: 10 * time.Second, margin: 10 * time.Second}
 	}
-	return faultTiming{lease: 2 * time.Second, warm: time.Second, fault: time.Second, settle: 3 * time.Second}
+	return faultTiming{lease: 2 * time.Second, warm: time.Second, fault: time.Second, margin: time.Second}
 }
 
 const storeTimeout = 200 * time.Millisecond
@@ -116,14 +116,14 @@ func (e *faultEnv) urls() []string {
 
 // run sends traffic for the warm-up, applies the fault (which returns when
 // Redis is reachable again, or when the fault ends), keeps the traffic on
-// to settle, and returns the times the fault began and healed.
-func (e *faultEnv) run(fault func(e *faultEnv) (healed time.Time)) (began, healed time.Time) {
+// for bound and a margin, and returns the times the fault began and healed.
+func (e *faultEnv) run(bound time.Duration, fault func(e *faultEnv) (healed time.Time)) (began, healed time.Time) {
 	e.start = time.Now()
 	e.traffic = startTraffic(e.t, e.urls(), e.timing.lease*3/2, faultLoad...)
 	time.Sleep(e.timing.warm)
 	began = time.Now()
 	healed = fault(e)
-	time.Sleep(e.timing.settle)
+	time.Sleep(bound + e.timing.margin)
 	e.traffic.stop()
 	return began, healed
 }
@@ -251,13 +251,13 @@ func TestFaults(t *testing.T) {
 	for _, f := range faultCases {
 		t.Run(strings.NewReplacer(" ", "_", ",", "").Replace(f.name), func(t *testing.T) {
 			e := newFaultEnv(t, f.onError)
-			began, healed := e.run(f.inject)
-			if f.exact {
-				began = time.Now() // the checks of the time before a fault hold for the whole run
-			}
 			bound := e.renewalBound()
 			if f.bound != nil {
 				bound = f.bound(e)
+			}
+			began, healed := e.run(bound, f.inject)
+			if f.exact {
+				began = time.Now() // the checks of the time before a fault hold for the whole run
 			}
 			table = append(table, e.check(f.name+", on_error "+f.onError, began, healed, bound, f.outage))
 		})
@@ -271,7 +271,7 @@ func TestFaults(t *testing.T) {
 func TestFaultsTotal(t *testing.T) {
 	r := startRedis(t)
 	e := startFaultFleet(t, faultSite{onError: "closed"}, withTotal, r.addr, r.addr, r.addr)
-	e.run(func(e *faultEnv) time.Time {
+	e.run(0, func(e *faultEnv) time.Time {
 		time.Sleep(e.timing.fault)
 		return time.Now()
 	})

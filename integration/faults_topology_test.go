@@ -28,7 +28,7 @@ func TestFaultsCluster(t *testing.T) {
 	}
 	cluster := strings.Join(addrs, " ")
 	e := startFaultFleet(t, faultSite{onError: "closed"}, tenantCaps, cluster, cluster, cluster)
-	began, healed := e.run(func(e *faultEnv) time.Time {
+	began, healed := e.run(e.renewalBound(), func(e *faultEnv) time.Time {
 		for _, n := range nodes {
 			if err := n.do(t, "flushall").Err(); err != nil {
 				t.Fatal(err)
@@ -46,7 +46,7 @@ func TestFaultsSentinel(t *testing.T) {
 	s := startSentinels(t)
 	sentinels := strings.Join(s.sentinels, " ")
 	e := startFaultFleet(t, faultSite{masterName: "faults", onError: "open"}, tenantCaps, sentinels, sentinels, sentinels)
-	began, promoted := e.run(func(e *faultEnv) time.Time {
+	began, promoted := e.run(e.renewalBound(), func(e *faultEnv) time.Time {
 		killed := time.Now()
 		s.master.stop() // SIGKILL
 		waitLong(t, "Sentinel promotes the replica", func() bool { return s.masterAddr(t) == s.replica.addr })
