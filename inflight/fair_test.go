@@ -1,0 +1,57 @@
+package inflight
+
+import (
+	"net/http/httptest"
+	"testing"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+// TestWeightResolution: a positive number is the weight; anything else
+// counts as 1 and is logged once per distinct value, hashed.
+func TestWeightResolution(t *testing.T) {
+	core, logs := observer.New(zapcore.WarnLevel)
+	h := &Handler{Limits: []Limit{{Name: "tenant"}}, Fair: "tenant", Weight: "{http.request.header.X-Weight}", logger: zap.New(core)}
+	if err := h.compileFair(); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		value string
+		want  float64
+	}{{"2.5", 2.5}, {"0.25", 0.25}, {"0", 1}, {"-3", 1}, {"abc", 1}, {"abc", 1}, {"NaN", 1}, {"+Inf", 1}, {"", 1}} {
+		r := httptest.NewRequest("GET", "/", nil)
+		if tc.value != "" {
+			r.Header.Set("X-Weight", tc.value)
+		}
+		if got := h.resolveWeight(r); got != tc.want {
+			t.Errorf("weight %q: %v, want %v", tc.value, got, tc.want)
+		}
+	}
+	if n := logs.Len(); n != 6 { // 0, -3, abc, NaN, +Inf, empty: abc once
+		t.Errorf("%d log lines, want 6 (one per bad value)", n)
+	}
+	for _, e := range logs.All() {
+		if v := e.ContextMap()["value"]; v == "abc" || v == "-3" {
+			t.Errorf("a bad value was logged raw: %v", v)
+		}
+	}
+}
+
+// TestFairNamesALimit: fair must name one of the handler's limits, and
+// max_waiting_per_key must not be negative.
+func TestFairNamesALimit(t *testing.T) {
+	for _, h := range []*Handler{
+		{Limits: []Limit{{Name: "tenant"}}, Fair: "client"},
+		{Limits: []Limit{{Name: "tenant"}}, MaxWaitingPerKey: -1},
+	} {
+		if err := h.compileFair(); err == nil {
+			t.Errorf("fair %q, max_waiting_per_key %d: accepted", h.Fair, h.MaxWaitingPerKey)
+		}
+	}
+	h := &Handler{Limits: []Limit{{Name: "client"}, {Name: "tenant"}}, Fair: "tenant", MaxWaitingPerKey: 3}
+	if err := h.compileFair(); err != nil || !h.waitOpt.Fair || h.waitOpt.KeyDim != 1 || h.waitOpt.MaxWaitingPerKey != 3 {
+		t.Fatalf("fair tenant: %v, options %+v", err, h.waitOpt)
+	}
+}
