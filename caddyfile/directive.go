@@ -3,6 +3,7 @@
 package caddyfile
 
 import (
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/dustin/go-humanize"
 
 	"github.com/caddy-inflight/caddy-inflight/inflight"
 )
@@ -25,7 +27,7 @@ func init() {
 }
 
 // subdirectives lists the block's options, for error messages.
-const subdirectives = "limit, total, zone, status, retry_after, dry_run, replicas, wait, max_waiting, priority, max_keys, metrics, store, fair, weight, max_waiting_per_key"
+const subdirectives = "limit, total, zone, status, retry_after, dry_run, replicas, wait, max_waiting, priority, max_keys, metrics, store, fair, weight, max_waiting_per_key, wait_body_buffer"
 
 // parse reads the inflight directive into the handler's JSON:
 //
@@ -40,6 +42,7 @@ const subdirectives = "limit, total, zone, status, retry_after, dry_run, replica
 //		wait        <duration>           # wait for a slot instead of refusing (0)
 //		max_waiting <n>                  # bound on waiting requests (1000)
 //		max_waiting_per_key <n>          # bound on waiting requests of one key
+//		wait_body_buffer <size>          # body read ahead per waiting request (64KiB)
 //		priority    <placeholder>        # high | normal | low per request
 //		fair        <limit>              # share slots fairly among the limit's keys
 //		weight      <placeholder>        # a key's share under fair (class weight)
@@ -103,6 +106,8 @@ func parse(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 			hd.MaxWaiting, err = positiveInt(h, opt)
 		case "max_waiting_per_key":
 			hd.MaxWaitingPerKey, err = positiveInt(h, opt)
+		case "wait_body_buffer":
+			hd.WaitBodyBuffer, err = byteSize(h, opt)
 		case "priority":
 			hd.Priority, err = oneArg(h, opt, "a placeholder such as {header.X-Priority}")
 		case "fair":
@@ -216,6 +221,19 @@ func positiveInt(h httpcaddyfile.Helper, opt string) (int, error) {
 		return 0, h.Errf("inflight: %s %q is not allowed: want a positive integer", opt, v)
 	}
 	return n, nil
+}
+
+// byteSize reads a positive size in bytes, such as 65536, 64KiB or 1MB.
+func byteSize(h httpcaddyfile.Helper, opt string) (int, error) {
+	v, err := oneArg(h, opt, "a size such as 64KiB")
+	if err != nil {
+		return 0, err
+	}
+	n, err := humanize.ParseBytes(v)
+	if err != nil || n == 0 || n > math.MaxInt32 {
+		return 0, h.Errf("inflight: %s %q is not allowed: want a size such as 64KiB or 1MB, at least 1 byte and below 2GiB", opt, v)
+	}
+	return int(n), nil
 }
 
 func statusCode(h httpcaddyfile.Helper) (int, error) {

@@ -140,6 +140,14 @@ type Handler struct {
 	// (`redis`). Default: counts in this process.
 	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=http.handlers.inflight.stores inline_key=type"`
 
+	// WaitBodyBuffer bounds, in bytes, how much of a waiting HTTP/1.x
+	// request's body is read ahead while it waits, so that the server
+	// notices its client leaving; the body reaches the next handler
+	// unchanged. A longer body is read up to the bound only, and a client
+	// that leaves while more of it is unsent is noticed when its wait ends.
+	// Default: 65536 (64 KiB).
+	WaitBodyBuffer int `json:"wait_body_buffer,omitempty"`
+
 	// PlainKeys shows raw keys instead of hashes in per-key metrics and in
 	// the admin API. Keys may be secrets (API keys, cookies): turn this on
 	// only where metrics are private.
@@ -223,6 +231,8 @@ func (h *Handler) Validate() error {
 		return fmt.Errorf("inflight: max_waiting %d is not allowed: want a positive integer", h.MaxWaiting)
 	case strings.Contains(h.Zone, "#"):
 		return fmt.Errorf("inflight: zone %q is not allowed: '#' marks the automatic names of unnamed zones; choose a name without it", h.Zone)
+	case h.WaitBodyBuffer < 0:
+		return fmt.Errorf("inflight: wait_body_buffer %d is not allowed: want a positive number of bytes", h.WaitBodyBuffer)
 	case h.MaxKeys < 0:
 		return fmt.Errorf("inflight: max_keys %d is not allowed: want a positive integer (0 for none)", h.MaxKeys)
 	}
@@ -256,7 +266,19 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		opt.Weight = h.resolveWeight(r)
 	}
 
+	if opt.Wait > 0 && mustWatchBody(r) {
+		a.watch.r, a.watch.limit = r, h.WaitBodyBuffer
+		opt.Queued = a.watch.queued
+	}
+
 	res := h.store.Acquire(r.Context(), &a.req, opt)
+	if wb := a.watch.body; wb != nil { // it waited: its body was read ahead
+		wb.stop.Store(true)
+		defer wb.end(w)
+		if res.Outcome == limiter.Admitted {
+			r.Body = wb
+		}
+	}
 	if o := res.Outcome; (o == limiter.Admitted && res.Waited > 0) || o == limiter.Timeout || o == limiter.Aborted {
 		h.waited[o].Observe(res.Waited.Seconds())
 	}
@@ -301,6 +323,9 @@ func (h *Handler) setDefaults() {
 	}
 	if h.Wait > 0 && h.MaxWaiting == 0 {
 		h.MaxWaiting = 1000
+	}
+	if h.WaitBodyBuffer == 0 {
+		h.WaitBodyBuffer = DefaultWaitBodyBuffer
 	}
 	for i := range h.Limits {
 		if h.Limits[i].Key == "" {
@@ -473,16 +498,19 @@ func (h *Handler) initMetrics() {
 type admission struct {
 	req    limiter.Request
 	labels []string // per-key metric labels, when enabled
+	watch  bodyWatch
 	// Fill a 256-byte size class, whose objects start on cache lines:
 	// requests admitted on different cores then never write one line.
-	_ [256 - unsafe.Sizeof(limiter.Request{}) - unsafe.Sizeof([]string(nil))]byte
+	_ [256 - unsafe.Sizeof(limiter.Request{}) - unsafe.Sizeof([]string(nil)) - unsafe.Sizeof(bodyWatch{})]byte
 }
 
 func newAdmission(dims int) *admission {
-	return &admission{
+	a := &admission{
 		req:    limiter.Request{Keys: make([]string, dims), Max: make([]int64, dims)},
 		labels: make([]string, dims),
 	}
+	a.watch.queued = a.watch.start
+	return a
 }
 
 // recycle returns a to the pool without the request's keys, which must not
@@ -492,6 +520,7 @@ func (h *Handler) recycle(a *admission) {
 	clear(a.req.Max)
 	clear(a.labels)
 	a.req.Limits, a.req.Lease = nil, ""
+	a.watch.r, a.watch.body = nil, nil
 	h.admissions.Put(a)
 }
 

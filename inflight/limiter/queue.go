@@ -82,6 +82,11 @@ type WaitOptions struct {
 	// MaxWaitingPerKey bounds the requests waiting with the same key in
 	// dimension KeyDim; one more is refused with QueueFull. 0: none.
 	MaxWaitingPerKey int
+	// Queued, if set, is called once the request is queued, before it
+	// waits, so that the caller can watch its client while it waits. It
+	// runs on the caller's goroutine without locks held, and must not
+	// block.
+	Queued func()
 }
 
 // queue holds the waiting requests of a zone, grouped in flows (waiters
@@ -189,6 +194,9 @@ func (z *Zone) Acquire(ctx context.Context, req *Request, opt WaitOptions) Resul
 	z.enqueue(w, opt, z.blockerOf(req, o, d))
 	z.queued.Add(1)
 	z.mu.Unlock()
+	if opt.Queued != nil {
+		opt.Queued()
+	}
 
 	timeout, stop := z.clock.After(opt.Wait)
 	defer stop()

@@ -261,3 +261,23 @@ func TestManyConcurrentWaiters(t *testing.T) {
 		t.Errorf("left behind: waiting %d pending %d held %d keys %d", z.Waiting(), z.pending.Load(), z.Held(0), z.Keys(0))
 	}
 }
+
+// TestQueuedHook: WaitOptions.Queued runs once for a request that queues,
+// and never for one admitted or refused at once.
+func TestQueuedHook(t *testing.T) {
+	z, lim, _ := oneSlot()
+	calls := 0
+	opt := WaitOptions{Wait: time.Hour, MaxWaiting: 1, Queued: func() { calls++ }}
+	holder := req(lim, "k")
+	if r := z.Acquire(context.Background(), holder, opt); r.Outcome != Admitted || calls != 0 {
+		t.Fatalf("admitted at once: outcome %d, hook ran %d times, want admitted and 0", r.Outcome, calls)
+	}
+	w := enqueue(t, context.Background(), z, "waiter", req(lim, "k"), opt)
+	if r := z.Acquire(context.Background(), req(lim, "k"), opt); r.Outcome != QueueFull {
+		t.Fatalf("over max_waiting: outcome %d, want queue full", r.Outcome)
+	}
+	z.Release(holder)
+	if r := <-w.res; r.Outcome != Admitted || calls != 1 {
+		t.Fatalf("waiter: outcome %d, hook ran %d times, want admitted and 1", r.Outcome, calls)
+	}
+}

@@ -80,6 +80,9 @@ func (z *redisZone) wait(ctx context.Context, req *limiter.Request, opt limiter.
 	z.mu.Unlock()
 	defer z.left()
 	z.wake()
+	if opt.Queued != nil {
+		opt.Queued()
+	}
 
 	timer := time.NewTimer(opt.Wait)
 	defer timer.Stop()
