@@ -273,6 +273,36 @@ func TestWaitingBodyHalfSentThenAdmitted(t *testing.T) {
 	}
 }
 
+// TestExpectContinueWhileWaiting: a POST with Expect: 100-continue gets
+// its 100 Continue once it waits, so that its body comes and its client can
+// be watched; the client leaving without sending the body ends the wait.
+func TestExpectContinueWhileWaiting(t *testing.T) {
+	b := newHashBackend(t)
+	addr := bodySite(t, b, "")
+	holder := holdSlot(t, b, addr)
+	abortedBefore := bodyWaits(t, "aborted")
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(c, "POST /upload HTTP/1.1\r\nHost: %s\r\nX-Tenant: t\r\nExpect: 100-continue\r\nContent-Length: 1000\r\n\r\n", addr)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil || line != "HTTP/1.1 100 Continue\r\n" {
+		t.Fatalf("waiting request with Expect: 100-continue got %q (%v), want 100 Continue", line, err)
+	}
+	if w := bodyWaiting(t); w != 1 {
+		t.Fatalf("waiting = %v when 100 Continue came, want 1", w)
+	}
+	c.Close()
+	eventually(t, "the queue is empty", func() bool { return bodyWaiting(t) == 0 })
+	if got := bodyWaits(t, "aborted") - abortedBefore; got != 1 {
+		t.Fatalf("aborted waits counted %v, want 1", got)
+	}
+	b.open()
+	<-holder
+}
+
 // TestStalledWaitingBodyTimesOut: a waiter whose client sent half its body
 // and then nothing, connection open, is refused when its wait ends, at once.
 func TestStalledWaitingBodyTimesOut(t *testing.T) {
