@@ -1,0 +1,61 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
+)
+
+// BenchmarkAcquireRelease is the cost of one request through the store on
+// loopback: the admission script's round trip, and a release (whose Redis
+// side is batched off the request's path).
+func BenchmarkAcquireRelease(b *testing.B) {
+	addr, _ := startRedis(b)
+	s := newStore(b, store(addr, nil))
+	limits := &limiter.Limits{Max: []int64{1 << 30}, Total: 1 << 30}
+	z, _ := zoneOf(s, "bench", limits)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		req := request(limits, "k")
+		for pb.Next() {
+			if res := z.Acquire(context.Background(), req, limiter.WaitOptions{}); res.Outcome != limiter.Admitted {
+				b.Fatalf("acquire: %v", res.Outcome)
+			}
+			z.Release(req)
+		}
+	})
+}
+
+// BenchmarkReleaseWithRedisDelayed measures what the store adds to the end
+// of a response: the time Release takes, with Redis's replies delayed by a
+// proxy, as p99 over b.N requests (run with -benchtime=200x or so).
+func BenchmarkReleaseWithRedisDelayed(b *testing.B) {
+	for _, delay := range []time.Duration{0, 200 * time.Millisecond} {
+		b.Run(fmt.Sprint("delay=", delay), func(b *testing.B) {
+			addr, _ := startRedis(b)
+			p := newFaultProxy(b, addr)
+			s := newStore(b, store(p.addr, func(s *Store) { s.Timeout = caddy.Duration(time.Second) }))
+			limits := &limiter.Limits{Max: []int64{1 << 30}}
+			z, _ := zoneOf(s, "delayed", limits)
+			p.setDelay(delay)
+			took := make([]time.Duration, 0, b.N)
+			for b.Loop() {
+				req := request(limits, "k")
+				if res := z.Acquire(context.Background(), req, limiter.WaitOptions{}); res.Outcome != limiter.Admitted {
+					b.Fatalf("acquire: %v", res.Outcome)
+				}
+				start := time.Now()
+				z.Release(req)
+				took = append(took, time.Since(start))
+			}
+			slices.Sort(took)
+			b.ReportMetric(float64(took[len(took)*99/100].Microseconds()), "release-p99-µs")
+		})
+	}
+}
