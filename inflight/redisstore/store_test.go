@@ -3,10 +3,13 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddy-inflight/caddy-inflight/inflight"
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
@@ -270,5 +273,45 @@ func TestZoneThatCameBackCountsLocally(t *testing.T) {
 	mustAdmit(t, z, request(limits, "k"), "acquire")
 	if n := local.Held(0); n != 1 {
 		t.Fatalf("the zone's local count is %d with one request held, want 1", n)
+	}
+}
+
+// Defect 4: an outage is logged once when it starts and once when it ends;
+// clients that cancel log nothing (they logged "unreachable" each time).
+func TestOutageLoggedOnceEachWay(t *testing.T) {
+	addr, _ := startRedis(t)
+	p := newFaultProxy(t, addr)
+	s := newStore(t, store(p.addr, func(s *Store) { s.Timeout = caddy.Duration(200 * time.Millisecond) }))
+	core, logs := observer.New(zap.InfoLevel)
+	s.book.logger = zap.New(core)
+	limits := &limiter.Limits{Max: []int64{100}}
+	z, _ := zoneOf(s, "log", limits)
+	for range 5 {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if req := request(limits, "leaver"); z.Acquire(ctx, req, limiter.WaitOptions{}).Outcome == limiter.Admitted {
+			z.Release(req)
+		}
+		mustAdmit(t, z, request(limits, "stayer"), "a client after another cancelled")
+	}
+	if n := logs.Len(); n != 0 {
+		t.Fatalf("%d log lines while clients cancelled, want none: %v", n, logs.All())
+	}
+	p.setDown(true)
+	for range 3 {
+		s.book.downUntil.Store(0) // try Redis again at once, as a second later
+		z.Acquire(context.Background(), request(limits, "k"), limiter.WaitOptions{})
+	}
+	p.setDown(false)
+	s.book.downUntil.Store(0)
+	for range 3 {
+		z.Acquire(context.Background(), request(limits, "k"), limiter.WaitOptions{})
+	}
+	got := []string{}
+	for _, e := range logs.All() {
+		got = append(got, e.Message)
+	}
+	if !slices.Equal(got, []string{"redis store unreachable", "redis store reachable again"}) {
+		t.Fatalf("log lines %q, want one when the outage starts and one when it ends", got)
 	}
 }
