@@ -124,6 +124,7 @@ type Handler struct {
 	// bound is reached. Requests of keys already in flight are unaffected.
 	// It is enforced per shard (each limit's keys are spread over 256), so
 	// new keys may be refused a little before the bound. 0 means no bound.
+	// With a shared store it bounds the keys this instance holds.
 	MaxKeys int `json:"max_keys,omitempty"`
 
 	// PerKeyMetrics exports `caddy_inflight_key_requests{zone,limit,key}`,

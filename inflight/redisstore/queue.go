@@ -176,7 +176,7 @@ func (z *redisZone) dispatch(newcomer *limiter.Request, willWait bool) (verdict,
 	}
 	z.mu.Lock()
 	for i, w := range queue {
-		if !verdicts[i].admitted {
+		if verdicts[i].outcome != limiter.Admitted {
 			continue
 		}
 		if w.opt.Fair {

@@ -2,6 +2,8 @@ package redisstore
 
 import (
 	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
 
 // Every script reads the time from Redis, so the instances' clocks need not
@@ -57,10 +59,11 @@ end
 return out
 `)
 
-// verdict is the admission script's answer for one request.
+// verdict is how the admission of one request of a batch ended: Admitted,
+// Full (by the script) or KeysFull (by max_keys, before the script).
 type verdict struct {
-	admitted bool
-	dim      int // the dimension that was full (limiter.TotalDim: the total), when not admitted
+	outcome limiter.Outcome
+	dim     int // the refusing dimension (limiter.TotalDim: the total)
 }
 
 // decodeVerdicts turns the admission script's reply into verdicts; dims
@@ -69,10 +72,10 @@ func decodeVerdicts(reply []int64, dims [][]int) []verdict {
 	out := make([]verdict, len(reply))
 	for i, full := range reply {
 		if full == 0 {
-			out[i] = verdict{admitted: true}
+			out[i] = verdict{outcome: limiter.Admitted}
 			continue
 		}
-		out[i] = verdict{dim: dims[i][full-1]}
+		out[i] = verdict{outcome: limiter.Full, dim: dims[i][full-1]}
 	}
 	return out
 }

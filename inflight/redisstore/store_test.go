@@ -315,3 +315,27 @@ func TestOutageLoggedOnceEachWay(t *testing.T) {
 		t.Fatalf("log lines %q, want one when the outage starts and one when it ends", got)
 	}
 }
+
+// Issue 10 §2: with store redis, max_keys bounds the keys this instance
+// holds; it was ignored.
+func TestMaxKeysBoundsThisInstancesKeys(t *testing.T) {
+	addr, cli := startRedis(t)
+	s := newStore(t, store(addr, nil))
+	limits := &limiter.Limits{Max: []int64{5}, MaxKeys: 2}
+	z, local := zoneOf(s, "keys", limits)
+	b := request(limits, "b")
+	mustAdmit(t, z, request(limits, "a"), "key a")
+	mustAdmit(t, z, b, "key b")
+	if res := z.Acquire(context.Background(), request(limits, "c"), limiter.WaitOptions{}); res.Outcome != limiter.KeysFull || res.Dim != 0 {
+		t.Fatalf("a third key under max_keys 2: %v (dim %d), want keys_full", res.Outcome, res.Dim)
+	}
+	mustAdmit(t, z, request(limits, "a"), "key a again")
+	if n := members(t, cli, "t"); n != 3 {
+		t.Fatalf("%d leases in Redis, want 3 (the refused key takes none)", n)
+	}
+	z.Release(b)
+	mustAdmit(t, z, request(limits, "c"), "key c once b left")
+	if n := local.Keys(0); n != 2 {
+		t.Fatalf("%d keys held locally, want 2", n)
+	}
+}

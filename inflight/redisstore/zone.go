@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
@@ -21,6 +22,7 @@ type redisZone struct {
 	limits   []string
 	hasTotal bool
 	local    *limiter.Zone
+	keyBound atomic.Pointer[keyBound] // see keysOnly
 	queue
 }
 
@@ -39,10 +41,8 @@ func (z *redisZone) Acquire(ctx context.Context, req *limiter.Request, opt limit
 	switch {
 	case err != nil:
 		return z.fallback(ctx, req, opt)
-	case v.admitted:
-		return limiter.Result{Outcome: limiter.Admitted}
-	case opt.Wait <= 0:
-		return limiter.Result{Outcome: limiter.Full, Dim: v.dim}
+	case v.outcome != limiter.Full || opt.Wait <= 0:
+		return limiter.Result{Outcome: v.outcome, Dim: v.dim}
 	}
 	return z.wait(ctx, req, opt, v.dim)
 }
@@ -93,33 +93,50 @@ func (z *redisZone) keys(req *limiter.Request) ([]string, []int) {
 // admit runs the admission script for a batch of requests in one round
 // trip, against the limits that apply to each now. An admitted request gets
 // its lease, recorded for renewal, and is counted locally. waits says which
-// requests wait if refused.
+// requests wait if refused. A request whose key max_keys refuses is not
+// sent.
 //
 // The call does not inherit any request's cancellation: only Redis can
 // make it fail. If no reply comes, the script may still run later, so its
 // members are removed as ghosts.
 func (z *redisZone) admit(reqs []*limiter.Request, waits []bool) ([]verdict, error) {
+	verdicts := make([]verdict, len(reqs))
+	counted := make([]bool, len(reqs))
+	var sent []int // indexes of the requests in the script
+	for i, req := range reqs {
+		ok, dim, c := z.reserveKeys(req)
+		if !ok {
+			verdicts[i] = verdict{outcome: limiter.KeysFull, dim: dim}
+			continue
+		}
+		counted[i] = c
+		sent = append(sent, i)
+	}
+	if len(sent) == 0 {
+		return verdicts, nil
+	}
 	keys := []string{z.tag + ":waiting"}
 	index := map[string]int{}
-	args := []any{z.book.lease.Milliseconds(), listing.Milliseconds(), z.book.instance, len(reqs)}
-	members := make([]string, len(reqs))
-	sets := make([][]string, len(reqs))
-	dims := make([][]int, len(reqs))
-	for i, req := range reqs {
-		members[i] = z.book.member()
-		sets[i], dims[i] = z.keys(req)
+	args := []any{z.book.lease.Milliseconds(), listing.Milliseconds(), z.book.instance, len(sent)}
+	members := make([]string, len(sent))
+	sets := make([][]string, len(sent))
+	dims := make([][]int, len(sent))
+	for j, i := range sent {
+		req := reqs[i]
+		members[j] = z.book.member()
+		sets[j], dims[j] = z.keys(req)
 		willWait := 0
 		if waits[i] {
 			willWait = 1
 		}
-		args = append(args, members[i], willWait, len(sets[i]))
+		args = append(args, members[j], willWait, len(sets[j]))
 		limits := z.local.LimitsOf(req)
-		for j, k := range sets[i] {
-			if _, ok := index[k]; !ok {
-				keys = append(keys, k)
-				index[k] = len(keys)
+		for k, set := range sets[j] {
+			if _, ok := index[set]; !ok {
+				keys = append(keys, set)
+				index[set] = len(keys)
 			}
-			args = append(args, index[k], limits.WholeCap(req, dims[i][j]))
+			args = append(args, index[set], limits.WholeCap(req, dims[j][k]))
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), z.book.timeout)
@@ -129,14 +146,25 @@ func (z *redisZone) admit(reqs []*limiter.Request, waits []bool) ([]verdict, err
 	z.book.observe("acquire", start, err)
 	if err != nil {
 		z.book.dropGhosts(z.tag, members, sets)
+		for _, i := range sent {
+			if counted[i] {
+				z.local.Release(reqs[i])
+			}
+		}
 		return nil, err
 	}
-	verdicts := decodeVerdicts(reply, dims)
-	for i, v := range verdicts {
-		if v.admitted {
-			reqs[i].Lease = members[i]
-			z.book.hold(members[i], z.tag, sets[i])
-			z.local.Hold(reqs[i])
+	for j, v := range decodeVerdicts(reply, dims) {
+		i := sent[j]
+		verdicts[i] = v
+		switch {
+		case v.outcome == limiter.Admitted:
+			reqs[i].Lease = members[j]
+			z.book.hold(members[j], z.tag, sets[j])
+			if !counted[i] {
+				z.local.Hold(reqs[i])
+			}
+		case counted[i]:
+			z.local.Release(reqs[i])
 		}
 	}
 	return verdicts, nil
