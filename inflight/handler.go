@@ -99,8 +99,8 @@ type Handler struct {
 	Priority string `json:"priority,omitempty"`
 
 	// Fair names the limit whose keys share the slots fairly while requests
-	// wait: a freed slot goes to the waiting key that has had the fewest
-	// slots relative to its weight, so each key with waiters gets its
+	// wait: a freed slot goes to the waiting key that has been granted the
+	// fewest slots relative to its weight, so each key with waiters gets its
 	// weighted share of the cap however many requests it queues, and a key
 	// that arrives behind a flood is served at the next freed slot its share
 	// calls for. Without it, the queue order is the priority score alone.
