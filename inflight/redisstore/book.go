@@ -42,12 +42,12 @@ type book struct {
 	closed   bool   // on_error closed
 	instance string // random, so members from different instances differ
 
-	next    atomic.Uint64
-	mu      sync.Mutex
-	leases  map[string]*lease // by member
-	zones   map[string]*redisZone
-	users   int // configs using the book
-	waiters atomic.Int64
+	next   atomic.Uint64
+	mu     sync.Mutex
+	leases map[string]*lease // by member
+	zones  map[string]*redisZone
+	users  int          // configs using the book
+	active atomic.Int64 // requests in Acquire, waiting or not
 
 	downUntil atomic.Int64 // unix nanos until which Redis is not tried
 	outage    atomic.Bool
@@ -176,6 +176,17 @@ func (b *book) dropGhosts(tag string, members []string, sets [][]string) {
 	b.poke()
 }
 
+// enter counts a request in Acquire: an old config's handler may still be
+// admitting one after a reload dropped the config's use of the book.
+func (b *book) enter() { b.active.Add(1) }
+
+// exit counts it out; the book may close once nothing needs it.
+func (b *book) exit() {
+	if b.active.Add(-1) == 0 {
+		b.poke()
+	}
+}
+
 // poke asks maintain to remove the leases released.
 func (b *book) poke() {
 	select {
@@ -186,7 +197,7 @@ func (b *book) poke() {
 
 // maintain renews the leases held every lease/3, removes the released ones
 // when poked and on every tick, and closes the book once no config, lease
-// or waiter needs it. Being one goroutine, it never renews a lease after
+// or request in Acquire needs it. Being one goroutine, it never renews a lease after
 // removing it.
 func (b *book) maintain() {
 	tick := time.NewTicker(b.lease / 3)
@@ -214,7 +225,7 @@ func (b *book) closeIfUnused() bool {
 	books.Lock()
 	defer books.Unlock()
 	b.mu.Lock()
-	idle := b.users == 0 && len(b.leases) == 0 && b.waiters.Load() == 0
+	idle := b.users == 0 && len(b.leases) == 0 && b.active.Load() == 0
 	b.mu.Unlock()
 	if !idle {
 		return false

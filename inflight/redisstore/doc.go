@@ -29,10 +29,10 @@
 //     its removal. Release takes the local count back at once; the Redis
 //     round trip happens off the response path, and is retried on every
 //     tick until it succeeds or the lease has expired anyway.
-//   - A book (and its client) lives while a config uses it or any of its
-//     leases or waiters remain: a reload that changes any option keeps
-//     renewing, releasing and dispatching for the requests the old config
-//     admitted.
+//   - A book (and its client) lives while a config uses it, any of its
+//     leases remain or a request is in its Acquire (waiting or not): a
+//     reload that changes any option keeps admitting, renewing, releasing
+//     and dispatching for the requests of the old config.
 //   - Only Redis failing makes Redis count as down: a client's own
 //     cancellation never does (Redis calls do not inherit the request's
 //     cancellation). An outage is logged once when it starts and once when

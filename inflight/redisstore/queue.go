@@ -72,13 +72,11 @@ func (z *redisZone) wait(ctx context.Context, req *limiter.Request, opt limiter.
 	own := &limiter.Request{Keys: slices.Clone(req.Keys), Max: slices.Clone(req.Max), Limits: req.Limits}
 	w := &waiter{Place: limiter.Place{Class: opt.Class, Arrived: time.Now(), Seq: z.seq}, req: own, ready: make(chan struct{}), opt: opt}
 	z.waiters = append(z.waiters, w)
-	z.book.waiters.Add(1)
 	if !z.serving {
 		z.serving = true
 		go z.serve()
 	}
 	z.mu.Unlock()
-	defer z.left()
 	z.wake()
 	if opt.Queued != nil {
 		opt.Queued()
@@ -108,13 +106,6 @@ func (z *redisZone) wait(ctx context.Context, req *limiter.Request, opt limiter.
 		return limiter.Result{Outcome: limiter.Admitted, Waited: waited}
 	}
 	return limiter.Result{Outcome: outcome, Dim: dim, Waited: waited}
-}
-
-// left counts a waiter out; the book may close once none is left.
-func (z *redisZone) left() {
-	if z.book.waiters.Add(-1) == 0 {
-		z.book.poke()
-	}
 }
 
 // wake asks serve to try the waiters.

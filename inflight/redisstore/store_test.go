@@ -339,3 +339,29 @@ func TestMaxKeysBoundsThisInstancesKeys(t *testing.T) {
 		t.Fatalf("%d keys held locally, want 2", n)
 	}
 }
+
+// Defect 3: a reload that drops the old config's use of the client while
+// one of its requests is being admitted must not close the client under it
+// (the admission failed, and Redis was logged unreachable).
+func TestReloadDuringAdmissionKeepsTheClient(t *testing.T) {
+	addr, cli := startRedis(t)
+	p := newFaultProxy(t, addr)
+	old := newStore(t, store(p.addr, func(s *Store) { s.OnError = "closed" }))
+	limits := &limiter.Limits{Max: []int64{5}}
+	z, _ := zoneOf(old, "mid", limits)
+	warm := request(limits, "warm")
+	mustAdmit(t, z, warm, "warm-up")
+	z.Release(warm)
+	eventually(t, "warm-up released", func() bool { return members(t, cli, "t") == 0 })
+
+	p.setStall(true)
+	admitted := make(chan limiter.Result, 1)
+	go func() { admitted <- z.Acquire(context.Background(), request(limits, "k"), limiter.WaitOptions{}) }()
+	eventually(t, "the admission reached Redis", func() bool { return members(t, cli, "t") == 1 })
+	old.Cleanup() // the reload: nothing else holds the old client
+	time.Sleep(100 * time.Millisecond)
+	p.setStall(false)
+	if res := <-admitted; res.Outcome != limiter.Admitted {
+		t.Fatalf("admission in flight across the reload: %v, want admitted", res.Outcome)
+	}
+}

@@ -33,6 +33,8 @@ func newRedisZone(b *book, tag string, limits []string, hasTotal bool, local *li
 // Acquire admits req in Redis, behind this instance's waiters, or queues
 // it until a release anywhere in the fleet lets it in.
 func (z *redisZone) Acquire(ctx context.Context, req *limiter.Request, opt limiter.WaitOptions) limiter.Result {
+	z.book.enter()
+	defer z.book.exit()
 	req.Lease = ""
 	if !z.book.available() {
 		return z.fallback(ctx, req, opt)
