@@ -1,0 +1,78 @@
+package redisstore
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
+)
+
+// Defect 8: go-redis wrote plain-text lines ("redis: 2026/11/30 ...
+// pool.go:770: ...") to stderr, into Caddy's JSON log; they go through
+// Caddy's logger, named redis.
+func TestGoRedisLogsThroughCaddysLogger(t *testing.T) {
+	stderr := captureStderr(t)
+	s := newStore(t, store(fmt.Sprintf("127.0.0.1:%d", freePort(t)), func(s *Store) { s.Timeout = caddy.Duration(100 * time.Millisecond) }))
+	limits := &limiter.Limits{Max: []int64{5}}
+	z, _ := zoneOf(s, "log", limits)
+	z.Acquire(context.Background(), request(limits, "k"), limiter.WaitOptions{}) // nothing listens: the dial fails
+	eventually(t, "go-redis logs the failed dial", func() bool { return strings.Contains(stderr(), "failed to dial") })
+	for _, line := range strings.Split(stderr(), "\n") {
+		if strings.Contains(line, "failed to dial") && !strings.Contains(line, `"logger":"redis"`) {
+			t.Fatalf("go-redis line not through Caddy's logger named redis:\n%s", line)
+		}
+	}
+}
+
+// captureStderr sends file descriptor 2 to a pipe for the rest of the
+// test; the returned function reads what was written so far.
+func captureStderr(t *testing.T) func() string {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	saved, err := syscall.Dup(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Dup2(int(w.Fd()), 2); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var buf bytes.Buffer
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		chunk := make([]byte, 4096)
+		for {
+			n, err := r.Read(chunk)
+			mu.Lock()
+			buf.Write(chunk[:n])
+			mu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		syscall.Dup2(saved, 2)
+		syscall.Close(saved)
+		w.Close()
+		<-done
+	})
+	return func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		return buf.String()
+	}
+}
