@@ -225,16 +225,20 @@ func TestExampleDashboardQueriesExportedMetrics(t *testing.T) {
 	if err := json.Unmarshal(raw, &dash); err != nil {
 		t.Fatal(err)
 	}
-	// Make every series exist: a zone with per-key metrics, a wait, a refusal.
+	// Make every series exist: a zone with per-key metrics, a request in
+	// flight and one waiting.
 	b := newBackend(t)
-	cfg, url := site(t, b, "\tinflight 1 {\n\t\tzone dash\n\t\twait 10ms\n\t\tmetrics per_key\n\t}")
+	cfg, url := site(t, b, "\tinflight 1 {\n\t\tzone dash\n\t\twait 10s\n\t\tmetrics per_key\n\t}")
 	load(t, cfg)
 	c := client("127.0.0.1")
 	done := hold(t, b, context.Background(), c, url+"/hold")
-	get(context.Background(), c, url+"/")
+	waiter := make(chan result, 1)
+	go func() { waiter <- get(context.Background(), c, url+"/") }()
+	eventually(t, "a request waits", func() bool { return metric(t, "caddy_inflight_waiting", `zone="dash"`) == 1 })
 	exported := adminGet(t, "/metrics")
 	b.open()
 	<-done
+	<-waiter
 
 	names := regexp.MustCompile(`caddy_inflight_[a-z_]+`)
 	queried := 0
