@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
@@ -22,6 +23,16 @@ func mustAdmit(t *testing.T, z inflight.Store, req *limiter.Request, what string
 	if res := z.Acquire(context.Background(), req, limiter.WaitOptions{}); res.Outcome != limiter.Admitted {
 		t.Fatalf("%s: %v, want admitted", what, res.Outcome)
 	}
+}
+
+// warmUp admits and releases one request, so that the connection is open
+// and the admission script loaded before a test stalls Redis.
+func warmUp(t *testing.T, z inflight.Store, limits *limiter.Limits, cli *redis.Client) {
+	t.Helper()
+	warm := request(limits, "warm")
+	mustAdmit(t, z, warm, "warm-up")
+	z.Release(warm)
+	eventually(t, "warm-up released", func() bool { return members(t, cli, "t") == 0 })
 }
 
 func store(addr string, opts func(*Store)) *Store {
@@ -74,11 +85,7 @@ func TestLateReplyLeavesNoGhost(t *testing.T) {
 	s := newStore(t, store(p.addr, func(s *Store) { s.Timeout = caddy.Duration(100 * time.Millisecond) }))
 	limits := &limiter.Limits{Max: []int64{5}}
 	z, _ := zoneOf(s, "ghost", limits)
-	// Warm the connection, so the stalled call is the script itself.
-	warm := request(limits, "warm")
-	mustAdmit(t, z, warm, "warm-up")
-	z.Release(warm)
-	eventually(t, "warm-up released", func() bool { return members(t, cli, "t") == 0 })
+	warmUp(t, z, limits, cli)
 
 	p.setStall(true)
 	req := request(limits, "a")
@@ -349,10 +356,7 @@ func TestReloadDuringAdmissionKeepsTheClient(t *testing.T) {
 	old := newStore(t, store(p.addr, func(s *Store) { s.OnError = "closed" }))
 	limits := &limiter.Limits{Max: []int64{5}}
 	z, _ := zoneOf(old, "mid", limits)
-	warm := request(limits, "warm")
-	mustAdmit(t, z, warm, "warm-up")
-	z.Release(warm)
-	eventually(t, "warm-up released", func() bool { return members(t, cli, "t") == 0 })
+	warmUp(t, z, limits, cli)
 
 	p.setStall(true)
 	admitted := make(chan limiter.Result, 1)
