@@ -139,19 +139,18 @@ func newFaultProxy(t testing.TB, target string) *faultProxy {
 }
 
 func (p *faultProxy) serve(c net.Conn) {
-	p.mu.Lock()
-	refuse := p.refuse
-	p.mu.Unlock()
-	if refuse {
-		c.Close()
-		return
-	}
 	up, err := net.Dial("tcp", p.target)
 	if err != nil {
 		c.Close()
 		return
 	}
 	p.mu.Lock()
+	if p.refuse { // checked with the connection list, so setDown misses none
+		p.mu.Unlock()
+		c.Close()
+		up.Close()
+		return
+	}
 	p.conns = append(p.conns, c, up)
 	p.mu.Unlock()
 	go func() { io.Copy(up, c); up.Close() }()
