@@ -44,7 +44,8 @@ type book struct {
 
 	next   atomic.Uint64
 	mu     sync.Mutex
-	leases map[string]*lease // by member
+	leases map[string]*lease // held, by member: renewed
+	ended  map[string]*lease // released or ghosts, by member: to remove
 	zones  map[string]*redisZone
 	users  int          // configs using the book
 	active atomic.Int64 // requests in Acquire, waiting or not
@@ -61,13 +62,14 @@ type book struct {
 type lease struct {
 	tag  string // the zone's hash-tagged prefix: its cluster slot
 	sets []string
-	// released is when its request ended (zero while it runs): from then
-	// on it is removed, not renewed, until removed or expired anyway.
+	// released is when its request ended: from then on it is in ended, and
+	// removed, not renewed, until removed or expired anyway.
 	released time.Time
 	// ghost marks the members of an admission whose reply never came: the
-	// script may still run later, so they are removed on every tick until
-	// they would have expired.
-	ghost bool
+	// script may still run later, so they are removed at once and again on
+	// every tick until they would have expired.
+	ghost   bool
+	removed bool // a ghost removed at least once
 }
 
 // joinBook returns the book for s's options, made if needed, and counts s
@@ -115,6 +117,7 @@ func newBook(s *Store, id string) *book {
 		closed:   s.OnError == "closed",
 		instance: randomID(),
 		leases:   map[string]*lease{},
+		ended:    map[string]*lease{},
 		zones:    map[string]*redisZone{},
 		work:     make(chan struct{}, 1),
 		stop:     make(chan struct{}),
@@ -159,7 +162,9 @@ func (b *book) hold(member, tag string, sets []string) {
 func (b *book) release(member string) {
 	b.mu.Lock()
 	if l := b.leases[member]; l != nil {
+		delete(b.leases, member)
 		l.released = time.Now()
+		b.ended[member] = l
 	}
 	b.mu.Unlock()
 	b.poke()
@@ -170,7 +175,7 @@ func (b *book) dropGhosts(tag string, members []string, sets [][]string) {
 	now := time.Now()
 	b.mu.Lock()
 	for i, m := range members {
-		b.leases[m] = &lease{tag: tag, sets: sets[i], released: now, ghost: true}
+		b.ended[m] = &lease{tag: tag, sets: sets[i], released: now, ghost: true}
 	}
 	b.mu.Unlock()
 	b.poke()
@@ -203,17 +208,16 @@ func (b *book) maintain() {
 	tick := time.NewTicker(b.lease / 3)
 	defer tick.Stop()
 	for {
-		renew := false
+		ticked := false
 		select {
 		case <-b.work:
-			renew = b.renewSoon.Swap(false)
 		case <-tick.C:
-			renew = true
+			ticked = true
 		}
-		if renew {
+		if b.renewSoon.Swap(false) || ticked {
 			b.renew()
 		}
-		b.removeReleased()
+		b.removeReleased(ticked)
 		if b.closeIfUnused() {
 			return
 		}
@@ -225,7 +229,7 @@ func (b *book) closeIfUnused() bool {
 	books.Lock()
 	defer books.Unlock()
 	b.mu.Lock()
-	idle := b.users == 0 && len(b.leases) == 0 && b.active.Load() == 0
+	idle := b.users == 0 && len(b.leases) == 0 && len(b.ended) == 0 && b.active.Load() == 0
 	b.mu.Unlock()
 	if !idle {
 		return false
@@ -244,9 +248,6 @@ func (b *book) renew() {
 	byZone := map[string]*entries{}
 	b.mu.Lock()
 	for m, l := range b.leases {
-		if !l.released.IsZero() {
-			continue
-		}
 		e := byZone[l.tag]
 		if e == nil {
 			e = &entries{}
@@ -273,8 +274,9 @@ func (b *book) renew() {
 
 // removeReleased removes the leases of requests that ended, one script per
 // zone and chunk, in one pipeline. A lease is forgotten once removed (a
-// ghost: once it would have expired), or once it has expired anyway.
-func (b *book) removeReleased() {
+// ghost: once it would have expired), or once it has expired anyway. A
+// ghost already removed is removed again on ticks only.
+func (b *book) removeReleased(ticked bool) {
 	type batch struct {
 		entries
 		ids []string // each member once
@@ -282,12 +284,12 @@ func (b *book) removeReleased() {
 	byZone := map[string]*batch{}
 	now := time.Now()
 	b.mu.Lock()
-	for m, l := range b.leases {
+	for m, l := range b.ended {
 		switch {
-		case l.released.IsZero():
-			continue
 		case now.Sub(l.released) > b.lease:
-			delete(b.leases, m) // expired in Redis by now
+			delete(b.ended, m) // expired in Redis by now
+			continue
+		case l.removed && !ticked:
 			continue
 		}
 		e := byZone[l.tag]
@@ -320,8 +322,12 @@ func (b *book) removeReleased() {
 	b.mu.Lock()
 	for _, e := range byZone {
 		for _, m := range e.ids {
-			if l := b.leases[m]; l != nil && !l.ghost {
-				delete(b.leases, m)
+			switch l := b.ended[m]; {
+			case l == nil:
+			case l.ghost:
+				l.removed = true
+			default:
+				delete(b.ended, m)
 			}
 		}
 	}
@@ -329,7 +335,8 @@ func (b *book) removeReleased() {
 }
 
 // pipeline runs fill's scripts in one round trip and reports whether all
-// succeeded. Scripts are sent by hash, falling back to their source once.
+// succeeded. Scripts go with their source: a pipeline cannot fall back
+// from a hash Redis does not know.
 func (b *book) pipeline(op string, fill func(context.Context, redis.Pipeliner)) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
 	defer cancel()
