@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -196,5 +197,43 @@ func TestAdaptiveStaysWithinBounds(t *testing.T) {
 	feed(a, now, 20, 1, service)
 	if a.Limit() != 3 {
 		t.Errorf("limit %d on a one-worker backend, want the min 3", a.Limit())
+	}
+}
+
+// The zone's total reads the adaptive limit on every admission, and a
+// raised limit admits the waiters it now has room for.
+func TestAdaptiveTotalInZone(t *testing.T) {
+	a := newTestAdaptive(2)
+	lim := &Limits{Adaptive: a}
+	z := NewZone(0, true, newFakeClock())
+	z.Adopt(lim)
+	held := []*Request{{Limits: lim}, {Limits: lim}}
+	for _, r := range held {
+		mustAdmit(t, z, r)
+	}
+	if ok, d := z.TryAcquire(&Request{Limits: lim}); ok || d != TotalDim {
+		t.Fatalf("third request at limit 2: admitted %v, dim %d; want refused by the total", ok, d)
+	}
+	w := enqueue(t, context.Background(), z, "waiter", &Request{Limits: lim}, WaitOptions{Wait: time.Hour})
+	// A first window at the limit, no queue: slow start doubles it.
+	raised := false
+	for i := range minWindowSamples {
+		done := epoch.Add(service + time.Duration(i)*defaultTestWindow/minWindowSamples)
+		raised = a.Observe(done, done.Add(-service), 2)
+	}
+	if !raised || a.Limit() != 4 {
+		t.Fatalf("raised %v, limit %d; want raised to 4", raised, a.Limit())
+	}
+	z.Kick()
+	select {
+	case r := <-w.res:
+		if r.Outcome != Admitted {
+			t.Fatalf("waiter: outcome %d after the limit rose, want admitted", r.Outcome)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("waiter still waiting after the limit rose")
+	}
+	if n := z.Held(TotalDim); n != 3 {
+		t.Fatalf("total holds %d, want 3", n)
 	}
 }

@@ -68,6 +68,9 @@ type Limits struct {
 	Max []int64
 	// Total caps the zone-wide total; 0 means no cap.
 	Total int64
+	// Adaptive, if set, caps the zone-wide total instead of Total: its
+	// current limit, read on every admission, not split by Divisor.
+	Adaptive *Adaptive
 	// MaxKeys bounds the keys each dimension holds; 0 means no bound. A
 	// request with a new key is refused while MaxKeys keys are in flight
 	// in that dimension (or reserved by admissions under way).
@@ -168,6 +171,18 @@ func (z *Zone) HasTotal() bool { return z.hasTotal }
 func (z *Zone) Adopt(l *Limits) {
 	z.latest.Store(l)
 	z.retryAll()
+}
+
+// Kick retries the waiters the total holds back: after a cap read on
+// every admission (an adaptive total) went up.
+func (z *Zone) Kick() {
+	if z.pending.Load() == 0 {
+		return
+	}
+	z.mu.Lock()
+	z.takeFiled(blocker{total: true})
+	z.dispatch()
+	z.mu.Unlock()
 }
 
 // Retire marks l as replaced (its handler was unloaded): waiters that hold l
@@ -361,7 +376,7 @@ func (z *Zone) tryAcquire(req *Request, commit bool) (Outcome, int) {
 			break
 		}
 	}
-	if outcome == Admitted && z.hasTotal && !z.takeTotal(split(lim.Total, lim.Divisor), commit) {
+	if outcome == Admitted && z.hasTotal && !z.takeTotal(totalCap(lim), commit) {
 		outcome, refusedBy = Full, TotalDim
 	}
 	admit := outcome == Admitted && commit
@@ -438,6 +453,14 @@ func (z *Zone) takeTotal(max int64, commit bool) bool {
 			return true
 		}
 	}
+}
+
+// totalCap is the zone-wide cap this instance enforces (0: none).
+func totalCap(lim *Limits) int64 {
+	if lim.Adaptive != nil {
+		return lim.Adaptive.Limit()
+	}
+	return split(lim.Total, lim.Divisor)
 }
 
 // limitsFor returns the limits that apply to req: its own, or the zone's
