@@ -34,6 +34,13 @@ const subdirectives = "limit, total, zone, status, retry_after, dry_run, replica
 //	inflight [<matcher>] [<max>] {
 //		limit       <name> <key> <max>   # repeatable; all must admit
 //		total       <max>                # one cap across all keys
+//		total       adaptive [{          # one cap that finds the backend's capacity
+//			min       <n>                #   never below (1)
+//			max       <n>                #   never above (1000)
+//			initial   <n>                #   where it starts (4)
+//			tolerance <fraction>         #   slowdown before it shrinks (0.2)
+//			window    <duration>         #   shortest time between changes (250ms)
+//		}]
 //		zone        <name>               # share counters with handlers naming it
 //		status      <code>               # refusal status, 400-599 (429)
 //		retry_after <duration>           # Retry-After of refusals (1s)
@@ -82,7 +89,7 @@ func parse(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 		case "limit":
 			err = parseLimit(h, hd, shorthand)
 		case "total":
-			hd.Total, err = positiveInt(h, opt)
+			err = parseTotal(h, hd)
 		case "zone":
 			hd.Zone, err = zoneName(h)
 		case "status":
@@ -127,7 +134,7 @@ func parse(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 			return nil, err
 		}
 	}
-	if len(hd.Limits) == 0 && hd.Total == 0 {
+	if len(hd.Limits) == 0 && hd.Total == 0 && hd.TotalAdaptive == nil {
 		return nil, h.Errf("inflight: no limit: give a max (inflight 20), a limit or a total")
 	}
 	if hd.Fair != "" && !slices.ContainsFunc(hd.Limits, func(l inflight.Limit) bool { return l.Name == hd.Fair }) {
@@ -161,6 +168,64 @@ func parseLimit(h httpcaddyfile.Helper, hd *inflight.Handler, shorthand bool) er
 	}
 	hd.Limits = append(hd.Limits, inflight.Limit{Name: args[0], Key: args[1], Max: max})
 	return nil
+}
+
+// parseTotal reads `total <max>` or `total adaptive [{ ... }]`.
+func parseTotal(h httpcaddyfile.Helper, hd *inflight.Handler) error {
+	args := h.RemainingArgs()
+	if len(args) != 1 {
+		return h.Errf("inflight: total %q: want one argument, a positive integer or adaptive", args)
+	}
+	if args[0] != "adaptive" {
+		n, err := strconv.Atoi(args[0])
+		if err != nil || n <= 0 {
+			return h.Errf("inflight: total %q is not allowed: want a positive integer, or adaptive", args[0])
+		}
+		hd.Total = n
+		return nil
+	}
+	at := new(inflight.AdaptiveTotal)
+	hd.TotalAdaptive = at
+	for h.NextBlock(1) {
+		opt := h.Val()
+		var err error
+		switch opt {
+		case "min":
+			at.Min, err = positiveInt(h, "total adaptive: "+opt)
+		case "max":
+			at.Max, err = positiveInt(h, "total adaptive: "+opt)
+		case "initial":
+			at.Initial, err = positiveInt(h, "total adaptive: "+opt)
+		case "tolerance":
+			at.Tolerance, err = tolerance(h)
+		case "window":
+			var d time.Duration
+			d, err = duration(h, "total adaptive: window", false)
+			at.Window = caddy.Duration(d)
+		default:
+			return h.Errf("inflight: total adaptive: unknown option %q: want one of min, max, initial, tolerance, window", opt)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if err := at.Check(); err != nil {
+		return h.Errf("inflight: %v", err)
+	}
+	return nil
+}
+
+// tolerance reads a fraction such as 0.2, above 0 and at most 10.
+func tolerance(h httpcaddyfile.Helper) (float64, error) {
+	v, err := oneArg(h, "total adaptive: tolerance", "a fraction such as 0.2")
+	if err != nil {
+		return 0, err
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || !(f > 0 && f <= 10) {
+		return 0, h.Errf("inflight: total adaptive: tolerance %q is not allowed: want a fraction such as 0.2 (20 %%), above 0 and at most 10", v)
+	}
+	return f, nil
 }
 
 // parseMetrics reads `metrics per_key [plain]`.

@@ -56,6 +56,12 @@ type Handler struct {
 	// across all keys. 0 means no total cap.
 	Total int `json:"total,omitempty"`
 
+	// TotalAdaptive makes the total cap adaptive instead: it finds the
+	// backend's capacity from the latency of the requests it admits (see
+	// AdaptiveTotal). With dry_run the limit is computed and exported but
+	// not enforced. Not with a shared store.
+	TotalAdaptive *AdaptiveTotal `json:"total_adaptive,omitempty"`
+
 	// Zone names the counters: handlers with the same zone share them,
 	// across sites and routes, and must have the same limits (names and
 	// keys). A handler without a zone has counters of its own, in a zone
@@ -162,6 +168,7 @@ type Handler struct {
 	label      string // the zone's name: Zone, or the automatic one
 	store      Store
 	limits     *limiter.Limits
+	adaptive   *limiter.Adaptive // the zone's, with total_adaptive
 	keys       []valueFunc
 	maxes      []valueFunc // nil where the max is fixed
 	priority   valueFunc
@@ -191,6 +198,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := checkLimits(h.Limits); err != nil {
 		return fmt.Errorf("inflight: %w", err)
 	}
+	if err := h.checkAdaptive(); err != nil {
+		return fmt.Errorf("inflight: %w", err)
+	}
 	h.compile()
 	if err := h.compileFair(); err != nil {
 		return fmt.Errorf("inflight: %w", err)
@@ -207,6 +217,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.joinZone(ctx); err != nil {
 		return err
 	}
+	h.joinAdaptive()
 	h.initMetrics()
 	h.zone.keyDisplay.Store(h.keyDisplay())
 	h.zone.Adopt(h.limits)
@@ -216,7 +227,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 // Validate checks the values Provision does not need.
 func (h *Handler) Validate() error {
 	switch {
-	case len(h.Limits) == 0 && h.Total == 0:
+	case len(h.Limits) == 0 && h.Total == 0 && h.TotalAdaptive == nil:
 		return fmt.Errorf("inflight: no limit: give a max (inflight 20), a limit or a total")
 	case h.Total < 0:
 		return fmt.Errorf("inflight: total %d is not allowed: want a positive integer (0 for none)", h.Total)
@@ -298,6 +309,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	default:
 		return h.refuse(w, r, a, res)
 	}
+	if h.adaptive != nil {
+		return h.serveMeasured(w, r, next, &a.measured)
+	}
 	return next.ServeHTTP(w, r)
 }
 
@@ -368,7 +382,7 @@ func (h *Handler) compile() {
 // joinZone takes a reference to the handler's zone, shared with other
 // handlers and config generations, and binds the shared store if any.
 func (h *Handler) joinZone(ctx caddy.Context) error {
-	hasTotal := h.Total > 0
+	hasTotal := h.Total > 0 || h.TotalAdaptive != nil
 	h.label = h.Zone
 	if h.Zone == "" {
 		h.label = autoZone(ctx)
@@ -500,9 +514,11 @@ type admission struct {
 	req    limiter.Request
 	labels []string // per-key metric labels, when enabled
 	watch  bodyWatch
+	// measured wraps the response writer, with total_adaptive.
+	measured measuredWriter
 	// Fill a 256-byte size class, whose objects start on cache lines:
 	// requests admitted on different cores then never write one line.
-	_ [256 - unsafe.Sizeof(limiter.Request{}) - unsafe.Sizeof([]string(nil)) - unsafe.Sizeof(bodyWatch{})]byte
+	_ [256 - unsafe.Sizeof(limiter.Request{}) - unsafe.Sizeof([]string(nil)) - unsafe.Sizeof(bodyWatch{}) - unsafe.Sizeof(measuredWriter{})]byte
 }
 
 func newAdmission(dims int) *admission {
@@ -522,6 +538,7 @@ func (h *Handler) recycle(a *admission) {
 	clear(a.labels)
 	a.req.Limits, a.req.Lease = nil, ""
 	a.watch.r, a.watch.body = nil, nil
+	a.measured = measuredWriter{}
 	h.admissions.Put(a)
 }
 

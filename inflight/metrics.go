@@ -58,6 +58,9 @@ func (stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- requestsDesc
 	ch <- waitingDesc
 	ch <- keyWaitingDesc
+	for _, d := range adaptiveDescs {
+		ch <- d
+	}
 }
 
 func (stateCollector) Collect(ch chan<- prometheus.Metric) {
@@ -65,7 +68,11 @@ func (stateCollector) Collect(ch chan<- prometheus.Metric) {
 	held := map[series]int64{}
 	waiting := map[string]int64{}
 	keyWaiting := map[[3]string]int64{}
-	eachZone(func(z *zone, _ bool) {
+	adaptive := map[string]*limiter.Adaptive{}
+	eachZone(func(z *zone, retired bool) {
+		if a := z.adaptive.current(); a != nil && !retired && adaptive[z.label] == nil {
+			adaptive[z.label] = a
+		}
 		for d, name := range z.limits {
 			held[series{z.label, name}] += z.Held(d)
 		}
@@ -82,6 +89,9 @@ func (stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(waitingDesc, prometheus.GaugeValue, float64(n), label)
 	}
 	sendKeyWaiting(ch, keyWaiting)
+	for label, a := range adaptive {
+		collectAdaptive(ch, label, a)
+	}
 }
 
 // registerMetrics adds the collectors to a config's registry; the same

@@ -29,6 +29,8 @@ type zone struct {
 	// keyDisplay is how per-key metrics and the admin API show keys
 	// (keysAnonymous, keysHashed, keysPlain).
 	keyDisplay atomic.Int32
+	// adaptive is the adaptive total's controller, if a handler has one.
+	adaptive adaptiveState
 	// shared counts a shared store's waiters, if the zone uses one. It is
 	// set by Provision while scrapes may read it.
 	shared atomic.Pointer[waitCounter]

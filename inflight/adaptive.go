@@ -1,0 +1,239 @@
+package inflight
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
+)
+
+// AdaptiveTotal makes the zone-wide total find the backend's capacity by
+// itself, from the time each admitted request takes to get its response
+// headers (time to first byte): the limit comes down when the backend
+// starts queueing (its answers slow down beyond a baseline learned from
+// its fastest windows, or it fails with 5xx or timeouts) and goes up while
+// it does not. Streams (SSE) count by their headers only; upgraded
+// connections (WebSocket) and requests the client cancelled are ignored.
+type AdaptiveTotal struct {
+	// Min is the lowest the limit goes. Default: 1.
+	Min int `json:"min,omitempty"`
+
+	// Max is the highest the limit goes. Default: 1000.
+	Max int `json:"max,omitempty"`
+
+	// Initial is the limit of a zone that has learned nothing yet; it then
+	// doubles every window while the backend shows no queue. Give a value
+	// at or below the backend's capacity: the baseline is learned from the
+	// first windows. Default: 4 (within min and max).
+	Initial int `json:"initial,omitempty"`
+
+	// Tolerance is how much slower than its baseline the backend may answer
+	// (the median of a window) before the limit comes down, as a fraction:
+	// 0.2 is 20 %. Default: 0.2.
+	Tolerance float64 `json:"tolerance,omitempty"`
+
+	// Window is the shortest time between two changes of the limit; a
+	// window also waits for 32 responses. Default: 250ms.
+	Window caddy.Duration `json:"window,omitempty"`
+}
+
+func (at *AdaptiveTotal) setDefaults() {
+	if at.Min == 0 {
+		at.Min = 1
+	}
+	if at.Max == 0 {
+		at.Max = 1000
+	}
+	if at.Initial == 0 {
+		at.Initial = min(max(4, at.Min), at.Max)
+	}
+	if at.Tolerance == 0 {
+		at.Tolerance = 0.2
+	}
+	if at.Window == 0 {
+		at.Window = caddy.Duration(250 * time.Millisecond)
+	}
+}
+
+// Check reports the first value that is not allowed, defaults applied.
+func (at AdaptiveTotal) Check() error {
+	at.setDefaults()
+	switch {
+	case at.Min < 0:
+		return fmt.Errorf("total adaptive: min %d is not allowed: want a positive integer", at.Min)
+	case at.Max < at.Min:
+		return fmt.Errorf("total adaptive: max %d is not allowed: want an integer at least min (%d)", at.Max, at.Min)
+	case at.Initial < at.Min || at.Initial > at.Max:
+		return fmt.Errorf("total adaptive: initial %d is not allowed: want an integer from min (%d) to max (%d)", at.Initial, at.Min, at.Max)
+	case at.Tolerance < 0 || at.Tolerance > 10:
+		return fmt.Errorf("total adaptive: tolerance %g is not allowed: want a fraction such as 0.2 (20 %%), above 0 and at most 10", at.Tolerance)
+	case at.Window < 0:
+		return fmt.Errorf("total adaptive: window %s is not allowed: want a positive duration such as 250ms", time.Duration(at.Window))
+	}
+	return nil
+}
+
+func (at *AdaptiveTotal) config() limiter.AdaptiveConfig {
+	return limiter.AdaptiveConfig{
+		Min: int64(at.Min), Max: int64(at.Max), Initial: int64(at.Initial),
+		Tolerance: at.Tolerance, Window: time.Duration(at.Window),
+	}
+}
+
+// checkAdaptive sets the adaptive total's defaults and checks it, and its
+// combination with the rest of the handler.
+func (h *Handler) checkAdaptive() error {
+	at := h.TotalAdaptive
+	if at == nil {
+		return nil
+	}
+	switch {
+	case h.Total != 0:
+		return fmt.Errorf("total %d and total_adaptive are both given: give one", h.Total)
+	case h.StoreRaw != nil:
+		return errors.New("total adaptive cannot be used with a shared store (store redis): each instance measures only its own requests' latency, so a fleet-wide adaptive cap is not designed; use a fixed total with the store, or total adaptive without it")
+	}
+	at.setDefaults()
+	return at.Check()
+}
+
+// adaptiveState is a zone's adaptive controller, made by the first handler
+// that wants one and kept across reloads with what it learned.
+type adaptiveState struct {
+	mu sync.Mutex
+	a  *limiter.Adaptive
+}
+
+// adaptive returns the zone's controller with cfg applied.
+func (s *adaptiveState) adaptive(cfg limiter.AdaptiveConfig) *limiter.Adaptive {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.a == nil {
+		s.a = limiter.NewAdaptive(cfg, time.Now())
+	} else {
+		s.a.Configure(cfg)
+	}
+	return s.a
+}
+
+// current returns the zone's controller, nil if it has none.
+func (s *adaptiveState) current() *limiter.Adaptive {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.a
+}
+
+// joinAdaptive binds the handler to its zone's controller; in dry_run the
+// controller learns and is exported but the zone does not enforce it.
+func (h *Handler) joinAdaptive() {
+	if h.TotalAdaptive == nil {
+		return
+	}
+	h.adaptive = h.zone.adaptive.adaptive(h.TotalAdaptive.config())
+	if !h.DryRun {
+		h.limits.Adaptive = h.adaptive
+	}
+}
+
+// serveMeasured runs the rest of the chain through a writer that reports
+// the response's time to first byte, or its failure, to the controller.
+func (h *Handler) serveMeasured(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, m *measuredWriter) error {
+	*m = measuredWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, h: h, admitted: time.Now()}
+	if r.Method == http.MethodConnect {
+		m.done = true // an extended CONNECT tunnel (WebSocket over HTTP/2)
+	}
+	err := next.ServeHTTP(m, r)
+	if !m.done && r.Context().Err() == nil {
+		if he, ok := errors.AsType[caddyhttp.HandlerError](err); ok && (he.StatusCode >= 500 || he.StatusCode == 0) {
+			m.h.adaptive.Drop(time.Now(), m.h.zone.Held(limiter.TotalDim))
+		}
+	}
+	m.ResponseWriter = nil
+	return err
+}
+
+// measuredWriter sees the response headers go out.
+type measuredWriter struct {
+	caddyhttp.ResponseWriterWrapper
+	h        *Handler
+	admitted time.Time
+	done     bool // reported, or not to be
+}
+
+func (m *measuredWriter) WriteHeader(code int) {
+	if !m.done && (code >= 200 || code == http.StatusSwitchingProtocols) {
+		m.answered(code)
+	}
+	m.ResponseWriter.WriteHeader(code)
+}
+
+func (m *measuredWriter) Write(b []byte) (int, error) {
+	if !m.done {
+		m.answered(http.StatusOK)
+	}
+	return m.ResponseWriter.Write(b)
+}
+
+func (m *measuredWriter) ReadFrom(r io.Reader) (int64, error) {
+	if !m.done {
+		m.answered(http.StatusOK)
+	}
+	return m.ResponseWriterWrapper.ReadFrom(r)
+}
+
+func (m *measuredWriter) Flush() {
+	if !m.done {
+		m.answered(http.StatusOK)
+	}
+	_ = http.NewResponseController(m.ResponseWriter).Flush()
+}
+
+// Hijack hands the connection over: what follows is no HTTP response.
+func (m *measuredWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	m.done = true
+	return http.NewResponseController(m.ResponseWriter).Hijack()
+}
+
+// answered reports the response headers: a sample of the backend's
+// latency, or a failure; an upgrade is neither.
+func (m *measuredWriter) answered(code int) {
+	m.done = true
+	now := time.Now()
+	inflight := m.h.zone.Held(limiter.TotalDim)
+	switch {
+	case code == http.StatusSwitchingProtocols:
+	case code >= 500:
+		m.h.adaptive.Drop(now, inflight)
+	case m.h.adaptive.Observe(now, m.admitted, inflight):
+		m.h.zone.Kick()
+	}
+}
+
+var (
+	adaptiveLimitDesc = prometheus.NewDesc("caddy_inflight_adaptive_limit",
+		"The adaptive total's current limit, by zone (the first zone of a name that has one).",
+		[]string{"zone"}, nil)
+	adaptiveBaselineDesc = prometheus.NewDesc("caddy_inflight_adaptive_baseline_seconds",
+		"The adaptive total's baseline: the backend's time to first byte without a queue, as learned, by zone.",
+		[]string{"zone"}, nil)
+	adaptiveSampleDesc = prometheus.NewDesc("caddy_inflight_adaptive_sample_seconds",
+		"The adaptive total's latest sample: the median time to first byte of its last window, by zone.",
+		[]string{"zone"}, nil)
+	adaptiveDescs = []*prometheus.Desc{adaptiveLimitDesc, adaptiveBaselineDesc, adaptiveSampleDesc}
+)
+
+func collectAdaptive(ch chan<- prometheus.Metric, label string, a *limiter.Adaptive) {
+	ch <- prometheus.MustNewConstMetric(adaptiveLimitDesc, prometheus.GaugeValue, float64(a.Limit()), label)
+	ch <- prometheus.MustNewConstMetric(adaptiveBaselineDesc, prometheus.GaugeValue, a.Baseline().Seconds(), label)
+	ch <- prometheus.MustNewConstMetric(adaptiveSampleDesc, prometheus.GaugeValue, a.Sample().Seconds(), label)
+}
