@@ -1,11 +1,9 @@
 package inflight
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -196,12 +194,6 @@ func (m *measuredWriter) Flush() {
 		m.answered(http.StatusOK)
 	}
 	_ = http.NewResponseController(m.ResponseWriter).Flush()
-}
-
-// Hijack hands the connection over: what follows is no HTTP response.
-func (m *measuredWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	m.done = true
-	return http.NewResponseController(m.ResponseWriter).Hijack()
 }
 
 // answered reports the response headers: a sample of the backend's
