@@ -69,13 +69,13 @@ gobench() {
 # on all of them alike. The Caddy route variants run one per process, in
 # rotating order, so that none is always the first in its process.
 say "benchmarks: engine, handler, Caddy route and peers; rounds: $count"
-route_variants=(without pass_through with_inflight)
+route_variants=(without pass_through with_inflight with_adaptive)
 for round in $(seq "$count"); do
-	gobench "$root" engine -bench '^(BenchmarkAdmitRelease|BenchmarkRefuse|BenchmarkBesideWaiters)$' ./inflight/limiter
+	gobench "$root" engine -bench '^(BenchmarkAdmitRelease|BenchmarkRefuse|BenchmarkBesideWaiters|BenchmarkAdaptiveObserve)$' ./inflight/limiter
 	gobench "$root" engine -bench '^BenchmarkParallelKeys$' -cpu 1,2 ./inflight/limiter
 	gobench "$root" handler -bench '^(BenchmarkAdmitRelease|BenchmarkRefuse)' ./inflight
-	for i in 0 1 2; do
-		variant=${route_variants[(round + i) % 3]}
+	for i in "${!route_variants[@]}"; do
+		variant=${route_variants[(round + i) % ${#route_variants[@]}]}
 		gobench "$root" route -bench "^BenchmarkCaddyRoute\$/^$variant\$" ./integration
 	done
 	gobench . peers -bench '^BenchmarkPeers$' .
@@ -255,6 +255,7 @@ beside0=$(median engine BesideWaiters/waiters=0 ns/op)
 beside10k=$(median engine BesideWaiters/waiters=10000 ns/op)
 echo "| engine: another key's admit + release, no request waiting | $(ns engine BesideWaiters/waiters=0) | $(allocs engine BesideWaiters/waiters=0) |"
 echo "| engine: the same beside 10,000 waiters of one key at its cap (target ≤ 2×) | $(ns engine BesideWaiters/waiters=10000) ($(ratio "$beside10k" "$beside0")) | $(allocs engine BesideWaiters/waiters=10000) |"
+echo "| \`total adaptive\`: one latency sample (two clock reads, the controller) | $(ns engine AdaptiveObserve) | $(allocs engine AdaptiveObserve) |"
 echo "| with key evaluation \`{client_ip}\`: admit + release | $(ns handler AdmitReleaseClientIP) | $(allocs handler AdmitReleaseClientIP) |"
 echo "| with key evaluation \`{header.X-Api-Key}\`: admit + release | $(ns handler AdmitReleaseHeader) | $(allocs handler AdmitReleaseHeader) |"
 echo "| with key evaluation \`{client_ip}\`: refuse | $(ns handler RefuseClientIP) | $(allocs handler RefuseClientIP) |"
@@ -288,6 +289,7 @@ echo
 without=$(median route CaddyRoute/without ns/op)
 pass=$(median route CaddyRoute/pass_through ns/op)
 with=$(median route CaddyRoute/with_inflight ns/op)
+adaptive=$(median route CaddyRoute/with_adaptive ns/op)
 echo "| Caddy route, in-process ServeHTTP, \`respond \"ok\"\` | ns/op | allocs/op |"
 echo "|---|--:|--:|"
 echo "| without middleware | $(ns route CaddyRoute/without) | $(allocs route CaddyRoute/without) |"
@@ -295,6 +297,8 @@ echo "| with a middleware that does nothing | $(ns route CaddyRoute/pass_through
 echo "| with \`inflight 100000\` | $(ns route CaddyRoute/with_inflight) | $(allocs route CaddyRoute/with_inflight) |"
 echo "| added by inflight (with − without) | $(calc %.1f "$with - $without") | ratio $(ratio "$with" "$without") |"
 echo "| inflight's own work (with − nothing middleware) | $(calc %.1f "$with - $pass") | |"
+echo "| with \`inflight 100000 { total adaptive }\` | $(ns route CaddyRoute/with_adaptive) | $(allocs route CaddyRoute/with_adaptive) |"
+echo "| added by \`total adaptive\` (adaptive − with) | $(calc %.1f "$adaptive - $with") | ratio $(ratio "$adaptive" "$with") |"
 echo
 echo "| End to end: Caddy binary, \`respond \"ok\"\`, $tool, $conns connections, $rounds × ${e2e_secs}s alternated | without | with \`inflight 100000\` | with ÷ without (median of rounds) |"
 echo "|---|--:|--:|--:|"
