@@ -1,0 +1,193 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// A request over the adaptive total is refused as by a fixed total: limit
+// `total`, reason `full`; with dry_run the limit is only computed and
+// exported.
+func TestAdaptiveTotalRefuses(t *testing.T) {
+	for _, dryRun := range []bool{false, true} {
+		b := newBackend(t)
+		zone := fmt.Sprintf("adaptive_refuse_%v", dryRun)
+		directives := "\tinflight {\n\t\tzone " + zone + "\n\t\ttotal adaptive {\n\t\t\tinitial 2\n\t\t\tmax 2\n\t\t}\n"
+		if dryRun {
+			directives += "\t\tdry_run\n"
+		}
+		cfg, url := site(t, b, directives+"\t}")
+		load(t, cfg)
+		c := client("127.0.0.1")
+		before := metric(t, "caddy_inflight_rejected_total", `zone="`+zone+`"`, `limit="total"`)
+		held := []<-chan result{hold(t, b, context.Background(), c, url+"/hold"), hold(t, b, context.Background(), c, url+"/hold")}
+		if got := metric(t, "caddy_inflight_adaptive_limit", `zone="`+zone+`"`); got != 2 {
+			t.Fatalf("dry_run %v: caddy_inflight_adaptive_limit = %v, want 2", dryRun, got)
+		}
+		if dryRun {
+			held = append(held, hold(t, b, context.Background(), c, url+"/hold"))
+			if got := metric(t, "caddy_inflight_rejected_total", `zone="`+zone+`"`, `limit="total"`); got != before {
+				t.Fatalf("dry_run: rejected_total went from %v to %v, want no refusal", before, got)
+			}
+		} else {
+			r := get(context.Background(), c, url+"/hold")
+			if r.status != 429 {
+				t.Fatalf("third request: status %d, want 429", r.status)
+			}
+			if got := metric(t, "caddy_inflight_rejected_total", `zone="`+zone+`"`, `limit="total"`, `reason="full"`); got != before+1 {
+				t.Fatalf("rejected_total{limit=total,reason=full} went from %v to %v, want one more", before, got)
+			}
+		}
+		b.open()
+		for _, h := range held {
+			if r := <-h; r.status != 200 {
+				t.Fatalf("dry_run %v: held request ended %d, want 200", dryRun, r.status)
+			}
+		}
+	}
+}
+
+func TestAdaptiveTotalRefusesSharedStore(t *testing.T) {
+	err := tryLoad(`http://127.0.0.1:1 {
+	inflight {
+		total adaptive
+		store redis {
+			address 127.0.0.1:1
+		}
+	}
+	respond "ok"
+}
+`)
+	if err == nil || !strings.Contains(err.Error(), "total adaptive cannot be used with a shared store (store redis)") {
+		t.Fatalf("load: %v, want the shared store refused with total adaptive", err)
+	}
+}
+
+// workers is a real backend of a fixed number of workers serving a FIFO
+// queue (a channel's waiting senders), each request taking service; it
+// records how long each request queued inside it.
+type workers struct {
+	slots   chan struct{}
+	service time.Duration
+	mu      sync.Mutex
+	queued  []time.Duration
+	record  atomic.Bool
+	served  atomic.Int64
+}
+
+func (b *workers) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	arrived := time.Now()
+	select {
+	case b.slots <- struct{}{}:
+	case <-r.Context().Done():
+		return
+	}
+	waited := time.Since(arrived)
+	time.Sleep(b.service)
+	<-b.slots
+	if b.record.Load() {
+		b.mu.Lock()
+		b.queued = append(b.queued, waited)
+		b.mu.Unlock()
+		b.served.Add(1)
+	}
+	w.Write([]byte("ok"))
+}
+
+// TestAdaptiveRealBackend puts `total adaptive` before a real backend of c
+// workers (service time S) behind a real Caddy, under 5× overload from
+// closed-loop clients that wait for a slot, and reports what it measures
+// over the run's second half. In CI it runs for a few seconds with loose
+// bounds (the machine is shared); for the figures:
+//
+//	INFLIGHT_ADAPTIVE_SECONDS=30 go test -count=1 -v -run '^TestAdaptiveRealBackend$' ./integration
+func TestAdaptiveRealBackend(t *testing.T) {
+	const c, service = 8, 50 * time.Millisecond
+	seconds := 6
+	if s := os.Getenv("INFLIGHT_ADAPTIVE_SECONDS"); s != "" {
+		fmt.Sscan(s, &seconds)
+	}
+	duration := time.Duration(seconds) * time.Second
+	b := &workers{slots: make(chan struct{}, c), service: service}
+	srv := &http.Server{Handler: b}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+
+	port := freePort(t)
+	load(t, fmt.Sprintf(`http://127.0.0.1:%d {
+	inflight {
+		zone real
+		total adaptive
+		wait 10s
+	}
+	reverse_proxy %s
+}
+`, port, l.Addr()))
+	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
+
+	ctx, cancel := context.WithTimeout(context.Background(), duration)
+	defer cancel()
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	tr := &http.Transport{MaxIdleConnsPerHost: 5 * c}
+	defer tr.CloseIdleConnections()
+	hc := &http.Client{Transport: tr}
+	for range 5 * c {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				r := get(ctx, hc, url)
+				if r.status != 200 && ctx.Err() == nil {
+					failed.Add(1)
+				}
+			}
+		})
+	}
+	var limits []float64
+	half := time.Now().Add(duration / 2)
+	for ctx.Err() == nil {
+		time.Sleep(100 * time.Millisecond)
+		if time.Now().After(half) {
+			if !b.record.Swap(true) {
+				half = time.Now()
+			}
+			limits = append(limits, metric(t, "caddy_inflight_adaptive_limit", `zone="real"`))
+		}
+	}
+	measured := time.Since(half)
+	b.record.Store(false)
+	wg.Wait()
+
+	slices.Sort(limits)
+	b.mu.Lock()
+	slices.Sort(b.queued)
+	queueing := b.queued[len(b.queued)/2]
+	b.mu.Unlock()
+	throughput := float64(b.served.Load()) / measured.Seconds() / (c / service.Seconds())
+	settled := limits[len(limits)/2]
+	baseline := metric(t, "caddy_inflight_adaptive_baseline_seconds", `zone="real"`)
+	t.Logf("real backend c=%d S=%v, %d clients, %v: limit median %.0f (min %.0f, max %.0f), backend queueing median %v, throughput %.3f of c/S, baseline %.1f ms, failed %d",
+		c, service, 5*c, duration, settled, limits[0], limits[len(limits)-1], queueing.Round(100*time.Microsecond), throughput, baseline*1000, failed.Load())
+
+	if failed.Load() > 0 {
+		t.Errorf("%d requests failed, want none (clients wait for a slot)", failed.Load())
+	}
+	if settled < c/2 || settled > 2*c {
+		t.Errorf("limit settled at %.0f, want about c = %d (within [%d, %d] on a shared machine)", settled, c, c/2, 2*c)
+	}
+	if baseline < service.Seconds() {
+		t.Errorf("baseline %.1f ms, below the service time %v: it cannot be", baseline*1000, service)
+	}
+}
