@@ -92,14 +92,26 @@ func feed(a *Adaptive, now time.Time, windows, c int, s time.Duration) time.Time
 	for range windows {
 		l := a.Limit()
 		latency := time.Duration(float64(s) * max(1, float64(l)/float64(c)))
-		for i := range minWindowSamples {
-			done := now.Add(latency + time.Duration(i)*defaultTestWindow/minWindowSamples)
-			a.Observe(done, done.Add(-latency), l)
-		}
+		oneWindow(a, now, l, func(int) time.Duration { return latency })
 		now = now.Add(latency + defaultTestWindow)
 	}
 	return now
 }
+
+// oneWindow gives a one window's responses, the i-th after latency(i),
+// starting at start with inflight in flight; it reports whether the limit
+// went up.
+func oneWindow(a *Adaptive, start time.Time, inflight int64, latency func(i int) time.Duration) bool {
+	raised := false
+	for i := range minWindowSamples {
+		l := latency(i)
+		done := start.Add(l + time.Duration(i)*defaultTestWindow/minWindowSamples)
+		raised = a.Observe(done, done.Add(-l), inflight)
+	}
+	return raised
+}
+
+func steady(int) time.Duration { return service }
 
 func newTestAdaptive(initial int64) *Adaptive {
 	return NewAdaptive(AdaptiveConfig{Min: 1, Max: 1000, Initial: initial, Tolerance: defaultTestTolerance, Window: defaultTestWindow}, epoch)
@@ -113,14 +125,12 @@ func TestAdaptiveSlowOutlierDoesNotCollapse(t *testing.T) {
 		t.Fatalf("limit %d before the outlier, want at least 16", before)
 	}
 	// One window in which one response took 20 × S.
-	for i := range minWindowSamples {
-		latency := service
+	oneWindow(a, now, a.Limit(), func(i int) time.Duration {
 		if i == 0 {
-			latency = 20 * service
+			return 20 * service
 		}
-		done := now.Add(latency + time.Duration(i)*defaultTestWindow/minWindowSamples)
-		a.Observe(done, done.Add(-latency), a.Limit())
-	}
+		return service
+	})
 	if a.Limit() < before {
 		t.Errorf("limit fell from %d to %d after one slow response", before, a.Limit())
 	}
@@ -128,15 +138,13 @@ func TestAdaptiveSlowOutlierDoesNotCollapse(t *testing.T) {
 
 func TestAdaptiveLuckyFastSampleIsNotTheBaseline(t *testing.T) {
 	a := newTestAdaptive(4)
-	now := feed(a, epoch, 40, 16, service)
-	for i := range minWindowSamples {
-		latency := service
+	now := feed(a, epoch, 2, 16, service) // a short history: the lowest window sample is the baseline
+	oneWindow(a, now, a.Limit(), func(i int) time.Duration {
 		if i == 0 {
-			latency = service / 10
+			return service / 10
 		}
-		done := now.Add(latency + time.Duration(i)*defaultTestWindow/minWindowSamples)
-		a.Observe(done, done.Add(-latency), a.Limit())
-	}
+		return service
+	})
 	if b := a.Baseline(); b < service*9/10 {
 		t.Errorf("baseline %v after one fast response, want about %v", b, service)
 	}
@@ -161,28 +169,30 @@ func TestAdaptiveFailuresShrinkIt(t *testing.T) {
 	}
 }
 
-func TestAdaptiveAppLimitedDoesNotGrow(t *testing.T) {
-	a := newTestAdaptive(32)
+// A load that uses little of the limit neither grows it beyond twice what
+// it uses nor, when the backend slows for reasons of its own, shrinks it.
+func TestAdaptiveAppLimited(t *testing.T) {
+	a := newTestAdaptive(4)
 	now := epoch
 	for range 50 {
-		for i := range minWindowSamples {
-			done := now.Add(service + time.Duration(i)*time.Millisecond)
-			a.Observe(done, done.Add(-service), 3)
-		}
+		oneWindow(a, now, 3, steady)
 		now = now.Add(service + defaultTestWindow)
 	}
-	if a.Limit() != 32 {
-		t.Errorf("limit %d after 50 windows with 3 in flight, want it unchanged at 32", a.Limit())
+	if a.Limit() != 6 {
+		t.Errorf("limit %d after 50 windows with 3 in flight, want 6 (twice the use)", a.Limit())
+	}
+	for range 10 {
+		oneWindow(a, now, 2, func(int) time.Duration { return 2 * service })
+		now = now.Add(2*service + defaultTestWindow)
+	}
+	if a.Limit() != 6 {
+		t.Errorf("limit %d after slow windows with 2 of 6 in flight, want it unchanged at 6", a.Limit())
 	}
 }
 
 func TestAdaptiveReportsRaise(t *testing.T) {
 	a := newTestAdaptive(4)
-	raised := false
-	for i := range minWindowSamples {
-		done := epoch.Add(service + time.Duration(i)*defaultTestWindow/minWindowSamples)
-		raised = a.Observe(done, done.Add(-service), 4)
-	}
+	raised := oneWindow(a, epoch, 4, steady)
 	if !raised || a.Limit() != 8 {
 		t.Errorf("after a first window at the limit: raised %v, limit %d; want raised, 8 (slow start)", raised, a.Limit())
 	}
@@ -216,11 +226,7 @@ func TestAdaptiveTotalInZone(t *testing.T) {
 	}
 	w := enqueue(t, context.Background(), z, "waiter", &Request{Limits: lim}, WaitOptions{Wait: time.Hour})
 	// A first window at the limit, no queue: slow start doubles it.
-	raised := false
-	for i := range minWindowSamples {
-		done := epoch.Add(service + time.Duration(i)*defaultTestWindow/minWindowSamples)
-		raised = a.Observe(done, done.Add(-service), 2)
-	}
+	raised := oneWindow(a, epoch, 2, steady)
 	if !raised || a.Limit() != 4 {
 		t.Fatalf("raised %v, limit %d; want raised to 4", raised, a.Limit())
 	}
