@@ -24,12 +24,13 @@ import (
 //     that got slower once the windows that saw it faster have aged out.
 //   - If some requests failed (5xx, timeouts), the limit shrinks in
 //     proportion, whatever the latency said.
-//   - If the sample exceeds the baseline by more than Tolerance, requests
-//     queue in the backend: by Little's law the backend completes
+//   - If the sample exceeds the baseline by more than Tolerance in two
+//     windows in a row, requests queue in the backend (one such window may
+//     be a burst of a load the backend carries): by Little's law the backend completes
 //     inflight/sample requests per unit of time and would serve each in
 //     baseline without its queue, so it has about inflight × baseline /
 //     sample workers; the limit becomes that, at most halving per window.
-//   - Otherwise the limit grows, doubling until the first sign of a queue
+//   - After a window without a queue the limit grows, doubling until the first sign of a queue
 //     (slow start) and by Tolerance/2 a window after that.
 //
 // A window in which the load used less than half the limit changes nothing
@@ -54,6 +55,7 @@ type Adaptive struct {
 	cfg       AdaptiveConfig
 	estimate  float64 // the limit, unrounded
 	slowStart bool
+	queued    bool // the last window's sample was over the tolerance
 	window    window
 	history   [baselineWindows]time.Duration // window samples, a ring
 	next      int                            // where the next window sample goes in history
@@ -187,12 +189,17 @@ func (a *Adaptive) adjust(w *window) {
 	if 2*float64(w.peak) < a.estimate {
 		return // app-limited: the limit is not what shapes the latency
 	}
-	if float64(median) > float64(baseline)*(1+a.cfg.Tolerance) {
+	queued, wasQueued := float64(median) > float64(baseline)*(1+a.cfg.Tolerance), a.queued
+	a.queued = queued
+	switch {
+	case queued && wasQueued:
 		meanInflight := float64(w.inflightSum) / float64(w.n)
 		workers := meanInflight * float64(baseline) / float64(median)
 		a.estimate = max(a.estimate/2, min(a.estimate, workers))
 		a.slowStart = false
 		return
+	case queued:
+		return // perhaps a burst the backend carries: see the next window
 	}
 	grown := a.estimate + max(1, a.estimate*a.cfg.Tolerance/2)
 	if a.slowStart {

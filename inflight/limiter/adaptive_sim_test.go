@@ -1,3 +1,9 @@
+//go:build !race
+
+// The simulations are single-goroutine arithmetic, which the race detector
+// has nothing to check in and slows some 30 times: CI runs them without it
+// (.ci/run).
+
 package limiter
 
 import (
@@ -30,6 +36,8 @@ type scenario struct {
 	// at change, the backend gets changeTo workers (0: no change)
 	change   time.Duration
 	changeTo int
+	// from starts the measured part; 0: half way, or at the change
+	from time.Duration
 	// waiting bounds the requests queued in front of the limit (wait);
 	// 0 refuses at once.
 	waiting int
@@ -48,8 +56,6 @@ type outcome struct {
 	maxLimit    int64         // highest limit in the measured part
 	peakUse     int64         // most requests in flight in the measured part
 }
-
-var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 type simRequest struct {
 	admitted, started, done time.Time
@@ -75,7 +81,10 @@ func simulate(sc scenario, ctl controller) outcome {
 	rate := sc.load * float64(sc.workers) / sc.service.Seconds()
 	end := epoch.Add(sc.duration)
 	from := epoch.Add(sc.duration / 2) // start of the measured part
-	if sc.changeTo > 0 {
+	switch {
+	case sc.from > 0:
+		from = epoch.Add(sc.from)
+	case sc.changeTo > 0:
 		from = epoch.Add(sc.change)
 	}
 	var (
@@ -201,11 +210,6 @@ type ours struct{ a *Adaptive }
 func newOurs(initial int64) *ours {
 	return &ours{NewAdaptive(AdaptiveConfig{Min: 1, Max: 1000, Initial: initial, Tolerance: defaultTestTolerance, Window: defaultTestWindow}, epoch)}
 }
-
-const (
-	defaultTestTolerance = 0.2
-	defaultTestWindow    = 250 * time.Millisecond
-)
 
 func (o *ours) limit() int64 { return o.a.Limit() }
 func (o *ours) observe(now, admitted time.Time, inflight int64) {
