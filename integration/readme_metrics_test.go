@@ -30,13 +30,14 @@ func readmeSection(t *testing.T, heading string) string {
 
 // TestREADMEMetricsTableIsComplete exports every metric the module has (a
 // zone with per-key metrics, a request held and one waiting, a Redis store
-// that cannot be reached) and checks that the README's Metrics section
+// that cannot be reached, an adaptive total) and checks that the README's Metrics section
 // names each metric and each value of its reason, outcome and op labels.
 func TestREADMEMetricsTableIsComplete(t *testing.T) {
 	b := newBackend(t)
 	cfg, url := site(t, b, "\tinflight {\n\t\tlimit client {client_ip} 1\n\t\tzone doc\n\t\twait 30s\n\t\tmetrics per_key\n\t}")
 	storePort := freePort(t)
 	cfg += fmt.Sprintf("http://127.0.0.1:%d {\n\tinflight 5 {\n\t\tzone down\n\t\tstore redis {\n\t\t\taddress 127.0.0.1:%d\n\t\t\ttimeout 100ms\n\t\t}\n\t}\n\trespond ok\n}\n", storePort, freePort(t))
+	cfg += fmt.Sprintf("http://127.0.0.1:%d {\n\tinflight {\n\t\tzone adaptive_doc\n\t\ttotal adaptive\n\t}\n\trespond ok\n}\n", freePort(t))
 	load(t, cfg)
 	c := client("127.0.0.1")
 	held := hold(t, b, context.Background(), c, url+"/hold")
