@@ -69,21 +69,21 @@ func (b *hashBackend) open() {
 // digest is what hashBackend answers for a body.
 func digest(body []byte) string { return fmt.Sprintf("%d %x", len(body), sha256.Sum256(body)) }
 
-// bodySite is a site with one slot per tenant and a queue, in zone `body`,
-// in front of a hashBackend; extra adds options to the inflight block.
-func bodySite(t *testing.T, b *hashBackend, extra string) string {
+// bodySite loads a site with one slot per tenant and a queue, in zone
+// `body`, in front of a hashBackend, and returns its address; options go in
+// the inflight block (a wait at least), globals among the global options.
+func bodySite(t *testing.T, b *hashBackend, globals, options string) string {
 	t.Helper()
 	port := freePort(t)
-	load(t, fmt.Sprintf(`http://127.0.0.1:%d {
+	loadWith(t, globals, fmt.Sprintf(`http://127.0.0.1:%d {
 	inflight {
 		limit tenant {header.X-Tenant} 1
 		zone body
-		wait 30s
 		%s
 	}
 	reverse_proxy %s
 }
-`, port, extra, b.addr))
+`, port, options, b.addr))
 	return fmt.Sprintf("127.0.0.1:%d", port)
 }
 
@@ -145,7 +145,7 @@ func randomBody(t *testing.T, n int) []byte {
 // handler has read the body to its end.
 func TestDisconnectedPostWaitersLeaveTheQueue(t *testing.T) {
 	b := newHashBackend(t)
-	addr := bodySite(t, b, "")
+	addr := bodySite(t, b, "", "wait 30s")
 	holder := holdSlot(t, b, addr)
 	body := randomBody(t, 1000)
 
@@ -184,7 +184,7 @@ func TestDisconnectedPostWaitersLeaveTheQueue(t *testing.T) {
 // any buffer, with Content-Length, chunked, and with Expect: 100-continue.
 func TestWaitingBodyArrivesIntact(t *testing.T) {
 	b := newHashBackend(t)
-	addr := bodySite(t, b, "")
+	addr := bodySite(t, b, "", "wait 30s")
 	holder := holdSlot(t, b, addr)
 	tr := &http.Transport{ExpectContinueTimeout: 30 * time.Second, MaxIdleConnsPerHost: 100}
 	defer tr.CloseIdleConnections()
@@ -245,7 +245,7 @@ func TestWaitingBodyArrivesIntact(t *testing.T) {
 func TestWaitingBodyHalfSentThenAdmitted(t *testing.T) {
 	for _, chunked := range []bool{false, true} {
 		b := newHashBackend(t)
-		addr := bodySite(t, b, "")
+		addr := bodySite(t, b, "", "wait 30s")
 		holder := holdSlot(t, b, addr)
 		body := randomBody(t, 300<<10)
 		half := 50 << 10
@@ -278,7 +278,7 @@ func TestWaitingBodyHalfSentThenAdmitted(t *testing.T) {
 // be watched; the client leaving without sending the body ends the wait.
 func TestExpectContinueWhileWaiting(t *testing.T) {
 	b := newHashBackend(t)
-	addr := bodySite(t, b, "")
+	addr := bodySite(t, b, "", "wait 30s")
 	holder := holdSlot(t, b, addr)
 	abortedBefore := bodyWaits(t, "aborted")
 	c, err := net.Dial("tcp", addr)
@@ -307,17 +307,7 @@ func TestExpectContinueWhileWaiting(t *testing.T) {
 // and then nothing, connection open, is refused when its wait ends, at once.
 func TestStalledWaitingBodyTimesOut(t *testing.T) {
 	b := newHashBackend(t)
-	port := freePort(t)
-	load(t, fmt.Sprintf(`http://127.0.0.1:%d {
-	inflight {
-		limit tenant {header.X-Tenant} 1
-		zone body
-		wait 500ms
-	}
-	reverse_proxy %s
-}
-`, port, b.addr))
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	addr := bodySite(t, b, "", "wait 500ms")
 	holder := holdSlot(t, b, addr)
 	body := randomBody(t, 10000)
 	c := rawPost(t, addr, body, 5000, false)
@@ -340,18 +330,7 @@ func TestStalledWaitingBodyTimesOut(t *testing.T) {
 // stays queued until its wait ends and counts as a timeout.
 func TestBodyAboveBufferWaitsAsBefore(t *testing.T) {
 	b := newHashBackend(t)
-	port := freePort(t)
-	load(t, fmt.Sprintf(`http://127.0.0.1:%d {
-	inflight {
-		limit tenant {header.X-Tenant} 1
-		zone body
-		wait 1s
-		wait_body_buffer 1KiB
-	}
-	reverse_proxy %s
-}
-`, port, b.addr))
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	addr := bodySite(t, b, "", "wait 1s\n\t\twait_body_buffer 1KiB")
 	holder := holdSlot(t, b, addr)
 	timeoutsBefore := bodyWaits(t, "timeout")
 	body := randomBody(t, 8<<10)
@@ -431,17 +410,7 @@ func h2cPost(ctx context.Context, c *http.Client, addr string, body []byte, whol
 // counted as aborted; a large POST that waits arrives intact.
 func TestHTTP2WaitingPosts(t *testing.T) {
 	b := newHashBackend(t)
-	port := freePort(t)
-	loadWith(t, "\tservers {\n\t\tprotocols h1 h2c\n\t}", fmt.Sprintf(`http://127.0.0.1:%d {
-	inflight {
-		limit tenant {header.X-Tenant} 1
-		zone body
-		wait 30s
-	}
-	reverse_proxy %s
-}
-`, port, b.addr))
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	addr := bodySite(t, b, "\tservers {\n\t\tprotocols h1 h2c\n\t}", "wait 30s")
 	holder := holdSlot(t, b, addr)
 	body := randomBody(t, 100<<10)
 
