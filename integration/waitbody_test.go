@@ -93,6 +93,26 @@ func bodyWaits(t *testing.T, outcome string) float64 {
 	return metric(t, "caddy_inflight_wait_seconds_count", `zone="body"`, `outcome="`+outcome+`"`)
 }
 
+// leaveQueue waits until n requests wait in zone body, lets their clients
+// leave, and checks that all leave the queue within a second, counted as
+// aborted.
+func leaveQueue(t *testing.T, what string, n int, leave func()) {
+	t.Helper()
+	eventually(t, "all are queued", func() bool { return bodyWaiting(t) == float64(n) })
+	abortedBefore := bodyWaits(t, "aborted")
+	start := time.Now()
+	leave()
+	eventually(t, "the queue is empty", func() bool { return bodyWaiting(t) == 0 })
+	took := time.Since(start)
+	t.Logf("%d %s left the queue %v after their clients left", n, what, took)
+	if took > time.Second {
+		t.Fatalf("the queue emptied %v after the clients left, want within 1s", took)
+	}
+	if got := bodyWaits(t, "aborted") - abortedBefore; got != float64(n) {
+		t.Fatalf("aborted waits counted %v, want %d", got, n)
+	}
+}
+
 // holdSlot takes tenant t's only slot until the backend's gate opens.
 func holdSlot(t *testing.T, b *hashBackend, addr string) <-chan result {
 	t.Helper()
@@ -150,7 +170,6 @@ func TestDisconnectedPostWaitersLeaveTheQueue(t *testing.T) {
 	body := randomBody(t, 1000)
 
 	const n = 200
-	abortedBefore := bodyWaits(t, "aborted")
 	conns := make([]net.Conn, n)
 	for i := range conns {
 		sent := len(body)
@@ -159,21 +178,11 @@ func TestDisconnectedPostWaitersLeaveTheQueue(t *testing.T) {
 		}
 		conns[i] = rawPost(t, addr, body, sent, i%4 >= 2)
 	}
-	eventually(t, "all are queued", func() bool { return bodyWaiting(t) == n })
-
-	start := time.Now()
-	for _, c := range conns {
-		c.Close()
-	}
-	eventually(t, "the queue is empty", func() bool { return bodyWaiting(t) == 0 })
-	took := time.Since(start)
-	t.Logf("%d disconnected POST waiters left the queue %v after their clients closed", n, took)
-	if took > time.Second {
-		t.Fatalf("the queue emptied %v after the clients left, want within 1s", took)
-	}
-	if got := bodyWaits(t, "aborted") - abortedBefore; got != n {
-		t.Fatalf("aborted waits counted %v, want %d", got, n)
-	}
+	leaveQueue(t, "disconnected HTTP/1.1 POST waiters", n, func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	})
 	b.open()
 	<-holder
 	eventually(t, "no slot held", func() bool { return metric(t, "caddy_inflight_requests", `zone="body"`) == 0 })
@@ -280,7 +289,6 @@ func TestExpectContinueWhileWaiting(t *testing.T) {
 	b := newHashBackend(t)
 	addr := bodySite(t, b, "", "wait 30s")
 	holder := holdSlot(t, b, addr)
-	abortedBefore := bodyWaits(t, "aborted")
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -294,11 +302,7 @@ func TestExpectContinueWhileWaiting(t *testing.T) {
 	if w := bodyWaiting(t); w != 1 {
 		t.Fatalf("waiting = %v when 100 Continue came, want 1", w)
 	}
-	c.Close()
-	eventually(t, "the queue is empty", func() bool { return bodyWaiting(t) == 0 })
-	if got := bodyWaits(t, "aborted") - abortedBefore; got != 1 {
-		t.Fatalf("aborted waits counted %v, want 1", got)
-	}
+	leaveQueue(t, "waiter with Expect: 100-continue, body unsent,", 1, func() { c.Close() })
 	b.open()
 	<-holder
 }
@@ -415,7 +419,6 @@ func TestHTTP2WaitingPosts(t *testing.T) {
 	body := randomBody(t, 100<<10)
 
 	const n = 100
-	abortedBefore := bodyWaits(t, "aborted")
 	reset, cancel := context.WithCancel(context.Background())
 	resetClient, _ := h2cClient()
 	closeClient, closeConns := h2cClient()
@@ -431,19 +434,10 @@ func TestHTTP2WaitingPosts(t *testing.T) {
 			}
 		}()
 	}
-	eventually(t, "all are queued", func() bool { return bodyWaiting(t) == n })
-	start := time.Now()
-	cancel()
-	closeConns()
-	eventually(t, "the queue is empty", func() bool { return bodyWaiting(t) == 0 })
-	took := time.Since(start)
-	t.Logf("%d HTTP/2 POST waiters (reset or connection closed) left the queue %v after their clients left", n, took)
-	if took > time.Second {
-		t.Fatalf("the queue emptied %v after the clients left, want within 1s", took)
-	}
-	if got := bodyWaits(t, "aborted") - abortedBefore; got != n {
-		t.Fatalf("aborted waits counted %v, want %d", got, n)
-	}
+	leaveQueue(t, "HTTP/2 POST waiters (streams reset or connection closed)", n, func() {
+		cancel()
+		closeConns()
+	})
 	wg.Wait()
 
 	large := randomBody(t, 5<<20)
