@@ -10,6 +10,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,9 +21,10 @@ import (
 // hashBackend answers /hold when its gate opens, and anything else with the
 // length and SHA-256 of the request body it received.
 type hashBackend struct {
-	addr string
-	gate chan struct{}
-	held atomic.Int64
+	addr    string
+	gate    chan struct{}
+	held    atomic.Int64
+	uploads atomic.Int64 // requests other than /hold
 }
 
 func newHashBackend(t *testing.T) *hashBackend {
@@ -49,6 +52,7 @@ func (b *hashBackend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
+	b.uploads.Add(1)
 	h := sha256.New()
 	n, err := io.Copy(h, r.Body)
 	if err != nil {
@@ -157,19 +161,22 @@ func randomBody(t *testing.T, n int) []byte {
 	return b
 }
 
-// TestDisconnectedPostWaitersLeaveTheQueue: 200 POSTs wait, their bodies
-// sent whole or in part, with Content-Length or chunked; their clients close
-// the connections. All must leave the queue within a second, counted as
-// aborted, and none reaches the backend. Go's HTTP/1.1 server would not
-// notice these closes by itself: it watches a connection only once the
-// handler has read the body to its end.
+// TestDisconnectedPostWaitersLeaveTheQueue: 200 POSTs (INFLIGHT_BODY_WAITERS
+// sets the count) wait, their bodies sent whole or in part, with
+// Content-Length or chunked; their clients close the connections. All must
+// leave the queue within a second, counted as aborted, and none reaches the
+// backend. Go's HTTP/1.1 server would not notice these closes by itself: it
+// watches a connection only once the handler has read the body to its end.
 func TestDisconnectedPostWaitersLeaveTheQueue(t *testing.T) {
 	b := newHashBackend(t)
-	addr := bodySite(t, b, "", "wait 30s")
+	addr := bodySite(t, b, "", "wait 30s\n\t\tmax_waiting 100000")
 	holder := holdSlot(t, b, addr)
 	body := randomBody(t, 1000)
 
-	const n = 200
+	n := 200
+	if v, err := strconv.Atoi(os.Getenv("INFLIGHT_BODY_WAITERS")); err == nil {
+		n = v
+	}
 	conns := make([]net.Conn, n)
 	for i := range conns {
 		sent := len(body)
@@ -186,6 +193,9 @@ func TestDisconnectedPostWaitersLeaveTheQueue(t *testing.T) {
 	b.open()
 	<-holder
 	eventually(t, "no slot held", func() bool { return metric(t, "caddy_inflight_requests", `zone="body"`) == 0 })
+	if u := b.uploads.Load(); u != 0 {
+		t.Fatalf("the backend got %d of the POSTs whose clients had left, want none", u)
+	}
 }
 
 // TestWaitingBodyArrivesIntact: POSTs that wait and are then admitted
