@@ -103,20 +103,59 @@ func (b *workers) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Write([]byte("ok"))
 }
 
-// TestAdaptiveRealBackend puts `total adaptive` before a real backend of c
-// workers (service time S) behind a real Caddy, under 5× overload from
-// closed-loop clients that wait for a slot, and reports what it measures
-// over the run's second half. In CI it runs for a few seconds with loose
-// bounds (the machine is shared); for the figures:
+// TestAdaptiveRealBackend puts a real backend of c workers (service time
+// S) behind a real Caddy under 5× overload from closed-loop clients that
+// wait for a slot, first with a fixed `total` of c, then with `total
+// adaptive`, and reports what each measures over its run's second half. In
+// CI it runs for a few seconds with loose bounds (the machine is shared);
+// for the figures:
 //
 //	INFLIGHT_ADAPTIVE_SECONDS=30 go test -count=1 -v -run '^TestAdaptiveRealBackend$' ./integration
 func TestAdaptiveRealBackend(t *testing.T) {
 	const c, service = 8, 50 * time.Millisecond
-	seconds := 6
+	seconds := 4
 	if s := os.Getenv("INFLIGHT_ADAPTIVE_SECONDS"); s != "" {
 		fmt.Sscan(s, &seconds)
 	}
 	duration := time.Duration(seconds) * time.Second
+	fixed := overload(t, fmt.Sprintf("total %d", c), c, service, duration, func() {})
+	var limits []float64
+	adaptive := overload(t, "total adaptive", c, service, duration, func() {
+		limits = append(limits, metric(t, "caddy_inflight_adaptive_limit", `zone="real"`))
+	})
+	slices.Sort(limits)
+	settled := limits[len(limits)/2]
+	baseline := metric(t, "caddy_inflight_adaptive_baseline_seconds", `zone="real"`)
+	t.Logf("real backend c=%d S=%v, %d clients, %v each:", c, service, 5*c, duration)
+	t.Logf("  total %d: %v", c, fixed)
+	t.Logf("  total adaptive: %v; limit median %.0f (min %.0f, max %.0f), baseline %.1f ms", adaptive, settled, limits[0], limits[len(limits)-1], baseline*1000)
+
+	if fixed.failed+adaptive.failed > 0 {
+		t.Errorf("%d requests failed, want none (clients wait for a slot)", fixed.failed+adaptive.failed)
+	}
+	if settled < c/2 || settled > 2*c {
+		t.Errorf("limit settled at %.0f, want about c = %d (within [%d, %d] on a shared machine)", settled, c, c/2, 2*c)
+	}
+	if baseline < service.Seconds() {
+		t.Errorf("baseline %.1f ms, below the service time %v: it cannot be", baseline*1000, service)
+	}
+}
+
+// overloadResult is what the backend saw in the second half of a run.
+type overloadResult struct {
+	queueing   time.Duration // median time a request queued inside the backend
+	throughput float64       // completions per second / (c/S)
+	failed     int64         // requests that did not end in 200
+}
+
+func (r overloadResult) String() string {
+	return fmt.Sprintf("backend queueing median %v, throughput %.3f of c/S, failed %d", r.queueing.Round(100*time.Microsecond), r.throughput, r.failed)
+}
+
+// overload runs 5c closed-loop clients for duration through `inflight {
+// <total> wait 10s }` (zone real) before a fresh backend of c workers, and
+// calls sample every 100 ms of the second half.
+func overload(t *testing.T, total string, c int, service time.Duration, duration time.Duration, sample func()) overloadResult {
 	b := &workers{slots: make(chan struct{}, c), service: service}
 	srv := &http.Server{Handler: b}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -124,18 +163,17 @@ func TestAdaptiveRealBackend(t *testing.T) {
 		t.Fatal(err)
 	}
 	go srv.Serve(l)
-	t.Cleanup(func() { srv.Close() })
-
+	defer srv.Close()
 	port := freePort(t)
 	load(t, fmt.Sprintf(`http://127.0.0.1:%d {
 	inflight {
 		zone real
-		total adaptive
+		%s
 		wait 10s
 	}
 	reverse_proxy %s
 }
-`, port, l.Addr()))
+`, port, total, l.Addr()))
 	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
 
 	ctx, cancel := context.WithTimeout(context.Background(), duration)
@@ -155,7 +193,6 @@ func TestAdaptiveRealBackend(t *testing.T) {
 			}
 		})
 	}
-	var limits []float64
 	half := time.Now().Add(duration / 2)
 	for ctx.Err() == nil {
 		time.Sleep(100 * time.Millisecond)
@@ -163,31 +200,19 @@ func TestAdaptiveRealBackend(t *testing.T) {
 			if !b.record.Swap(true) {
 				half = time.Now()
 			}
-			limits = append(limits, metric(t, "caddy_inflight_adaptive_limit", `zone="real"`))
+			sample()
 		}
 	}
 	measured := time.Since(half)
 	b.record.Store(false)
 	wg.Wait()
 
-	slices.Sort(limits)
 	b.mu.Lock()
+	defer b.mu.Unlock()
 	slices.Sort(b.queued)
-	queueing := b.queued[len(b.queued)/2]
-	b.mu.Unlock()
-	throughput := float64(b.served.Load()) / measured.Seconds() / (c / service.Seconds())
-	settled := limits[len(limits)/2]
-	baseline := metric(t, "caddy_inflight_adaptive_baseline_seconds", `zone="real"`)
-	t.Logf("real backend c=%d S=%v, %d clients, %v: limit median %.0f (min %.0f, max %.0f), backend queueing median %v, throughput %.3f of c/S, baseline %.1f ms, failed %d",
-		c, service, 5*c, duration, settled, limits[0], limits[len(limits)-1], queueing.Round(100*time.Microsecond), throughput, baseline*1000, failed.Load())
-
-	if failed.Load() > 0 {
-		t.Errorf("%d requests failed, want none (clients wait for a slot)", failed.Load())
-	}
-	if settled < c/2 || settled > 2*c {
-		t.Errorf("limit settled at %.0f, want about c = %d (within [%d, %d] on a shared machine)", settled, c, c/2, 2*c)
-	}
-	if baseline < service.Seconds() {
-		t.Errorf("baseline %.1f ms, below the service time %v: it cannot be", baseline*1000, service)
+	return overloadResult{
+		queueing:   b.queued[len(b.queued)/2],
+		throughput: float64(b.served.Load()) / measured.Seconds() / (float64(c) / service.Seconds()),
+		failed:     failed.Load(),
 	}
 }
