@@ -481,3 +481,36 @@ func BenchmarkWaitRoutePost(b *testing.B) {
 		})
 	}
 }
+
+// TestRedisStoreWaitingPosts: with the counts in Redis, POST waiters whose
+// clients leave mid-body or after it leave the queue within a second, and a
+// POST that waits arrives intact.
+func TestRedisStoreWaitingPosts(t *testing.T) {
+	r := startRedis(t)
+	b := newHashBackend(t)
+	addr := bodySite(t, b, "", "wait 30s\n\t\tstore redis {\n\t\t\taddress "+r.addr+"\n\t\t}")
+	holder := holdSlot(t, b, addr)
+	body := randomBody(t, 10<<10)
+	conns := make([]net.Conn, 20)
+	for i := range conns {
+		conns[i] = rawPost(t, addr, body, len(body)/(1+i%2), i%4 >= 2)
+	}
+	leaveQueue(t, "POST waiters with store redis", len(conns), func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	c := rawPost(t, addr, body, len(body), false)
+	defer c.Close()
+	eventually(t, "queued", func() bool { return bodyWaiting(t) == 1 })
+	b.open()
+	<-holder
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	answer, _ := io.ReadAll(resp.Body)
+	if want := digest(body); resp.StatusCode != 200 || string(answer) != want {
+		t.Fatalf("backend answered %d %.80q, want 200 %.80q", resp.StatusCode, answer, want)
+	}
+}
