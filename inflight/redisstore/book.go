@@ -44,8 +44,8 @@ type book struct {
 
 	next   atomic.Uint64
 	mu     sync.Mutex
-	leases map[string]*lease // held, by member: renewed
-	ended  map[string]*lease // released or ghosts, by member: to remove
+	leases map[string]*lease            // held, by member: renewed
+	ended  map[string]map[string]*lease // released or ghosts, by zone tag and member: to remove
 	zones  map[string]*redisZone
 	users  int          // configs using the book
 	active atomic.Int64 // requests in Acquire, waiting or not
@@ -117,7 +117,7 @@ func newBook(s *Store, id string) *book {
 		closed:   s.OnError == "closed",
 		instance: randomID(),
 		leases:   map[string]*lease{},
-		ended:    map[string]*lease{},
+		ended:    map[string]map[string]*lease{},
 		zones:    map[string]*redisZone{},
 		work:     make(chan struct{}, 1),
 		stop:     make(chan struct{}),
@@ -164,10 +164,41 @@ func (b *book) release(member string) {
 	if l := b.leases[member]; l != nil {
 		delete(b.leases, member)
 		l.released = time.Now()
-		b.ended[member] = l
+		b.endLocked(member, l)
 	}
 	b.mu.Unlock()
 	b.poke()
+}
+
+// endLocked files a lease as ended, to be removed. mu must be held.
+func (b *book) endLocked(member string, l *lease) {
+	byMember := b.ended[l.tag]
+	if byMember == nil {
+		byMember = map[string]*lease{}
+		b.ended[l.tag] = byMember
+	}
+	byMember[member] = l
+}
+
+// pending returns up to scriptChunk (set, member) pairs of a zone's ended
+// leases, for an admission to remove before it checks the sets: this
+// instance's releases are then never late for its own next admission (a
+// client that sends its next request as soon as it has a response).
+// maintain removes them all the same, after any renewal that may have
+// written them back.
+func (b *book) pending(tag string) entries {
+	var e entries
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for m, l := range b.ended[tag] {
+		if len(e.keys)+len(l.sets) > scriptChunk {
+			break
+		}
+		for _, set := range l.sets {
+			e.add(set, m)
+		}
+	}
+	return e
 }
 
 // dropGhosts records the members of an admission whose reply never came.
@@ -175,7 +206,7 @@ func (b *book) dropGhosts(tag string, members []string, sets [][]string) {
 	now := time.Now()
 	b.mu.Lock()
 	for i, m := range members {
-		b.ended[m] = &lease{tag: tag, sets: sets[i], released: now, ghost: true}
+		b.endLocked(m, &lease{tag: tag, sets: sets[i], released: now, ghost: true})
 	}
 	b.mu.Unlock()
 	b.poke()
@@ -284,22 +315,27 @@ func (b *book) removeReleased(ticked bool) {
 	byZone := map[string]*batch{}
 	now := time.Now()
 	b.mu.Lock()
-	for m, l := range b.ended {
-		switch {
-		case now.Sub(l.released) > b.lease:
-			delete(b.ended, m) // expired in Redis by now
-			continue
-		case l.removed && !ticked:
-			continue
+	for tag, byMember := range b.ended {
+		for m, l := range byMember {
+			switch {
+			case now.Sub(l.released) > b.lease:
+				delete(byMember, m) // expired in Redis by now
+				continue
+			case l.removed && !ticked:
+				continue
+			}
+			e := byZone[tag]
+			if e == nil {
+				e = &batch{}
+				byZone[tag] = e
+			}
+			e.ids = append(e.ids, m)
+			for _, set := range l.sets {
+				e.add(set, m)
+			}
 		}
-		e := byZone[l.tag]
-		if e == nil {
-			e = &batch{}
-			byZone[l.tag] = e
-		}
-		e.ids = append(e.ids, m)
-		for _, set := range l.sets {
-			e.add(set, m)
+		if len(byMember) == 0 {
+			delete(b.ended, tag)
 		}
 	}
 	b.mu.Unlock()
@@ -320,14 +356,14 @@ func (b *book) removeReleased(ticked bool) {
 		return // retried on the next tick
 	}
 	b.mu.Lock()
-	for _, e := range byZone {
+	for tag, e := range byZone {
 		for _, m := range e.ids {
-			switch l := b.ended[m]; {
+			switch l := b.ended[tag][m]; {
 			case l == nil:
 			case l.ghost:
 				l.removed = true
 			default:
-				delete(b.ended, m)
+				delete(b.ended[tag], m)
 			}
 		}
 	}

@@ -28,7 +28,9 @@
 //     book, in order, so a lease released is never renewed again after
 //     its removal. Release takes the local count back at once; the Redis
 //     round trip happens off the response path, and is retried on every
-//     tick until it succeeds or the lease has expired anyway.
+//     tick until it succeeds or the lease has expired anyway. Until then,
+//     each admission in the zone removes those leases first, so a
+//     release is never late for this instance's next admission.
 //   - A book (and its client) lives while a config uses it, any of its
 //     leases remain or a request is in its Acquire (waiting or not): a
 //     reload that changes any option keeps admitting, renewing, releasing

@@ -9,23 +9,38 @@ import (
 // Every script reads the time from Redis, so the instances' clocks need not
 // agree, and touches the keys of one zone only: one Redis Cluster slot.
 
-// admitScript admits, in order, each of a batch of requests whose every
-// sorted set has room, all of its sets or none. It answers, per request,
-// the 1-based position among its sets of the one that was full, or 0 when
-// it was admitted (decoded into verdicts by decodeVerdicts). If a request
-// that will wait was refused, the instance is listed in the waiting set, so
-// that releases anywhere announce themselves.
+// admitScript first removes this instance's leases that ended and are not
+// removed yet (announcing it if anyone waits), then admits, in order, each
+// of a batch of requests whose every sorted set has room, all of its sets
+// or none. It answers, per request, the 1-based position among its sets of
+// the one that was full, or 0 when it was admitted (decoded into verdicts
+// by decodeVerdicts). If a request that will wait was refused, the instance
+// is listed in the waiting set, so that releases anywhere announce
+// themselves.
 //
 // KEYS[1]: the zone's waiting set; the rest: the sorted sets. ARGV: the
 // lease (ms), how long a waiting listing lasts (ms), the instance, the
-// number of requests, then per request its member, 1 if it waits when
-// refused, its number of sets, and per set its index in KEYS and its max.
+// channel, the number of leases to remove, then per lease to remove its
+// set's index in KEYS and its member; then the number of requests, then
+// per request its member, 1 if it waits when refused, its number of sets,
+// and per set its index in KEYS and its max.
 var admitScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local lease, listing, instance, n = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+local lease, listing, instance, channel = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local expiry, ttl = now + lease, 2 * lease
-local pos, cleaned, out, waits = 5, {}, {}, false
+local pos, removed = 6, 0
+for i = 1, tonumber(ARGV[5]) do
+	removed = removed + redis.call('ZREM', KEYS[tonumber(ARGV[pos])], ARGV[pos + 1])
+	pos = pos + 2
+end
+if removed > 0 then
+	redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+	if redis.call('ZCARD', KEYS[1]) > 0 then redis.call('PUBLISH', channel, '1') end
+end
+local n = tonumber(ARGV[pos])
+pos = pos + 1
+local cleaned, out, waits = {}, {}, false
 for r = 1, n do
 	local member, willWait, count = ARGV[pos], ARGV[pos + 1] == '1', tonumber(ARGV[pos + 2])
 	pos = pos + 3

@@ -369,3 +369,18 @@ func TestReloadDuringAdmissionKeepsTheClient(t *testing.T) {
 		t.Fatalf("admission in flight across the reload: %v, want admitted", res.Outcome)
 	}
 }
+
+// Releasing off the response path must not refuse a client's next request:
+// a client with a cap of 1 that sends its next request as soon as it has a
+// response is admitted every time.
+func TestNextRequestAfterReleaseIsAdmitted(t *testing.T) {
+	addr, _ := startRedis(t)
+	s := newStore(t, store(addr, nil))
+	limits := &limiter.Limits{Max: []int64{1}}
+	z, _ := zoneOf(s, "next", limits)
+	for i := range 200 {
+		req := request(limits, "k")
+		mustAdmit(t, z, req, fmt.Sprint("request ", i, " right after the previous one's release"))
+		z.Release(req)
+	}
+}

@@ -119,7 +119,19 @@ func (z *redisZone) admit(reqs []*limiter.Request, waits []bool) ([]verdict, err
 	}
 	keys := []string{z.tag + ":waiting"}
 	index := map[string]int{}
-	args := []any{z.book.lease.Milliseconds(), listing.Milliseconds(), z.book.instance, len(sent)}
+	keyIndex := func(set string) int {
+		if _, ok := index[set]; !ok {
+			keys = append(keys, set)
+			index[set] = len(keys)
+		}
+		return index[set]
+	}
+	ended := z.book.pending(z.tag)
+	args := []any{z.book.lease.Milliseconds(), listing.Milliseconds(), z.book.instance, z.tag + ":released", len(ended.keys)}
+	for i, set := range ended.keys {
+		args = append(args, keyIndex(set), ended.members[i])
+	}
+	args = append(args, len(sent))
 	members := make([]string, len(sent))
 	sets := make([][]string, len(sent))
 	dims := make([][]int, len(sent))
@@ -134,11 +146,7 @@ func (z *redisZone) admit(reqs []*limiter.Request, waits []bool) ([]verdict, err
 		args = append(args, members[j], willWait, len(sets[j]))
 		limits := z.local.LimitsOf(req)
 		for k, set := range sets[j] {
-			if _, ok := index[set]; !ok {
-				keys = append(keys, set)
-				index[set] = len(keys)
-			}
-			args = append(args, index[set], limits.WholeCap(req, dims[j][k]))
+			args = append(args, keyIndex(set), limits.WholeCap(req, dims[j][k]))
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), z.book.timeout)
