@@ -91,14 +91,16 @@ type timeline struct {
 	peakTotal  int
 	keyFull    map[string][]span
 	totalFull  []span
+	grace      time.Duration // how long a slot may stay taken after its request ended
 }
 
-// replay sweeps the recorded events in order.
-func (rec *recorder) replay(c caps) *timeline {
+// replay sweeps the recorded events in order; grace is how long a slot may
+// stay taken after its request ended.
+func (rec *recorder) replay(c caps, grace time.Duration) *timeline {
 	rec.mu.Lock()
 	events := append([]event(nil), rec.events...)
 	rec.mu.Unlock()
-	tl := &timeline{keyFull: map[string][]span{}}
+	tl := &timeline{keyFull: map[string][]span{}, grace: grace}
 	count := map[string]int{}
 	sum, overKeys := 0, 0
 	var overSince, overAdmitted, totalSince time.Time
@@ -186,15 +188,15 @@ func (tl *timeline) overWindow(heal time.Time) time.Duration {
 	return w
 }
 
-// refusalSlack is the time around a refusal in which a tenant or the total
-// at its cap at the backend explains it: a slot is taken in Redis a little
-// before the request reaches the backend, and given back a little after it
-// leaves.
-const refusalSlack = 150 * time.Millisecond
+// admitSlack is how long after a refusal a tenant or the total reaching its
+// cap at the backend still explains it: a slot is taken in Redis a little
+// before its request reaches the backend.
+const admitSlack = 150 * time.Millisecond
 
 // undeserved returns the refusals sent and answered within [from, to)
-// during which the backend never had the tenant, nor the total, at its cap:
-// capacity lost.
+// while the backend had not had the tenant, nor the total, at its cap for
+// longer than tl.grace: some slot stayed taken longer than that after its
+// request ended (or was never admitted). That is capacity lost.
 func (tl *timeline) undeserved(refusals []outcome, from, to time.Time) []outcome {
 	var out []outcome
 next:
@@ -202,7 +204,7 @@ next:
 		if r.sent.Before(from) || !r.done.Before(to) {
 			continue
 		}
-		a, b := r.sent.Add(-refusalSlack), r.done.Add(refusalSlack)
+		a, b := r.sent.Add(-tl.grace), r.done.Add(admitSlack)
 		for _, s := range append(tl.keyFull[r.key], tl.totalFull...) {
 			if s.overlaps(a, b) {
 				continue next
@@ -270,7 +272,7 @@ func TestFaultChecker(t *testing.T) {
 	} {
 		rec.events = append(rec.events, event{at(e.ms), e.key, e.delta})
 	}
-	tl := rec.replay(caps{tenant: 2})
+	tl := rec.replay(caps{tenant: 2}, 150*time.Millisecond)
 	if got := tl.overIn(at(0), at(2000)); got != 700*time.Millisecond {
 		t.Errorf("over-admission for %v, want 700ms (the 5 ms overlap ignored)", got)
 	}
@@ -279,7 +281,7 @@ func TestFaultChecker(t *testing.T) {
 	}
 	refusals := []outcome{
 		{key: "a", sent: at(500), done: at(501), status: 429},   // a over its cap: deserved
-		{key: "a", sent: at(1200), done: at(1201), status: 429}, // a empty for longer than refusalSlack: capacity lost
+		{key: "a", sent: at(1200), done: at(1201), status: 429}, // a empty for longer than the grace: capacity lost
 	}
 	lost := tl.undeserved(refusals, at(0), at(2000))
 	if len(lost) != 1 || lost[0].sent != at(1200) {

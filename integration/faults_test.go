@@ -137,7 +137,9 @@ func (e *faultEnv) run(bound time.Duration, fault func(e *faultEnv) (healed time
 func (e *faultEnv) check(name string, began, healed time.Time, bound time.Duration, outage bool) windows {
 	t := e.t
 	t.Helper()
-	tl := e.rec.replay(e.caps)
+	// The bound: no slot stays taken for a request that has ended
+	// for longer than one renewal interval.
+	tl := e.rec.replay(e.caps, e.timing.lease/3)
 	refusals := e.traffic.refusals()
 	w := windows{fault: name, overAdmission: tl.overWindow(healed), capacityLost: tl.lostWindow(refusals, healed),
 		peakTenant: tl.peakTenant, peakTotal: tl.peakTotal}
