@@ -2,10 +2,7 @@ package integration
 
 import (
 	"context"
-	"net"
-	"net/http"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -17,23 +14,8 @@ import (
 // it. This measures what such a backend sees behind `inflight 5`, for the
 // README's Guarantees.
 func TestAbandonedRequestsKeepAStubbornBackendBusy(t *testing.T) {
-	var cur, peak atomic.Int64
-	stubborn := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		n := cur.Add(1)
-		defer cur.Add(-1)
-		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
-		}
-		time.Sleep(500 * time.Millisecond) // works on, whatever the client does
-	})
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: stubborn}
-	go srv.Serve(l)
-	t.Cleanup(func() { srv.Close() })
-
-	b := &backend{addr: l.Addr().String()}
+	stubborn := newSlowBackend(t, 500*time.Millisecond)
+	b := &backend{addr: stubborn.addr}
 	cfg, url := site(t, b, "\tinflight 5")
 	load(t, cfg)
 	c := client("127.0.0.1")
@@ -53,8 +35,8 @@ func TestAbandonedRequestsKeepAStubbornBackendBusy(t *testing.T) {
 		time.Sleep(35 * time.Millisecond)
 	}
 	wg.Wait()
-	t.Logf("behind inflight 5, a backend that ignores disconnects had %d requests at once", peak.Load())
-	if p := peak.Load(); p <= 5 {
+	t.Logf("behind inflight 5, a backend that ignores disconnects had %d requests at once", stubborn.peak.Load())
+	if p := stubborn.peak.Load(); p <= 5 {
 		t.Fatalf("backend peak %d: the cap held, so the README's statement that abandoned requests escape it is wrong", p)
 	}
 	eventually(t, "the zone is empty", func() bool { return metric(t, "caddy_inflight_requests") == 0 })

@@ -97,14 +97,7 @@ func chaosBackend(t *testing.T) string {
 		}
 		io.Copy(conn, rw) // echo until either side closes
 	})
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: mux}
-	go srv.Serve(l)
-	t.Cleanup(func() { srv.Close() })
-	return l.Addr().String()
+	return serveAt(t, "127.0.0.1:0", mux)
 }
 
 func chaosConfig(port int, upstream string, max int) []byte {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -24,21 +23,12 @@ type slowBackend struct {
 func newSlowBackend(t *testing.T, service time.Duration) *slowBackend {
 	t.Helper()
 	b := &slowBackend{service: service}
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		n := b.cur.Add(1)
+	b.addr = serveAt(t, "127.0.0.1:0", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		defer b.cur.Add(-1)
-		for p := b.peak.Load(); n > p && !b.peak.CompareAndSwap(p, n); p = b.peak.Load() {
-		}
-		time.Sleep(b.service)
+		notePeak(&b.peak, b.cur.Add(1))
+		time.Sleep(b.service) // whatever the client does
 		w.Write([]byte("ok"))
-	})}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b.addr = l.Addr().String()
-	go srv.Serve(l)
-	t.Cleanup(func() { srv.Close() })
+	}))
 	return b
 }
 

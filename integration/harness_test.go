@@ -104,10 +104,8 @@ func newBackend(t *testing.T) *backend {
 }
 
 func (b *backend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	n := b.cur.Add(1)
 	defer b.cur.Add(-1)
-	for p := b.peak.Load(); n > p && !b.peak.CompareAndSwap(p, n); p = b.peak.Load() {
-	}
+	notePeak(&b.peak, b.cur.Add(1))
 	b.mu.Lock()
 	b.arrived = append(b.arrived, r.Header.Get("X-Name"))
 	gate := b.gate
@@ -292,18 +290,30 @@ func TestMain(m *testing.M) {
 // name their upstream.
 func newBackendAt(t *testing.T, addr string) *backend {
 	t.Helper()
+	b := &backend{gate: make(chan struct{})}
+	b.addr = serveAt(t, addr, b)
+	t.Cleanup(b.open) // before the server closes: held requests end
+	return b
+}
+
+// serveAt serves h on addr (port 0: any free port) until the test ends,
+// and returns the address.
+func serveAt(t testing.TB, addr string, h http.Handler) string {
+	t.Helper()
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := &backend{gate: make(chan struct{}), addr: l.Addr().String()}
-	srv := &http.Server{Handler: b}
+	srv := &http.Server{Handler: h}
 	go srv.Serve(l)
-	t.Cleanup(func() {
-		b.open()
-		srv.Close()
-	})
-	return b
+	t.Cleanup(func() { srv.Close() })
+	return l.Addr().String()
+}
+
+// notePeak raises peak to n if n is higher.
+func notePeak(peak *atomic.Int64, n int64) {
+	for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+	}
 }
 
 // hold sends one request that the backend holds, and returns once the backend

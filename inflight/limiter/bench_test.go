@@ -16,11 +16,9 @@ func benchKeys(n int) []string {
 	return keys
 }
 
-// BenchmarkAdmitRelease is one request through one keyed limit: admit, then
+// admitRelease is the benchmark loop of one request through z: admit, then
 // release.
-func BenchmarkAdmitRelease(b *testing.B) {
-	z := NewZone(1, false, nil)
-	r := &Request{Keys: []string{"198.51.100.7"}, Max: []int64{0}, Limits: &Limits{Max: []int64{100}}}
+func admitRelease(b *testing.B, z *Zone, r *Request) {
 	b.ReportAllocs()
 	for b.Loop() {
 		if ok, _ := z.TryAcquire(r); !ok {
@@ -28,6 +26,13 @@ func BenchmarkAdmitRelease(b *testing.B) {
 		}
 		z.Release(r)
 	}
+}
+
+// BenchmarkAdmitRelease is one request through one keyed limit: admit, then
+// release.
+func BenchmarkAdmitRelease(b *testing.B) {
+	z := NewZone(1, false, nil)
+	admitRelease(b, z, &Request{Keys: []string{"198.51.100.7"}, Max: []int64{0}, Limits: &Limits{Max: []int64{100}}})
 }
 
 // BenchmarkRefuse is a request over its cap.
@@ -110,14 +115,7 @@ func BenchmarkBesideWaiters(b *testing.B) {
 			for z.Waiting() < int64(waiters) {
 				time.Sleep(time.Millisecond)
 			}
-			r := &Request{Keys: []string{"198.51.100.7"}, Max: []int64{0}, Limits: lim}
-			b.ReportAllocs()
-			for b.Loop() {
-				if ok, _ := z.TryAcquire(r); !ok {
-					b.Fatal("refused")
-				}
-				z.Release(r)
-			}
+			admitRelease(b, z, &Request{Keys: []string{"198.51.100.7"}, Max: []int64{0}, Limits: lim})
 			b.StopTimer()
 			cancel()
 			for range waiters {
@@ -135,25 +133,11 @@ func BenchmarkAdmitReleaseMaxKeys(b *testing.B) {
 	b.Run("present", func(b *testing.B) {
 		z := NewZone(1, false, nil)
 		z.TryAcquire(&Request{Keys: []string{"198.51.100.7"}, Max: []int64{0}, Limits: lim})
-		r := &Request{Keys: []string{"198.51.100.7"}, Max: []int64{0}, Limits: lim}
-		b.ReportAllocs()
-		for b.Loop() {
-			if ok, _ := z.TryAcquire(r); !ok {
-				b.Fatal("refused")
-			}
-			z.Release(r)
-		}
+		admitRelease(b, z, &Request{Keys: []string{"198.51.100.7"}, Max: []int64{0}, Limits: lim})
 	})
 	b.Run("new", func(b *testing.B) {
 		z := NewZone(1, false, nil)
-		r := &Request{Keys: []string{"198.51.100.7"}, Max: []int64{0}, Limits: lim}
-		b.ReportAllocs()
-		for b.Loop() {
-			if ok, _ := z.TryAcquire(r); !ok {
-				b.Fatal("refused")
-			}
-			z.Release(r)
-		}
+		admitRelease(b, z, &Request{Keys: []string{"198.51.100.7"}, Max: []int64{0}, Limits: lim})
 	})
 }
 

@@ -13,6 +13,12 @@ func req(lim *Limits, keys ...string) *Request {
 	return &Request{Keys: keys, Max: make([]int64, len(keys)), Limits: lim}
 }
 
+// notePeak raises peak to n if n is higher.
+func notePeak(peak *atomic.Int64, n int64) {
+	for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+	}
+}
+
 func mustAdmit(t *testing.T, z *Zone, r *Request) {
 	t.Helper()
 	if ok, d := z.TryAcquire(r); !ok {
@@ -137,8 +143,7 @@ func TestConcurrentNeverExceedsMax(t *testing.T) {
 				}
 				admitted.Add(1)
 				n := cur[(w+i)%4].Add(1)
-				for p := peak[(w+i)%4].Load(); n > p && !peak[(w+i)%4].CompareAndSwap(p, n); p = peak[(w+i)%4].Load() {
-				}
+				notePeak(&peak[(w+i)%4], n)
 				cur[(w+i)%4].Add(-1)
 				z.Release(r)
 			}
@@ -276,8 +281,7 @@ func TestMaxKeysHoldsUnderConcurrency(t *testing.T) {
 					continue
 				}
 				n := inFlight.Add(1)
-				for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
-				}
+				notePeak(&peak, n)
 				runtime.Gosched() // hold the key a moment
 				inFlight.Add(-1)
 				z.Release(r)
