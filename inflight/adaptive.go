@@ -108,14 +108,17 @@ func (h *Handler) checkAdaptive() error {
 // adaptiveState is a zone's adaptive controller, made by the first handler
 // that wants one and kept across reloads with what it learned.
 type adaptiveState struct {
-	mu sync.Mutex
-	a  *limiter.Adaptive
+	mu    sync.Mutex
+	a     *limiter.Adaptive
+	users int // handlers using it; a reload overlaps the old and the new
 }
 
-// adaptive returns the zone's controller with cfg applied.
+// adaptive returns the zone's controller with cfg applied, for one more
+// handler.
 func (s *adaptiveState) adaptive(cfg limiter.AdaptiveConfig) *limiter.Adaptive {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.users++
 	if s.a == nil {
 		s.a = limiter.NewAdaptive(cfg, time.Now())
 	} else {
@@ -124,10 +127,21 @@ func (s *adaptiveState) adaptive(cfg limiter.AdaptiveConfig) *limiter.Adaptive {
 	return s.a
 }
 
-// current returns the zone's controller, nil if it has none.
+// leave drops a handler's use of the controller.
+func (s *adaptiveState) leave() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.users--
+}
+
+// current returns the zone's controller, nil if no handler uses one (a
+// reload replaced total adaptive with a fixed total: its gauges go).
 func (s *adaptiveState) current() *limiter.Adaptive {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.users == 0 {
+		return nil
+	}
 	return s.a
 }
 

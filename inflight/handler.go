@@ -322,6 +322,9 @@ func (h *Handler) Cleanup() error {
 		return nil
 	}
 	h.zone.Retire(h.limits)
+	if h.adaptive != nil {
+		h.zone.adaptive.leave()
+	}
 	_, err := zones.Delete(h.zoneID)
 	return err
 }

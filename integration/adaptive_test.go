@@ -216,3 +216,22 @@ func overload(t *testing.T, total string, c int, service time.Duration, duration
 		failed:     failed.Load(),
 	}
 }
+
+// A reload from total adaptive to a fixed total keeps the zone's counts but
+// drops its adaptive gauges; back to adaptive, they return.
+func TestAdaptiveGaugesFollowTheConfig(t *testing.T) {
+	b := newBackend(t)
+	port := freePort(t)
+	conf := func(total string) string {
+		return fmt.Sprintf("http://127.0.0.1:%d {\n\tinflight {\n\t\tzone switch\n\t\t%s\n\t}\n\treverse_proxy %s\n}\n", port, total, b.addr)
+	}
+	for _, tc := range []struct {
+		total string
+		want  float64
+	}{{"total adaptive {\n\t\t\tinitial 3\n\t\t}", 3}, {"total 5", 0}, {"total adaptive", 3}} {
+		load(t, conf(tc.total))
+		if got := metric(t, "caddy_inflight_adaptive_limit", `zone="switch"`); got != tc.want {
+			t.Fatalf("with %q: caddy_inflight_adaptive_limit = %v, want %v (0: not exported)", tc.total, got, tc.want)
+		}
+	}
+}
