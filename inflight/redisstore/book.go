@@ -53,7 +53,7 @@ type book struct {
 	downUntil atomic.Int64 // unix nanos until which Redis is not tried
 	outage    atomic.Bool
 	answered  atomic.Int64 // unix nanos of Redis's latest answer
-	renewSoon atomic.Bool
+	renewNow  chan struct{}
 	work      chan struct{}
 	stop      chan struct{} // closed with the client
 }
@@ -70,6 +70,9 @@ type lease struct {
 	// every tick until they would have expired.
 	ghost   bool
 	removed bool // a ghost removed at least once
+	// again is set when a renewal that wrote the lease ended after its
+	// release: a removal sent before then may have come first.
+	again bool
 }
 
 // joinBook returns the book for s's options, made if needed, and counts s
@@ -120,9 +123,11 @@ func newBook(s *Store, id string) *book {
 		ended:    map[string]map[string]*lease{},
 		zones:    map[string]*redisZone{},
 		work:     make(chan struct{}, 1),
+		renewNow: make(chan struct{}, 1),
 		stop:     make(chan struct{}),
 	}
 	go b.listen()
+	go b.renewLoop()
 	go b.maintain()
 	return b
 }
@@ -231,10 +236,8 @@ func (b *book) poke() {
 	}
 }
 
-// maintain renews the leases held every lease/3, removes the released ones
-// when poked and on every tick, and closes the book once no config, lease
-// or request in Acquire needs it. Being one goroutine, it never renews a lease after
-// removing it.
+// maintain removes the released leases when poked and on every tick, and
+// closes the book once no config, lease or request in Acquire needs it.
 func (b *book) maintain() {
 	tick := time.NewTicker(b.lease / 3)
 	defer tick.Stop()
@@ -245,13 +248,26 @@ func (b *book) maintain() {
 		case <-tick.C:
 			ticked = true
 		}
-		if b.renewSoon.Swap(false) || ticked {
-			b.renew()
-		}
 		b.removeReleased(ticked)
 		if b.closeIfUnused() {
 			return
 		}
+	}
+}
+
+// renewLoop renews the leases held every lease/3, and at once when Redis
+// answers again after an outage.
+func (b *book) renewLoop() {
+	tick := time.NewTicker(b.lease / 3)
+	defer tick.Stop()
+	for {
+		select {
+		case <-b.stop:
+			return
+		case <-tick.C:
+		case <-b.renewNow:
+		}
+		b.renew()
 	}
 }
 
@@ -277,8 +293,10 @@ func (b *book) closeIfUnused() bool {
 // cluster slot) and chunk, in one pipeline.
 func (b *book) renew() {
 	byZone := map[string]*entries{}
+	renewed := map[string]*lease{}
 	b.mu.Lock()
 	for m, l := range b.leases {
+		renewed[m] = l
 		e := byZone[l.tag]
 		if e == nil {
 			e = &entries{}
@@ -301,6 +319,27 @@ func (b *book) renew() {
 			}
 		}
 	})
+	b.removeAgain(renewed)
+}
+
+// removeAgain files for removal, once more, the leases released while a
+// renewal that wrote them was under way: their removal may have reached
+// Redis before the renewal did.
+func (b *book) removeAgain(renewed map[string]*lease) {
+	again := false
+	b.mu.Lock()
+	for m, l := range renewed {
+		if b.leases[m] == l {
+			continue // still held
+		}
+		l.again = true
+		b.endLocked(m, l)
+		again = true
+	}
+	b.mu.Unlock()
+	if again {
+		b.poke()
+	}
 }
 
 // removeReleased removes the leases of requests that ended, one script per
@@ -324,6 +363,7 @@ func (b *book) removeReleased(ticked bool) {
 			case l.removed && !ticked:
 				continue
 			}
+			l.again = false
 			e := byZone[tag]
 			if e == nil {
 				e = &batch{}
@@ -359,12 +399,15 @@ func (b *book) removeReleased(ticked bool) {
 	for tag, e := range byZone {
 		for _, m := range e.ids {
 			switch l := b.ended[tag][m]; {
-			case l == nil:
+			case l == nil || l.again: // again: removed on the next pass
 			case l.ghost:
 				l.removed = true
 			default:
 				delete(b.ended[tag], m)
 			}
+		}
+		if len(b.ended[tag]) == 0 {
+			delete(b.ended, tag)
 		}
 	}
 	b.mu.Unlock()
@@ -434,8 +477,10 @@ func (b *book) observe(op string, start time.Time, err error) {
 		if b.outage.CompareAndSwap(true, false) {
 			b.downUntil.Store(0)
 			b.logger.Info("redis store reachable again")
-			b.renewSoon.Store(true)
-			b.poke()
+			select {
+			case b.renewNow <- struct{}{}:
+			default:
+			}
 		}
 		return
 	}

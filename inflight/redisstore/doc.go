@@ -24,13 +24,15 @@
 //     on Redis later: its members are removed on every renewal tick for a
 //     whole lease, so such a ghost holds a slot for at most one renewal
 //     interval after it appears.
-//   - Renewal and the Redis side of release run in one goroutine per
-//     book, in order, so a lease released is never renewed again after
-//     its removal. Release takes the local count back at once; the Redis
-//     round trip happens off the response path, and is retried on every
-//     tick until it succeeds or the lease has expired anyway. Until then,
-//     each admission in the zone removes those leases first, so a
-//     release is never late for this instance's next admission.
+//   - Renewal and the Redis side of release run in goroutines of their
+//     own, so a slow renewal does not hold releases back. A lease released
+//     while a renewal that wrote it was under way is removed once more
+//     after that renewal, so it never stays in Redis after its removal.
+//     Release takes the local count back at once; the Redis round trip
+//     happens off the response path, and is retried on every tick until
+//     it succeeds or the lease has expired anyway. Until then, each
+//     admission in the zone removes those leases first, so a release is
+//     never late for this instance's next admission.
 //   - A book (and its client) lives while a config uses it, any of its
 //     leases remain or a request is in its Acquire (waiting or not): a
 //     reload that changes any option keeps admitting, renewing, releasing

@@ -384,3 +384,25 @@ func TestNextRequestAfterReleaseIsAdmitted(t *testing.T) {
 		z.Release(req)
 	}
 }
+
+// A renewal and a release run concurrently: if the removal reaches Redis
+// before the renewal that still wrote the lease, the lease must be removed
+// again, not left renewed in Redis.
+func TestReleaseDuringRenewalLeavesNoLease(t *testing.T) {
+	addr, cli := startRedis(t)
+	s := newStore(t, store(addr, nil))
+	limits := &limiter.Limits{Max: []int64{5}}
+	z, _ := zoneOf(s, "race", limits)
+	req := request(limits, "k")
+	mustAdmit(t, z, req, "acquire")
+	b := s.book
+	b.mu.Lock()
+	renewing := map[string]*lease{req.Lease: b.leases[req.Lease]} // a renewal's snapshot
+	sets := b.leases[req.Lease].sets
+	b.mu.Unlock()
+	z.Release(req)
+	eventually(t, "lease removed", func() bool { return members(t, cli, "t") == 0 })
+	cli.ZAdd(context.Background(), sets[0], redis.Z{Score: float64(time.Now().Add(time.Minute).UnixMilli()), Member: req.Lease}) // the renewal lands late
+	b.removeAgain(renewing)
+	eventually(t, "lease removed again after the renewal", func() bool { return members(t, cli, "t") == 0 })
+}
