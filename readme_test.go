@@ -29,10 +29,14 @@ package caddyinflight_test
 //     argument (`total 50`), is wrapped in
 //     `inflight { limit snippet {client_ip} 1000; <option> }` in a site and
 //     adapted;
+//   - `"<field>": <value>` naming a JSON field of the handler is put in a
+//     handler (with a limit) and validated;
 //   - `caddy.<path>: <value>` is a caddy-docker-proxy label:
 //     integration/labels_test.go (TestREADMELabelSnippets) converts it and
 //     adapts the result;
-//   - anything else (placeholders, metric names, `dry_run` alone) is prose.
+//   - anything else (placeholders, metric names, `dry_run` alone, a store's
+//     options such as `on_error closed`, shell commands, other servers'
+//     settings) is prose.
 //
 // Adapting must succeed with no warning, so every Caddyfile snippet is also
 // `caddy fmt` clean. Every snippet and every config in examples/ must then
@@ -45,6 +49,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"os"
+	"reflect"
 	"regexp"
 	"strings"
 	"testing"
@@ -56,6 +61,7 @@ import (
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
 	_ "github.com/caddy-inflight/caddy-inflight"
+	"github.com/caddy-inflight/caddy-inflight/inflight"
 )
 
 // snippet is one piece of README.md to adapt.
@@ -180,6 +186,7 @@ func readmeSnippets(t *testing.T) []snippet {
 	for _, o := range syntaxOptions(t, blocks) {
 		options[o] = true
 	}
+	handlerFields := handlerJSONFields()
 	for _, m := range inlineCode.FindAllStringSubmatchIndex(prose, -1) {
 		text := strings.Join(strings.Fields(prose[m[2]:m[3]]), " ")
 		words := strings.Fields(text)
@@ -192,12 +199,27 @@ func readmeSnippets(t *testing.T) []snippet {
 			s.caddyfile = inSite(text)
 		case options[words[0]]:
 			s.caddyfile = inSite("inflight {\n\tlimit snippet {client_ip} 1000\n\t" + text + "\n}")
+		case handlerFields[strings.TrimSuffix(words[0], ":")]:
+			s.kind = "inline json"
+			s.json = []byte(`{"apps": {"http": {"servers": {"readme": {"listen": ["127.0.0.1:0"], "routes": [{"handle": [{"handler": "inflight", "limits": [{"name": "snippet", "max": 1000}], ` + text + `}]}]}}}}}`)
 		default:
 			continue
 		}
 		out = append(out, s)
 	}
 	return out
+}
+
+// handlerJSONFields returns the handler's JSON field names, quoted.
+func handlerJSONFields() map[string]bool {
+	fields := map[string]bool{}
+	ht := reflect.TypeFor[inflight.Handler]()
+	for i := range ht.NumField() {
+		if name, _, _ := strings.Cut(ht.Field(i).Tag.Get("json"), ","); name != "" && name != "-" {
+			fields[`"`+name+`"`] = true
+		}
+	}
+	return fields
 }
 
 // readmeJSONConfig returns a json block as a config to validate: a whole
@@ -226,7 +248,10 @@ func TestREADMESnippets(t *testing.T) {
 		if s.kind == "inline" {
 			inline++
 		}
-		if s.caddyfile == "" {
+		if s.json != nil {
+			if !json.Valid(s.json) {
+				t.Errorf("README.md:%d: %s snippet is not JSON:\n%s", s.line, s.kind, s.text)
+			}
 			continue
 		}
 		_, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(s.caddyfile), nil)
