@@ -474,8 +474,10 @@ func (b *book) observe(op string, start time.Time, err error) {
 	inflight.ObserveStore("redis", op, time.Since(start), failed)
 	if !failed {
 		b.answered.Store(time.Now().UnixNano())
-		if b.outage.CompareAndSwap(true, false) {
+		if b.downUntil.Load() != 0 {
 			b.downUntil.Store(0)
+		}
+		if b.outage.CompareAndSwap(true, false) {
 			b.logger.Info("redis store reachable again")
 			select {
 			case b.renewNow <- struct{}{}:
@@ -484,10 +486,13 @@ func (b *book) observe(op string, start time.Time, err error) {
 		}
 		return
 	}
-	if start.UnixNano() < b.answered.Load() {
-		return // sent before Redis last answered: the tail of an outage already over
-	}
 	b.downUntil.Store(time.Now().Add(time.Second).UnixNano())
+	if start.UnixNano() < b.answered.Load() {
+		// Sent before Redis last answered: the tail of an outage just over
+		// (or a wait for a connection), not a new outage to log. Redis is
+		// still left alone until it answers again.
+		return
+	}
 	if b.outage.CompareAndSwap(false, true) {
 		b.logger.Error("redis store unreachable", zap.String("op", op), zap.Error(err))
 	}
