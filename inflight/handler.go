@@ -127,10 +127,9 @@ type Handler struct {
 	// MaxKeys bounds the keys each limit of the zone holds at once, so that
 	// a flood of distinct keys cannot grow memory without end: a request
 	// with a key not yet in flight is refused (reason `keys_full`) once the
-	// bound is reached. Requests of keys already in flight are unaffected.
-	// It is enforced per shard (each limit's keys are spread over 256), so
-	// new keys may be refused a little before the bound. 0 means no bound.
-	// With a shared store it bounds the keys this instance holds.
+	// bound is reached, exactly: while MaxKeys keys of that limit are in
+	// flight. Requests of keys already in flight are unaffected. 0 means no
+	// bound. With a shared store it bounds the keys this instance holds.
 	MaxKeys int `json:"max_keys,omitempty"`
 
 	// PerKeyMetrics exports `caddy_inflight_key_requests{zone,limit,key}`,
