@@ -234,6 +234,10 @@ var faultCases = []faultCase{
 		e.redis.unpause()
 		return time.Now()
 	}},
+	{name: "reloads every 200ms changing store options", onError: "closed", exact: true, inject: func(e *faultEnv) time.Time {
+		e.reloadEvery(200*time.Millisecond, e.timing.fault)
+		return time.Now()
+	}},
 	{name: "SIGKILL of a Caddy instance", onError: "closed",
 		// The README's promise: a crashed instance's slots come back within
 		// lease of its last renewal.
@@ -277,6 +281,22 @@ func TestFaultsTotal(t *testing.T) {
 	})
 	end := time.Now()
 	e.check("client mix, no fault, with a total", end, end, 0, false)
+}
+
+// reloadEvery reloads every instance every interval for d, alternating the
+// store's timeout, so that each reload builds a new Redis client.
+func (e *faultEnv) reloadEvery(interval, d time.Duration) {
+	for i := 0; d > 0; i++ {
+		for n, m := range e.fleet {
+			site := m.site
+			site.timeout = storeTimeout + time.Duration(1-i%2)*50*time.Millisecond
+			if err := m.reload(site, e.rec.addr); err != nil {
+				e.t.Errorf("reload %d of instance %d: %v", i, n, err)
+			}
+		}
+		time.Sleep(interval)
+		d -= interval
+	}
 }
 
 // printTable logs the measured windows as the README's table.
