@@ -1,11 +1,13 @@
 package redisstore
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"time"
@@ -107,8 +109,36 @@ func (s *Store) Provision(ctx caddy.Context) error {
 	raw, _ := json.Marshal(s)
 	sum := sha256.Sum256(raw)
 	s.book = joinBook(s, hex.EncodeToString(sum[:]))
+	s.checkReachable()
 	return nil
 }
+
+// checkReachable tells the operator at startup (and in `caddy validate`)
+// that Redis cannot be reached, with the reason (connection refused, no such
+// host, auth), instead of leaving it to the first request's log. It does not
+// stop Caddy from starting: on_error says what requests get meanwhile.
+func (s *Store) checkReachable() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(s.Timeout))
+	defer cancel()
+	err := s.book.client.Ping(ctx).Err()
+	if err == nil {
+		return
+	}
+	// go-redis retries its dials until the deadline: ask the network why.
+	for _, addr := range s.Address {
+		if c, dialErr := net.DialTimeout("tcp", addr, time.Duration(s.Timeout)); dialErr != nil {
+			err = dialErr
+			break
+		} else {
+			c.Close()
+		}
+	}
+	s.logger.Warn(unreachableAtStart, zap.Strings("address", s.Address), zap.String("on_error", s.OnError), zap.Error(err))
+}
+
+// unreachableAtStart is the warning of a store whose Redis does not answer
+// when its config is loaded.
+const unreachableAtStart = "redis store unreachable at startup"
 
 // Validate checks the settings.
 func (s *Store) Validate() error {
