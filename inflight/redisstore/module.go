@@ -1,7 +1,6 @@
 package redisstore
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -115,25 +114,18 @@ func (s *Store) Provision(ctx caddy.Context) error {
 
 // checkReachable tells the operator at startup (and in `caddy validate`)
 // that Redis cannot be reached, with the reason (connection refused, no such
-// host, auth), instead of leaving it to the first request's log. It does not
-// stop Caddy from starting: on_error says what requests get meanwhile.
+// host), instead of leaving it to the first request's log. It only dials:
+// the store's client is left to the requests. Caddy starts all the same;
+// on_error says what requests get meanwhile.
 func (s *Store) checkReachable() {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(s.Timeout))
-	defer cancel()
-	err := s.book.client.Ping(ctx).Err()
-	if err == nil {
-		return
-	}
-	// go-redis retries its dials until the deadline: ask the network why.
 	for _, addr := range s.Address {
-		if c, dialErr := net.DialTimeout("tcp", addr, time.Duration(s.Timeout)); dialErr != nil {
-			err = dialErr
-			break
-		} else {
-			c.Close()
+		c, err := net.DialTimeout("tcp", addr, time.Duration(s.Timeout))
+		if err != nil {
+			s.logger.Warn(unreachableAtStart, zap.Strings("address", s.Address), zap.String("on_error", s.OnError), zap.Error(err))
+			return
 		}
+		c.Close()
 	}
-	s.logger.Warn(unreachableAtStart, zap.Strings("address", s.Address), zap.String("on_error", s.OnError), zap.Error(err))
 }
 
 // unreachableAtStart is the warning of a store whose Redis does not answer
