@@ -14,12 +14,32 @@ var retired = struct {
 }{m: map[string]*zone{}}
 
 // Destruct runs when the last handler using the zone is unloaded. Requests
-// still in flight keep a pointer to the zone and release into it safely.
+// still in flight keep a pointer to the zone and release into it safely. A
+// zone with nothing in flight is dropped at once, and so are retired zones
+// that have drained since: reloads that rename zones, with nobody reading
+// metrics, must not pile up old zones.
 func (z *zone) Destruct() error {
 	retired.Lock()
-	retired.m[z.id] = z
-	retired.Unlock()
+	defer retired.Unlock()
+	forgetIdle()
+	if !z.idle() {
+		retired.m[z.id] = z
+	}
 	return nil
+}
+
+// forgetIdle drops the retired zones that have no request left, and
+// returns the others. retired must be locked.
+func forgetIdle() []*zone {
+	var busy []*zone
+	for id, z := range retired.m {
+		if z.idle() {
+			delete(retired.m, id)
+			continue
+		}
+		busy = append(busy, z)
+	}
+	return busy
 }
 
 // takeRetired returns the retired zone of identity id, if any, no longer
@@ -41,14 +61,7 @@ func eachZone(fn func(z *zone, retired bool)) {
 		return true
 	})
 	retired.Lock()
-	var busy []*zone
-	for id, z := range retired.m {
-		if z.idle() {
-			delete(retired.m, id)
-			continue
-		}
-		busy = append(busy, z)
-	}
+	busy := forgetIdle()
 	retired.Unlock()
 	for _, z := range busy {
 		fn(z, true)
