@@ -34,7 +34,7 @@ const scriptChunk = 512
 // leases it holds there (see the package's invariants).
 type book struct {
 	id       string
-	client   redis.UniversalClient
+	options  *redis.UniversalOptions
 	logger   *zap.Logger
 	lease    time.Duration
 	timeout  time.Duration
@@ -43,19 +43,23 @@ type book struct {
 	instance string // random, so members from different instances differ
 
 	next   atomic.Uint64
+	users  int // configs using the book; guarded by books
 	mu     sync.Mutex
 	leases map[string]*lease            // held, by member: renewed
 	ended  map[string]map[string]*lease // released or ghosts, by zone tag and member: to remove
 	zones  map[string]*redisZone
-	users  int          // configs using the book
-	active atomic.Int64 // requests in Acquire, waiting or not
+	// client is nil while the book is closed. It is opened and closed
+	// under mu, and closed only while active is 0: a goroutine between
+	// enter (or tryEnter) and exit uses it without the lock.
+	client redis.UniversalClient
+	active int           // requests in Acquire, dispatches and renewals under way
+	stop   chan struct{} // closed with the client
 
 	downUntil atomic.Int64 // unix nanos until which Redis is not tried
 	outage    atomic.Bool
 	answered  atomic.Int64 // unix nanos of Redis's latest answer
 	renewNow  chan struct{}
 	work      chan struct{}
-	stop      chan struct{} // closed with the client
 }
 
 // lease is one member this instance put, or will put, in a zone's sets.
@@ -101,7 +105,7 @@ func newBook(s *Store, id string) *book {
 	timeout := time.Duration(s.Timeout)
 	b := &book{
 		id: id,
-		client: redis.NewUniversalClient(&redis.UniversalOptions{
+		options: &redis.UniversalOptions{
 			Addrs:        s.Address,
 			MasterName:   s.MasterName,
 			Username:     s.Username,
@@ -112,7 +116,7 @@ func newBook(s *Store, id string) *book {
 			WriteTimeout: timeout,
 			PoolTimeout:  timeout,
 			MaxRetries:   -1, // a retry would double the wait; the caller falls back instead
-		}),
+		},
 		logger:   s.logger,
 		lease:    time.Duration(s.Lease),
 		timeout:  timeout,
@@ -124,12 +128,19 @@ func newBook(s *Store, id string) *book {
 		zones:    map[string]*redisZone{},
 		work:     make(chan struct{}, 1),
 		renewNow: make(chan struct{}, 1),
-		stop:     make(chan struct{}),
 	}
-	go b.listen()
-	go b.renewLoop()
-	go b.maintain()
+	b.open()
 	return b
+}
+
+// open starts the client and the goroutines that use it. mu must be held
+// (or b not yet shared).
+func (b *book) open() {
+	b.client = redis.NewUniversalClient(b.options)
+	b.stop = make(chan struct{})
+	go b.listen(b.client, b.stop)
+	go b.renewLoop(b.stop)
+	go b.maintain()
 }
 
 // zone returns the store of one zone: id names the zone and its shape, so
@@ -217,13 +228,38 @@ func (b *book) dropGhosts(tag string, members []string, sets [][]string) {
 	b.poke()
 }
 
-// enter counts a request in Acquire: an old config's handler may still be
-// admitting one after a reload dropped the config's use of the book.
-func (b *book) enter() { b.active.Add(1) }
+// enter counts a request in Acquire, opening the book again if it closed:
+// Caddy cleans up an old config without waiting for its servers, so its
+// handler may still get a request after the book lost its last user.
+func (b *book) enter() {
+	b.mu.Lock()
+	if b.client == nil {
+		b.open()
+	}
+	b.active++
+	b.mu.Unlock()
+}
 
-// exit counts it out; the book may close once nothing needs it.
+// tryEnter counts in a dispatch or renewal, unless the book closed: then
+// it has nothing to do.
+func (b *book) tryEnter() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.client == nil {
+		return false
+	}
+	b.active++
+	return true
+}
+
+// exit counts out what enter or tryEnter counted in; the book may close
+// once nothing needs it.
 func (b *book) exit() {
-	if b.active.Add(-1) == 0 {
+	b.mu.Lock()
+	b.active--
+	idle := b.active == 0
+	b.mu.Unlock()
+	if idle {
 		b.poke()
 	}
 }
@@ -256,29 +292,33 @@ func (b *book) maintain() {
 }
 
 // renewLoop renews the leases held every lease/3, and at once when Redis
-// answers again after an outage.
-func (b *book) renewLoop() {
+// answers again after an outage, until stop is closed.
+func (b *book) renewLoop(stop chan struct{}) {
 	tick := time.NewTicker(b.lease / 3)
 	defer tick.Stop()
 	for {
 		select {
-		case <-b.stop:
+		case <-stop:
 			return
 		case <-tick.C:
 		case <-b.renewNow:
 		}
+		if !b.tryEnter() {
+			return
+		}
 		b.renew()
+		b.exit()
 	}
 }
 
-// closeIfUnused closes the book if nothing needs it any more.
+// closeIfUnused closes the book if nothing needs it any more. maintain is
+// the only caller, so nothing else uses the client outside enter and exit.
 func (b *book) closeIfUnused() bool {
 	books.Lock()
 	defer books.Unlock()
 	b.mu.Lock()
-	idle := b.users == 0 && len(b.leases) == 0 && len(b.ended) == 0 && b.active.Load() == 0
-	b.mu.Unlock()
-	if !idle {
+	defer b.mu.Unlock()
+	if b.users > 0 || len(b.leases) > 0 || len(b.ended) > 0 || b.active > 0 {
 		return false
 	}
 	if books.m[b.id] == b {
@@ -286,6 +326,7 @@ func (b *book) closeIfUnused() bool {
 	}
 	close(b.stop)
 	b.client.Close()
+	b.client = nil
 	return true
 }
 
@@ -437,14 +478,14 @@ func (b *book) pipeline(op string, fill func(context.Context, redis.Pipeliner)) 
 }
 
 // listen wakes a zone's waiters when any instance releases one of its
-// slots.
-func (b *book) listen() {
-	pubsub := b.client.PSubscribe(context.Background(), b.prefix+":{*}:released")
+// slots, until stop is closed.
+func (b *book) listen(client redis.UniversalClient, stop chan struct{}) {
+	pubsub := client.PSubscribe(context.Background(), b.prefix+":{*}:released")
 	defer pubsub.Close()
 	messages := pubsub.Channel()
 	for {
 		select {
-		case <-b.stop:
+		case <-stop:
 			return
 		case m, ok := <-messages:
 			if !ok {

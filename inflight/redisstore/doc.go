@@ -34,9 +34,13 @@
 //     admission in the zone removes those leases first, so a release is
 //     never late for this instance's next admission.
 //   - A book (and its client) lives while a config uses it, any of its
-//     leases remain or a request is in its Acquire (waiting or not): a
-//     reload that changes any option keeps admitting, renewing, releasing
-//     and dispatching for the requests of the old config.
+//     leases remain, a request is in its Acquire (waiting or not) or a
+//     dispatch or renewal is under way: a reload that changes any option
+//     keeps admitting, renewing, releasing and dispatching for the requests
+//     of the old config. Its client closes only when all of these are
+//     gone, checked under one lock; a request that reaches an old config's
+//     handler later (Caddy does not wait for the old servers) opens it
+//     again until that request is over.
 //   - Only Redis failing makes Redis count as down: a client's own
 //     cancellation never does (Redis calls do not inherit the request's
 //     cancellation). An outage is logged once when it starts and once when

@@ -156,6 +156,7 @@ func (s *Store) Validate() error {
 func (s *Store) Cleanup() error {
 	if s.book != nil {
 		s.book.leave()
+		s.book = nil
 	}
 	return nil
 }

@@ -126,8 +126,11 @@ func (z *redisZone) serve() {
 		case <-z.wakeup:
 		case <-poll.C:
 		}
-		if z.book.available() {
+		// The batch counts as a user of the book: the waiters may all
+		// leave, and the config go, while it is in Redis.
+		if z.book.available() && z.book.tryEnter() {
 			z.dispatch(nil, false)
+			z.book.exit()
 		}
 		z.mu.Lock()
 		if len(z.waiters) == 0 {

@@ -1,0 +1,123 @@
+package redisstore
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
+)
+
+// A book's client closes once nothing uses it. These tests are the ways
+// something still did when it closed: CI saw "use of closed network
+// connection" logged as an outage while reloads changed store options.
+
+// isOpen reports whether b's client is open.
+func isOpen(b *book) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.client != nil
+}
+
+// observeLogs sends b's log lines to the returned recorder.
+func observeLogs(b *book) *observer.ObservedLogs {
+	core, logs := observer.New(zap.InfoLevel)
+	b.logger = zap.New(core)
+	return logs
+}
+
+// Caddy cleans up an old config without waiting for its servers, so a
+// request the old server read just before a reload can reach the old
+// handler after the old config's book closed. It is admitted in Redis all
+// the same, and the book closes again once the request is over.
+func TestRequestAfterCleanupIsAdmitted(t *testing.T) {
+	addr, cli := startRedis(t)
+	old := newStore(t, store(addr, func(s *Store) { s.OnError = "closed" }))
+	logs := observeLogs(old.book)
+	limits := &limiter.Limits{Max: []int64{1}}
+	z, _ := zoneOf(old, "late", limits)
+	warmUp(t, z, limits, cli)
+	b := old.book
+	old.Cleanup() // the reload: nothing else uses the book
+	eventually(t, "the unused book closed", func() bool { return !isOpen(b) })
+
+	req := request(limits, "k")
+	mustAdmit(t, z, req, "a request reaching the old handler after its cleanup")
+	if n := members(t, cli, "t"); n != 1 {
+		t.Fatalf("%d leases in Redis while the late request runs, want 1", n)
+	}
+	if res := z.Acquire(context.Background(), request(limits, "k"), limiter.WaitOptions{}); res.Outcome != limiter.Full {
+		t.Fatalf("a second request of the capped key: %v, want full", res.Outcome)
+	}
+	z.Release(req)
+	eventually(t, "the late request's lease removed", func() bool { return members(t, cli, "t") == 0 })
+	eventually(t, "the book closed again", func() bool { return !isOpen(b) })
+	if n := logs.Len(); n != 0 {
+		t.Fatalf("%d log lines, want none (Redis always answered): %v", n, logs.All())
+	}
+}
+
+// The dispatcher of a zone's waiters runs a batch of its own: a waiter that
+// leaves while the batch is in Redis, in a config being cleaned up, must
+// not let the book close under the batch. Before, the batch failed on the
+// closed client, and the lease it had taken in Redis was left to expire.
+func TestCleanupDuringDispatchLeavesNoLease(t *testing.T) {
+	addr, cli := startRedis(t)
+	p := newFaultProxy(t, addr)
+	limits := &limiter.Limits{Max: []int64{1}}
+	other := newStore(t, store(addr, nil)) // another instance: its own book
+	zOther, _ := zoneOf(other, "q", limits)
+	old := newStore(t, store(p.addr, func(s *Store) { s.OnError = "closed"; s.Timeout = caddy.Duration(5 * time.Second) }))
+	logs := observeLogs(old.book)
+	z, _ := zoneOf(old, "q", limits)
+	warmUp(t, z, limits, cli)
+
+	held := request(limits, "k")
+	mustAdmit(t, zOther, held, "the other instance takes the key's slot")
+	ctx, cancel := context.WithCancel(context.Background())
+	left := make(chan limiter.Result, 1)
+	go func() { left <- z.Acquire(ctx, request(limits, "k"), limiter.WaitOptions{Wait: time.Minute}) }()
+	eventually(t, "the request waits", func() bool { return z.(*redisZone).Waiting() == 1 })
+
+	p.setStall(true) // the dispatcher's next batch runs in Redis, its reply held back
+	zOther.Release(held)
+	eventually(t, "the dispatcher admitted the waiter in Redis", func() bool { return holdsMember(t, cli, old.book.instance) })
+	cancel()
+	if res := <-left; res.Outcome != limiter.Aborted {
+		t.Fatalf("the waiter that left: %v, want aborted", res.Outcome)
+	}
+	old.Cleanup()
+	time.Sleep(200 * time.Millisecond)
+	p.setStall(false)
+	eventually(t, "the lease of the waiter that left removed", func() bool { return members(t, cli, "t") == 0 })
+	for _, e := range logs.All() {
+		if strings.Contains(e.Message, "unreachable") {
+			t.Fatalf("logged %q (%v), though Redis answered within timeout", e.Message, e.ContextMap())
+		}
+	}
+}
+
+// holdsMember reports whether a lease of the given instance is in Redis.
+func holdsMember(t *testing.T, cli *redis.Client, instance string) bool {
+	t.Helper()
+	ctx := context.Background()
+	keys, err := cli.Keys(ctx, "t:*:client:*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		ms, _ := cli.ZRange(ctx, k, 0, -1).Result()
+		for _, m := range ms {
+			if strings.HasPrefix(m, instance+":") {
+				return true
+			}
+		}
+	}
+	return false
+}
