@@ -306,7 +306,7 @@ echo "| throughput, req/s (median) | $(calc %.0f "$(middle "${rps_without[@]}")"
 echo "| p99 latency, ms (median) | $(calc %.3f "$(middle "${p99_without[@]}")") | $(calc %.3f "$(middle "${p99_with[@]}")") | $(calc %.3f "$(middle "${p99_ratio[@]}")") |"
 echo "| failed requests, all runs (must be 0) | $e2e_errors | | |"
 echo
-echo "| Overload: \`inflight 50\` before a backend counting its concurrency, 1000 keep-alive clients, $overload | |"
+echo "| Overload: \`inflight 50\` before a backend counting its concurrency (each request held 1 s), 1000 keep-alive clients, $overload | |"
 echo "|---|--:|"
 for key in sent admitted refused errors backend_peak backend_served; do
 	echo "| $key | $(field "$overload_json" "$key") |"
