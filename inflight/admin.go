@@ -106,7 +106,7 @@ func stateOf(z *zone) ZoneState {
 		st.TopKeys = topN(anon, topKeys)
 	}
 	st.TopWaiting = []keyWaiting{}
-	if z.Waiting() > 0 {
+	if z.waiting() > 0 {
 		w := z.waitingKeys()
 		st.TopWaiting = w[:min(topKeys, len(w))]
 	}

@@ -408,7 +408,7 @@ func (h *Handler) joinZone(ctx caddy.Context) error {
 	}
 	shared := mod.(SharedStore).Bind(fleetID(h.label, h.zoneID), names(h.Limits), hasTotal, z.Zone)
 	h.store = shared
-	if w, ok := shared.(waitCounter); ok {
+	if w, ok := shared.(waitLister); ok {
 		z.shared.Store(&w)
 	}
 	return nil

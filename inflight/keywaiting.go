@@ -6,6 +6,8 @@ import (
 	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
 
 var keyWaitingDesc = prometheus.NewDesc("caddy_inflight_key_waiting",
@@ -38,14 +40,15 @@ type keyWaiting struct {
 	Waiting int64  `json:"waiting"`
 }
 
-// waitingKeys returns the zone's keys with requests waiting, in every
-// limit, most waiting first; beyond maxKeySeries keys, the rest are summed
-// under overflowKey per limit. It walks the waiting flows, at scrape time.
+// waitingKeys returns the zone's keys with requests waiting, in this
+// process and in its shared store's queue, in every limit, most waiting
+// first; beyond maxKeySeries keys, the rest are summed under overflowKey
+// per limit. It walks the waiting flows, at scrape time.
 func (z *zone) waitingKeys() []keyWaiting {
 	display := z.keyDisplay.Load()
 	var out []keyWaiting
 	for d, name := range z.limits {
-		for _, kw := range z.WaitingKeys(d) {
+		for _, kw := range z.allWaitingKeys(d) {
 			label := fmt.Sprintf("#%016x", kw.Hash)
 			switch display {
 			case keysHashed:
@@ -73,11 +76,38 @@ func (z *zone) waitingKeys() []keyWaiting {
 	return out
 }
 
+// allWaitingKeys returns the keys of dimension d with requests waiting in
+// this process or in the shared store's queue (where on_error open made
+// some wait in this process meanwhile, a key can be in both).
+func (z *zone) allWaitingKeys(d int) []limiter.KeyWaiting {
+	own := z.WaitingKeys(d)
+	w := z.shared.Load()
+	if w == nil {
+		return own
+	}
+	merged := (*w).WaitingKeys(d)
+	if len(own) == 0 {
+		return merged
+	}
+	at := make(map[uint64]int, len(merged))
+	for i, kw := range merged {
+		at[kw.Hash] = i
+	}
+	for _, kw := range own {
+		if i, ok := at[kw.Hash]; ok {
+			merged[i].Waiting += kw.Waiting
+			continue
+		}
+		merged = append(merged, kw)
+	}
+	return merged
+}
+
 // addKeyWaiting adds z's per-key waiting counts to sum, by zone label,
 // limit and key, if its handlers asked for per-key metrics. Zones without a
 // name can share a label, so the gauges are summed before they are sent.
 func addKeyWaiting(sum map[[3]string]int64, z *zone) {
-	if z.keyDisplay.Load() == keysAnonymous || z.Waiting() == 0 {
+	if z.keyDisplay.Load() == keysAnonymous || z.waiting() == 0 {
 		return
 	}
 	for _, kw := range z.waitingKeys() {

@@ -66,3 +66,47 @@ func TestKeyWaitingIsCappedShownAsAskedAndGoneAtZero(t *testing.T) {
 		t.Fatalf("%d gauges left after the waiters left", len(sum))
 	}
 }
+
+// sharedQueue is a shared store's queue of waiters, as a zone lists it.
+type sharedQueue struct {
+	z       *limiter.Zone
+	waiting []*limiter.Request
+}
+
+func (q *sharedQueue) Waiting() int64 { return int64(len(q.waiting)) }
+func (q *sharedQueue) WaitingKeys(d int) []limiter.KeyWaiting {
+	return q.z.WaitingKeysOf(d, q.waiting)
+}
+
+// TestKeyWaitingCountsTheSharedStoresQueue: a key waiting in the shared
+// store's queue shows, and one waiting both there and in this process
+// (on_error open while Redis was away) shows once, with both counted.
+func TestKeyWaitingCountsTheSharedStoresQueue(t *testing.T) {
+	z := &zone{Zone: limiter.NewZone(1, true, nil), label: "w", limits: []string{"tenant"}}
+	z.keyDisplay.Store(keysPlain)
+	lim := &limiter.Limits{Max: []int64{10}, Total: 1}
+	req := func(key string) *limiter.Request {
+		return &limiter.Request{Keys: []string{key}, Max: []int64{0}, Limits: lim}
+	}
+	var w waitLister = &sharedQueue{z: z.Zone, waiting: []*limiter.Request{req("a"), req("b"), req("b")}}
+	z.shared.Store(&w)
+	z.Acquire(context.Background(), req("holder"), limiter.WaitOptions{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go z.Acquire(ctx, req("b"), limiter.WaitOptions{Wait: time.Hour}) // waits in this process
+	for z.Waiting() < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	got := map[string]int64{}
+	for _, kw := range z.waitingKeys() {
+		got[kw.Key] = kw.Waiting
+	}
+	if len(got) != 2 || got["a"] != 1 || got["b"] != 3 {
+		t.Fatalf("waiting keys %v, want a: 1 and b: 3", got)
+	}
+	sum := map[[3]string]int64{}
+	addKeyWaiting(sum, z)
+	if sum[[3]string{"w", "tenant", "b"}] != 3 {
+		t.Fatalf("gauges %v, want b at 3", sum)
+	}
+}

@@ -31,12 +31,16 @@ type zone struct {
 	keyDisplay atomic.Int32
 	// adaptive is the adaptive total's controller, if a handler has one.
 	adaptive adaptiveState
-	// shared counts a shared store's waiters, if the zone uses one. It is
+	// shared lists a shared store's waiters, if the zone uses one. It is
 	// set by Provision while scrapes may read it.
-	shared atomic.Pointer[waitCounter]
+	shared atomic.Pointer[waitLister]
 }
 
-type waitCounter interface{ Waiting() int64 }
+// waitLister is a store that queues requests of its own.
+type waitLister interface {
+	Waiting() int64
+	WaitingKeys(d int) []limiter.KeyWaiting
+}
 
 // waiting returns the requests waiting in this zone, in this process and
 // in its shared store's queue.

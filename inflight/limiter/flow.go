@@ -300,23 +300,50 @@ type KeyWaiting struct {
 func (z *Zone) WaitingKeys(d int) []KeyWaiting {
 	z.mu.Lock()
 	defer z.mu.Unlock()
-	idx := map[uint64]int{}
-	var out []KeyWaiting
+	t := z.keyTally()
 	for _, f := range z.byID {
 		for ; f != nil; f = f.collide {
-			if d >= len(f.head.req.Keys) || f.head.req.Keys[d] == "" {
-				continue
-			}
-			k := f.head.req.Keys[d]
-			h := maphash.String(z.seed, k)
-			i, ok := idx[h]
-			if !ok {
-				i = len(out)
-				idx[h] = i
-				out = append(out, KeyWaiting{Key: k, Hash: h})
-			}
-			out[i].Waiting += int64(f.n)
+			t.add(f.head.req, d, int64(f.n))
 		}
 	}
-	return out
+	return t.out
+}
+
+// WaitingKeysOf returns, as WaitingKeys does, the keys of dimension d of
+// requests waiting outside the zone (in a shared store's queue), hashed
+// as the zone hashes them.
+func (z *Zone) WaitingKeysOf(d int, waiting []*Request) []KeyWaiting {
+	t := z.keyTally()
+	for _, req := range waiting {
+		t.add(req, d, 1)
+	}
+	return t.out
+}
+
+// keyTally counts requests by key, in the order the keys first appear.
+type keyTally struct {
+	seed maphash.Seed
+	idx  map[uint64]int
+	out  []KeyWaiting
+}
+
+func (z *Zone) keyTally() *keyTally {
+	return &keyTally{seed: z.seed, idx: map[uint64]int{}}
+}
+
+// add counts n requests like req under its key of dimension d, if it has
+// one.
+func (t *keyTally) add(req *Request, d int, n int64) {
+	if d >= len(req.Keys) || req.Keys[d] == "" {
+		return
+	}
+	k := req.Keys[d]
+	h := maphash.String(t.seed, k)
+	i, ok := t.idx[h]
+	if !ok {
+		i = len(t.out)
+		t.idx[h] = i
+		t.out = append(t.out, KeyWaiting{Key: k, Hash: h})
+	}
+	t.out[i].Waiting += n
 }

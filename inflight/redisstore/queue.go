@@ -197,3 +197,15 @@ func (z *redisZone) Waiting() int64 {
 	defer z.mu.Unlock()
 	return int64(len(z.waiters))
 }
+
+// WaitingKeys returns the keys of dimension d with requests waiting in
+// this instance, and how many wait for each.
+func (z *redisZone) WaitingKeys(d int) []limiter.KeyWaiting {
+	z.mu.Lock()
+	reqs := make([]*limiter.Request, len(z.waiters))
+	for i, w := range z.waiters {
+		reqs[i] = w.req
+	}
+	z.mu.Unlock()
+	return z.local.WaitingKeysOf(d, reqs)
+}
