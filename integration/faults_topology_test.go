@@ -125,24 +125,10 @@ func startSentinels(t *testing.T) *sentinelSetup {
 		return s.replica.field(t, "info replication", "master_link_status") == "up"
 	})
 	for range 3 {
-		port := freePort(t)
-		dir := t.TempDir()
-		conf := filepath.Join(dir, "sentinel.conf")
-		text := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\n"+
+		s.sentinels = append(s.sentinels, runSentinel(t, fmt.Sprintf(
 			"sentinel monitor faults 127.0.0.1 %d 2\n"+
-			"sentinel down-after-milliseconds faults 500\n"+
-			"sentinel failover-timeout faults 2000\n", port, dir, s.master.port)
-		if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		cmd := exec.Command("redis-server", conf, "--sentinel")
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-		addr := fmt.Sprintf("127.0.0.1:%d", port)
-		waitForPort(t, addr)
-		s.sentinels = append(s.sentinels, addr)
+				"sentinel down-after-milliseconds faults 500\n"+
+				"sentinel failover-timeout faults 2000\n", s.master.port)))
 	}
 	// Sentinels find each other and the replica through hello messages,
 	// every two seconds.
@@ -153,6 +139,27 @@ func startSentinels(t *testing.T) *sentinelSetup {
 		return m["num-other-sentinels"] == "2" && m["num-slaves"] == "1"
 	})
 	return s
+}
+
+// runSentinel runs a sentinel on a free loopback port with these lines of
+// configuration, and returns its address once it listens.
+func runSentinel(t *testing.T, conf string) string {
+	t.Helper()
+	port := freePort(t)
+	dir := t.TempDir()
+	path := filepath.Join(dir, "sentinel.conf")
+	text := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\n%s", port, dir, conf)
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("redis-server", path, "--sentinel")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	waitForPort(t, addr)
+	return addr
 }
 
 // waitLong is eventually for what Redis does on timers of its own

@@ -2,11 +2,13 @@ package redisstore
 
 import (
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -47,6 +49,19 @@ type Store struct {
 	// DB is the database number of a single server or sentinel setup.
 	DB int `json:"db,omitempty"`
 
+	// SentinelUsername and SentinelPassword authenticate to the sentinels,
+	// when they require it (placeholders are replaced at load).
+	SentinelUsername string `json:"sentinel_username,omitempty"`
+	SentinelPassword string `json:"sentinel_password,omitempty"`
+
+	// Cluster makes a single address a Redis Cluster's configuration
+	// endpoint (such as AWS ElastiCache's or MemoryDB's), not one server.
+	// Several addresses always mean a cluster.
+	Cluster bool `json:"cluster,omitempty"`
+
+	// TLS connects to Redis, and to the sentinels, over TLS.
+	TLS *TLS `json:"tls,omitempty"`
+
 	// Lease is how long a held slot lives without renewal: the time a
 	// crashed instance's slots stay taken. Default: 30s.
 	Lease caddy.Duration `json:"lease,omitempty"`
@@ -64,8 +79,9 @@ type Store struct {
 	// KeyPrefix starts every Redis key and channel. Default: `inflight`.
 	KeyPrefix string `json:"key_prefix,omitempty"`
 
-	logger *zap.Logger
-	book   *book
+	logger    *zap.Logger
+	tlsConfig *tls.Config
+	book      *book
 }
 
 // CaddyModule returns the Caddy module information.
@@ -86,6 +102,7 @@ func (s *Store) Provision(ctx caddy.Context) error {
 		s.Address[i] = repl.ReplaceAll(s.Address[i], "")
 	}
 	s.Username, s.Password = repl.ReplaceAll(s.Username, ""), repl.ReplaceAll(s.Password, "")
+	s.SentinelUsername, s.SentinelPassword = repl.ReplaceAll(s.SentinelUsername, ""), repl.ReplaceAll(s.SentinelPassword, "")
 	if len(s.Address) == 0 {
 		s.Address = []string{"127.0.0.1:6379"}
 	}
@@ -104,9 +121,16 @@ func (s *Store) Provision(ctx caddy.Context) error {
 	if err := s.Validate(); err != nil {
 		return err
 	}
+	var material []byte
+	if s.TLS != nil {
+		var err error
+		if s.tlsConfig, material, err = s.TLS.config(repl); err != nil {
+			return err
+		}
+	}
 	routeRedisLog()
 	raw, _ := json.Marshal(s)
-	sum := sha256.Sum256(raw)
+	sum := sha256.Sum256(append(raw, material...))
 	s.book = joinBook(s, hex.EncodeToString(sum[:]))
 	s.checkReachable()
 	return nil
@@ -143,6 +167,8 @@ func (s *Store) Validate() error {
 		return fmt.Errorf("inflight: store redis: timeout %s is not allowed: want a positive duration", time.Duration(s.Timeout))
 	case s.DB < 0:
 		return fmt.Errorf("inflight: store redis: db %d is not allowed: want a database number, 0 or more", s.DB)
+	case s.Cluster && s.MasterName != "":
+		return fmt.Errorf("inflight: store redis: cluster with master_name %q is not allowed: want a cluster or sentinels", s.MasterName)
 	case strings.ContainsAny(s.KeyPrefix, "{}"):
 		// A brace would change the Redis Cluster hash tag that keeps a
 		// zone's keys in one slot.
@@ -170,10 +196,17 @@ func (s *Store) Bind(zone string, limits []string, hasTotal bool, local *limiter
 //
 //	store redis {
 //		address     <host:port>...   # one server, a cluster, or sentinels
+//		cluster                      # one address: a cluster's configuration endpoint
 //		master_name <name>           # with sentinels
+//		sentinel_username <user>
+//		sentinel_password <password>
 //		username    <user>
 //		password    <password>
 //		db          <n>
+//		tls                          # TLS, with the system's roots
+//		tls_ca      <pem_file>       # TLS, trusting these CAs
+//		tls_server_name <name>
+//		tls_client_auth <cert_file> <key_file>
 //		lease       <duration>       # 30s
 //		on_error    open|closed      # open
 //		timeout     <duration>       # 250ms
@@ -184,15 +217,29 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	for d.NextBlock(0) {
 		opt := d.Val()
 		args := d.RemainingArgs()
-		if len(args) == 0 || (opt != "address" && len(args) != 1) {
-			return d.Errf("inflight: store redis: %s %q: want one argument", opt, args)
+		want, known := optionArgs(opt)
+		switch {
+		case !known:
+			names := make([]string, len(options))
+			for i, o := range options {
+				names[i] = o.name
+			}
+			return d.Errf("inflight: store redis: unknown option %q: want one of %s", opt, strings.Join(names, ", "))
+		case want == oneOrMore && len(args) == 0, want != oneOrMore && len(args) != want:
+			return d.Errf("inflight: store redis: %s %q: want %s", opt, args, argsWanted[want])
 		}
 		var err error
 		switch opt {
 		case "address":
 			s.Address = append(s.Address, args...)
+		case "cluster":
+			s.Cluster = true
 		case "master_name":
 			s.MasterName = args[0]
+		case "sentinel_username":
+			s.SentinelUsername = args[0]
+		case "sentinel_password":
+			s.SentinelPassword = args[0]
 		case "username":
 			s.Username = args[0]
 		case "password":
@@ -202,6 +249,14 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err != nil || s.DB < 0 {
 				return d.Errf("inflight: store redis: db %q is not allowed: want a database number, 0 or more", args[0])
 			}
+		case "tls":
+			s.tlsOptions()
+		case "tls_ca":
+			s.tlsOptions().CA = args[0]
+		case "tls_server_name":
+			s.tlsOptions().ServerName = args[0]
+		case "tls_client_auth":
+			s.tlsOptions().ClientCertificate, s.tlsOptions().ClientKey = args[0], args[1]
 		case "lease":
 			err = parseDuration(&s.Lease, args[0], "at least 1s, such as 30s")
 		case "timeout":
@@ -210,14 +265,49 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			s.OnError = args[0]
 		case "key_prefix":
 			s.KeyPrefix = args[0]
-		default:
-			return d.Errf("inflight: store redis: unknown option %q: want address, master_name, username, password, db, lease, on_error, timeout or key_prefix", opt)
 		}
 		if err != nil {
 			return d.Errf("inflight: store redis: %s %q is not allowed: want %v", opt, args[0], err)
 		}
 	}
 	return nil
+}
+
+// options are the store block's options, in the order the syntax lists
+// them, with how many arguments each takes.
+var options = []option{
+	{"address", oneOrMore}, {"cluster", 0}, {"master_name", 1}, {"sentinel_username", 1}, {"sentinel_password", 1},
+	{"username", 1}, {"password", 1}, {"db", 1}, {"tls", 0}, {"tls_ca", 1}, {"tls_server_name", 1}, {"tls_client_auth", 2},
+	{"lease", 1}, {"on_error", 1}, {"timeout", 1}, {"key_prefix", 1},
+}
+
+type option struct {
+	name string
+	args int // oneOrMore, or exactly this many
+}
+
+const oneOrMore = -1
+
+var argsWanted = map[int]string{oneOrMore: "one or more addresses", 0: "no argument", 1: "one argument",
+	2: "two arguments: the certificate and key files"}
+
+// optionArgs returns how many arguments an option takes, and whether the
+// option exists.
+func optionArgs(name string) (int, bool) {
+	i := slices.IndexFunc(options, func(o option) bool { return o.name == name })
+	if i < 0 {
+		return 0, false
+	}
+	return options[i].args, true
+}
+
+// tlsOptions returns the TLS settings, made if needed: any tls option
+// turns TLS on.
+func (s *Store) tlsOptions() *TLS {
+	if s.TLS == nil {
+		s.TLS = new(TLS)
+	}
+	return s.TLS
 }
 
 // parseDuration reads a positive duration; the error says what is allowed.

@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -13,6 +14,10 @@ func TestCaddyfileRefusesBadValues(t *testing.T) {
 		{"db -1", `db "-1" is not allowed: want a database number, 0 or more`},
 		{"lease 0", `lease "0" is not allowed: want at least 1s`},
 		{"timeout 0", `timeout "0" is not allowed: want a positive duration`},
+		{"tls_client_auth cert.pem", `tls_client_auth ["cert.pem"]: want two arguments: the certificate and key files`},
+		{"cluster yes", `cluster ["yes"]: want no argument`},
+		{"address", `address []: want one or more addresses`},
+		{"tls_cert x", `unknown option "tls_cert": want one of address, cluster, master_name, sentinel_username`},
 	} {
 		d := caddyfile.NewTestDispenser("redis {\n" + tc.block + "\n}")
 		err := new(Store).UnmarshalCaddyfile(d)
@@ -35,6 +40,25 @@ func TestValidateRefusesBadValues(t *testing.T) {
 		s.OnError, s.Lease, s.Timeout = "open", 30e9, 1e9
 		if err := s.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: error %v, want it to contain %q", tc.store, err, tc.want)
+		}
+	}
+}
+
+// TestCaddyfileConnectionOptions: the connection options land in the
+// store's JSON, and any tls_* option turns TLS on.
+func TestCaddyfileConnectionOptions(t *testing.T) {
+	for _, tc := range []struct{ block, want string }{
+		{"address a:1 b:2\ncluster", `{"address":["a:1","b:2"],"cluster":true}`},
+		{"master_name m\nsentinel_username su\nsentinel_password {env.SP}", `{"master_name":"m","sentinel_username":"su","sentinel_password":"{env.SP}"}`},
+		{"tls", `{"tls":{}}`},
+		{"tls_server_name r.test\ntls_ca ca.pem\ntls_client_auth c.pem k.pem", `{"tls":{"ca":"ca.pem","server_name":"r.test","client_certificate":"c.pem","client_key":"k.pem"}}`},
+	} {
+		var s Store
+		if err := s.UnmarshalCaddyfile(caddyfile.NewTestDispenser("redis {\n" + tc.block + "\n}")); err != nil {
+			t.Fatalf("%q: %v", tc.block, err)
+		}
+		if got, _ := json.Marshal(&s); string(got) != tc.want {
+			t.Errorf("%q: %s, want %s", tc.block, got, tc.want)
 		}
 	}
 }
