@@ -167,6 +167,9 @@ func (s *Store) Validate() error {
 		return fmt.Errorf("inflight: store redis: timeout %s is not allowed: want a positive duration", time.Duration(s.Timeout))
 	case s.DB < 0:
 		return fmt.Errorf("inflight: store redis: db %d is not allowed: want a database number, 0 or more", s.DB)
+	case s.DB != 0 && s.MasterName == "" && (s.Cluster || len(s.Address) > 1):
+		// go-redis would ignore it: a cluster has database 0 only.
+		return fmt.Errorf("inflight: store redis: db %d is not allowed with a cluster: want 0 (a Redis Cluster has only database 0)", s.DB)
 	case s.Cluster && s.MasterName != "":
 		return fmt.Errorf("inflight: store redis: cluster with master_name %q is not allowed: want a cluster or sentinels", s.MasterName)
 	case strings.ContainsAny(s.KeyPrefix, "{}"):

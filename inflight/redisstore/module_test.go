@@ -35,6 +35,8 @@ func TestValidateRefusesBadValues(t *testing.T) {
 		{Store{DB: -1}, "db -1 is not allowed"},
 		{Store{KeyPrefix: "a}b"}, `key_prefix "a}b" is not allowed: want no '{' or '}'`},
 		{Store{KeyPrefix: "{x"}, `key_prefix "{x" is not allowed`},
+		{Store{DB: 2, Cluster: true}, "db 2 is not allowed with a cluster: want 0"},
+		{Store{DB: 1, Address: []string{"a:1", "b:2"}}, "db 1 is not allowed with a cluster"},
 	} {
 		s := tc.store
 		s.OnError, s.Lease, s.Timeout = "open", 30e9, 1e9
@@ -60,5 +62,14 @@ func TestCaddyfileConnectionOptions(t *testing.T) {
 		if got, _ := json.Marshal(&s); string(got) != tc.want {
 			t.Errorf("%q: %s, want %s", tc.block, got, tc.want)
 		}
+	}
+}
+
+// TestValidateAllowsADatabaseBehindSentinels: several addresses with
+// master_name are sentinels, not a cluster: any db is allowed there.
+func TestValidateAllowsADatabaseBehindSentinels(t *testing.T) {
+	s := Store{DB: 3, Address: []string{"a:1", "b:2"}, MasterName: "m", OnError: "open", Lease: 30e9, Timeout: 1e9}
+	if err := s.Validate(); err != nil {
+		t.Fatalf("db 3 behind two sentinels: %v, want no error", err)
 	}
 }
