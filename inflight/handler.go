@@ -398,7 +398,6 @@ func (h *Handler) joinZone(ctx caddy.Context) error {
 		return fmt.Errorf("inflight: zone %q: %v", h.label, err)
 	}
 	h.zone, h.store = z, z.Zone
-	z.shared.Store(nil)
 	if h.StoreRaw == nil {
 		return nil
 	}
@@ -406,11 +405,7 @@ func (h *Handler) joinZone(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("inflight: loading store: %v", err)
 	}
-	shared := mod.(SharedStore).Bind(fleetID(h.label, h.zoneID), names(h.Limits), hasTotal, z.Zone)
-	h.store = shared
-	if w, ok := shared.(waitLister); ok {
-		z.shared.Store(&w)
-	}
+	h.store = mod.(SharedStore).Bind(fleetID(h.label, h.zoneID), names(h.Limits), hasTotal, z.Zone)
 	return nil
 }
 

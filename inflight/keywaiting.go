@@ -41,7 +41,7 @@ type keyWaiting struct {
 }
 
 // waitingKeys returns the zone's keys with requests waiting, in this
-// process and in its shared store's queue, in every limit, most waiting
+// process and in shared stores' queues, in every limit, most waiting
 // first; beyond maxKeySeries keys, the rest are summed under overflowKey
 // per limit. It walks the waiting flows, at scrape time.
 func (z *zone) waitingKeys() []keyWaiting {
@@ -77,28 +77,28 @@ func (z *zone) waitingKeys() []keyWaiting {
 }
 
 // allWaitingKeys returns the keys of dimension d with requests waiting in
-// this process or in the shared store's queue (where on_error open made
-// some wait in this process meanwhile, a key can be in both).
+// this process or in shared stores' queues (a key can be in several: one
+// that waited in this process while Redis was away, or in the queues of
+// the old and new store options across a reload).
 func (z *zone) allWaitingKeys(d int) []limiter.KeyWaiting {
-	own := z.WaitingKeys(d)
-	w := z.shared.Load()
-	if w == nil {
-		return own
-	}
-	merged := (*w).WaitingKeys(d)
-	if len(own) == 0 {
+	merged := z.WaitingKeys(d)
+	queues := queuesOf(z.Zone)
+	if len(queues) == 0 {
 		return merged
 	}
 	at := make(map[uint64]int, len(merged))
 	for i, kw := range merged {
 		at[kw.Hash] = i
 	}
-	for _, kw := range own {
-		if i, ok := at[kw.Hash]; ok {
-			merged[i].Waiting += kw.Waiting
-			continue
+	for _, q := range queues {
+		for _, kw := range q.WaitingKeys(d) {
+			if i, ok := at[kw.Hash]; ok {
+				merged[i].Waiting += kw.Waiting
+				continue
+			}
+			at[kw.Hash] = len(merged)
+			merged = append(merged, kw)
 		}
-		merged = append(merged, kw)
 	}
 	return merged
 }

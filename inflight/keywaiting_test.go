@@ -78,24 +78,32 @@ func (q *sharedQueue) WaitingKeys(d int) []limiter.KeyWaiting {
 	return q.z.WaitingKeysOf(d, q.waiting)
 }
 
-// TestKeyWaitingCountsTheSharedStoresQueue: a key waiting in the shared
-// store's queue shows, and one waiting both there and in this process
-// (on_error open while Redis was away) shows once, with both counted.
-func TestKeyWaitingCountsTheSharedStoresQueue(t *testing.T) {
+// TestKeyWaitingCountsTheSharedStoresQueues: keys waiting in shared
+// stores' queues show, summed with this process's: across a reload that
+// changed the store's options, the old and the new queue both have
+// waiters, and a key that waits in this process too (on_error open while
+// Redis was away) shows once, with all counted. A queue that empties
+// leaves the registry.
+func TestKeyWaitingCountsTheSharedStoresQueues(t *testing.T) {
 	z := &zone{Zone: limiter.NewZone(1, true, nil), label: "w", limits: []string{"tenant"}}
 	z.keyDisplay.Store(keysPlain)
 	lim := &limiter.Limits{Max: []int64{10}, Total: 1}
 	req := func(key string) *limiter.Request {
 		return &limiter.Request{Keys: []string{key}, Max: []int64{0}, Limits: lim}
 	}
-	var w waitLister = &sharedQueue{z: z.Zone, waiting: []*limiter.Request{req("a"), req("b"), req("b")}}
-	z.shared.Store(&w)
+	old := &sharedQueue{z: z.Zone, waiting: []*limiter.Request{req("a"), req("b")}}
+	current := &sharedQueue{z: z.Zone, waiting: []*limiter.Request{req("b")}}
+	QueueWaiting(z.Zone, old, true)
+	QueueWaiting(z.Zone, current, true)
 	z.Acquire(context.Background(), req("holder"), limiter.WaitOptions{})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go z.Acquire(ctx, req("b"), limiter.WaitOptions{Wait: time.Hour}) // waits in this process
 	for z.Waiting() < 1 {
 		time.Sleep(time.Millisecond)
+	}
+	if n := z.waiting(); n != 4 {
+		t.Fatalf("%d waiting, want 4 (1 here, 2 in the old queue, 1 in the new)", n)
 	}
 	got := map[string]int64{}
 	for _, kw := range z.waitingKeys() {
@@ -108,5 +116,10 @@ func TestKeyWaitingCountsTheSharedStoresQueue(t *testing.T) {
 	addKeyWaiting(sum, z)
 	if sum[[3]string{"w", "tenant", "b"}] != 3 {
 		t.Fatalf("gauges %v, want b at 3", sum)
+	}
+	QueueWaiting(z.Zone, old, false)
+	QueueWaiting(z.Zone, current, false)
+	if n := len(queuesOf(z.Zone)); n != 0 || len(queues.m) != 0 {
+		t.Fatalf("%d queues of the zone left (%d zones) after they emptied, want none", n, len(queues.m))
 	}
 }

@@ -31,23 +31,14 @@ type zone struct {
 	keyDisplay atomic.Int32
 	// adaptive is the adaptive total's controller, if a handler has one.
 	adaptive adaptiveState
-	// shared lists a shared store's waiters, if the zone uses one. It is
-	// set by Provision while scrapes may read it.
-	shared atomic.Pointer[waitLister]
-}
-
-// waitLister is a store that queues requests of its own.
-type waitLister interface {
-	Waiting() int64
-	WaitingKeys(d int) []limiter.KeyWaiting
 }
 
 // waiting returns the requests waiting in this zone, in this process and
 // in its shared store's queue.
 func (z *zone) waiting() int64 {
 	n := z.Waiting()
-	if w := z.shared.Load(); w != nil {
-		n += (*w).Waiting()
+	for _, q := range queuesOf(z.Zone) {
+		n += q.Waiting()
 	}
 	return n
 }

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/caddy-inflight/caddy-inflight/inflight"
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
 
@@ -72,6 +73,9 @@ func (z *redisZone) wait(ctx context.Context, req *limiter.Request, opt limiter.
 	own := &limiter.Request{Keys: slices.Clone(req.Keys), Max: slices.Clone(req.Max), Limits: req.Limits}
 	w := &waiter{Place: limiter.Place{Class: opt.Class, Arrived: time.Now(), Seq: z.seq}, req: own, ready: make(chan struct{}), opt: opt}
 	z.waiters = append(z.waiters, w)
+	if len(z.waiters) == 1 {
+		inflight.QueueWaiting(z.local, z, true)
+	}
 	if !z.serving {
 		z.serving = true
 		go z.serve()
@@ -95,7 +99,7 @@ func (z *redisZone) wait(ctx context.Context, req *limiter.Request, opt limiter.
 	}
 	z.mu.Lock()
 	granted := w.granted
-	z.waiters = slices.DeleteFunc(z.waiters, func(x *waiter) bool { return x == w })
+	z.remove(w)
 	z.mu.Unlock()
 	waited := time.Since(w.Arrived)
 	switch {
@@ -106,6 +110,15 @@ func (z *redisZone) wait(ctx context.Context, req *limiter.Request, opt limiter.
 		return limiter.Result{Outcome: limiter.Admitted, Waited: waited}
 	}
 	return limiter.Result{Outcome: outcome, Dim: dim, Waited: waited}
+}
+
+// remove takes w out of the queue, if it is still there. z.mu must be held.
+func (z *redisZone) remove(w *waiter) {
+	n := len(z.waiters)
+	z.waiters = slices.DeleteFunc(z.waiters, func(x *waiter) bool { return x == w })
+	if n > 0 && len(z.waiters) == 0 {
+		inflight.QueueWaiting(z.local, z, false)
+	}
 }
 
 // wake asks serve to try the waiters.
@@ -181,7 +194,7 @@ func (z *redisZone) dispatch(newcomer *limiter.Request, willWait bool) (verdict,
 			continue
 		}
 		w.granted = true
-		z.waiters = slices.DeleteFunc(z.waiters, func(x *waiter) bool { return x == w })
+		z.remove(w)
 		close(w.ready)
 	}
 	z.mu.Unlock()
@@ -191,7 +204,8 @@ func (z *redisZone) dispatch(newcomer *limiter.Request, willWait bool) (verdict,
 	return verdicts[len(queue)], nil
 }
 
-// Waiting returns how many requests wait in this instance.
+// Waiting returns how many requests wait in this queue (with other queues
+// of the zone, see inflight.QueueWaiting).
 func (z *redisZone) Waiting() int64 {
 	z.mu.Lock()
 	defer z.mu.Unlock()
