@@ -74,6 +74,9 @@ type lease struct {
 	// every tick until they would have expired.
 	ghost   bool
 	removed bool // a ghost removed at least once
+	// unsure marks a lease that a failed renewal wrote: its script may
+	// still run later, so once released the lease is removed as a ghost.
+	unsure bool
 	// again is set when a renewal that wrote the lease ended after its
 	// release: a removal sent before then may have come first.
 	again bool
@@ -184,6 +187,7 @@ func (b *book) release(member string) {
 	if l := b.leases[member]; l != nil {
 		delete(b.leases, member)
 		l.released = time.Now()
+		l.ghost = l.unsure
 		b.endLocked(member, l)
 	}
 	b.mu.Unlock()
@@ -355,7 +359,7 @@ func (b *book) renew() {
 	if len(byZone) == 0 {
 		return
 	}
-	b.pipeline("renew", func(ctx context.Context, p redis.Pipeliner) {
+	ok := b.pipeline("renew", func(ctx context.Context, p redis.Pipeliner) {
 		for _, e := range byZone {
 			for lo := 0; lo < len(e.keys); lo += scriptChunk {
 				hi := min(lo+scriptChunk, len(e.keys))
@@ -364,20 +368,24 @@ func (b *book) renew() {
 			}
 		}
 	})
-	b.removeAgain(renewed)
+	b.removeAgain(renewed, !ok)
 }
 
 // removeAgain files for removal, once more, the leases released while a
 // renewal that wrote them was under way: their removal may have reached
-// Redis before the renewal did.
-func (b *book) removeAgain(renewed map[string]*lease) {
+// Redis before the renewal did. If the renewal failed (no reply within
+// timeout), its scripts may still run later: every lease it wrote is then
+// removed as a ghost once released.
+func (b *book) removeAgain(renewed map[string]*lease, failed bool) {
 	again := false
 	b.mu.Lock()
 	for m, l := range renewed {
+		l.unsure = l.unsure || failed
 		if b.leases[m] == l {
 			continue // still held
 		}
 		l.again = true
+		l.ghost = l.ghost || failed
 		b.endLocked(m, l)
 		again = true
 	}

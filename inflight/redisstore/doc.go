@@ -23,7 +23,8 @@
 //   - An admission whose reply does not come within timeout may still run
 //     on Redis later: its members are removed on every renewal tick for a
 //     whole lease, so such a ghost holds a slot for at most one renewal
-//     interval after it appears.
+//     interval after it appears. So are, once released, the leases a
+//     failed renewal wrote, since its script may also run later.
 //   - Renewal and the Redis side of release run in goroutines of their
 //     own, so a slow renewal does not hold releases back. A lease released
 //     while a renewal that wrote it was under way is removed once more

@@ -3,7 +3,6 @@ package redisstore
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"os/exec"
 	"sync"
@@ -108,15 +107,16 @@ func members(t testing.TB, cli *redis.Client, prefix string) int64 {
 func isWaitingSet(k string) bool { return len(k) > 8 && k[len(k)-8:] == ":waiting" }
 
 // faultProxy forwards TCP to Redis and can hold back Redis's replies
-// (stall), delay them, or refuse connections.
+// (stall), delay them, hold back requests, or refuse connections.
 type faultProxy struct {
-	addr   string
-	target string
-	mu     sync.Mutex
-	delay  time.Duration
-	stall  chan struct{} // non-nil: replies wait until it is closed
-	refuse bool
-	conns  []net.Conn
+	addr     string
+	target   string
+	mu       sync.Mutex
+	delay    time.Duration
+	stall    chan struct{} // non-nil: replies wait until it is closed
+	holdReqs chan struct{} // non-nil: requests read now wait until it is closed
+	refuse   bool
+	conns    []net.Conn
 }
 
 func newFaultProxy(t testing.TB, target string) *faultProxy {
@@ -153,7 +153,7 @@ func (p *faultProxy) serve(c net.Conn) {
 	}
 	p.conns = append(p.conns, c, up)
 	p.mu.Unlock()
-	go func() { io.Copy(up, c); up.Close() }()
+	go p.forwardRequests(c, up)
 	buf := make([]byte, 64<<10)
 	for {
 		n, err := up.Read(buf)
@@ -174,6 +174,46 @@ func (p *faultProxy) serve(c net.Conn) {
 		}
 	}
 	c.Close()
+}
+
+// forwardRequests copies the client's requests to Redis. Those read while
+// requests are held wait, even after the client has gone: bytes late in
+// the network.
+func (p *faultProxy) forwardRequests(c, up net.Conn) {
+	defer up.Close()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := c.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			hold := p.holdReqs
+			p.mu.Unlock()
+			if hold != nil {
+				<-hold
+			}
+			if _, werr := up.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// holdRequests holds back the requests sent from now on. After stop, new
+// requests pass again, while those held wait for flush.
+func (p *faultProxy) holdRequests() (stop, flush func()) {
+	hold := make(chan struct{})
+	p.mu.Lock()
+	p.holdReqs = hold
+	p.mu.Unlock()
+	stop = func() {
+		p.mu.Lock()
+		p.holdReqs = nil
+		p.mu.Unlock()
+	}
+	return stop, func() { close(hold) }
 }
 
 func (p *faultProxy) setDelay(d time.Duration) {

@@ -2,7 +2,11 @@ package redisstore
 
 import (
 	"context"
+	"fmt"
+	"runtime"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -120,4 +124,49 @@ func holdsMember(t *testing.T, cli *redis.Client, instance string) bool {
 		}
 	}
 	return false
+}
+
+// Late requests on an old config's handler, admitted, waiting and leaving,
+// reopen and close its book hundreds of times while maintain, renewal and
+// the dispatcher run: nothing is logged, and in the end the book is closed
+// with no lease in Redis and no goroutine left.
+func TestBookReopenedAndClosedUnderLoad(t *testing.T) {
+	addr, cli := startRedis(t)
+	old := newStore(t, store(addr, func(s *Store) { s.Lease = caddy.Duration(time.Second) }))
+	limits := &limiter.Limits{Max: []int64{1}}
+	z, _ := zoneOf(old, "hammer", limits)
+	b := old.book
+	logs := observeLogs(b)
+	warmUp(t, z, limits, cli)
+	eventually(t, "the warm-up's book idle", func() bool { return members(t, cli, "t") == 0 })
+	goroutines := runtime.NumGoroutine()
+	old.Cleanup()
+	var closedSeen atomic.Int64
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(2 * time.Second)
+	for g := range 4 {
+		wg.Go(func() {
+			for i := 0; time.Now().Before(deadline); i++ {
+				if !isOpen(b) {
+					closedSeen.Add(1)
+				}
+				req := request(limits, fmt.Sprint("k", g%2))
+				if z.Acquire(context.Background(), req, limiter.WaitOptions{Wait: time.Duration(i%3) * time.Millisecond}).Outcome == limiter.Admitted {
+					z.Release(req)
+				}
+				time.Sleep(time.Duration(i%3) * time.Millisecond)
+			}
+		})
+	}
+	wg.Wait()
+	eventually(t, "the book closed at the end", func() bool { return !isOpen(b) })
+	eventually(t, "no lease left", func() bool { return members(t, cli, "t") == 0 })
+	eventually(t, "no goroutine left", func() bool { return runtime.NumGoroutine() <= goroutines })
+	if closedSeen.Load() == 0 {
+		t.Fatal("the book was never seen closed between requests: nothing reopened it")
+	}
+	if n := logs.Len(); n != 0 {
+		t.Fatalf("%d log lines, want none: %v", n, logs.All())
+	}
+	t.Logf("the book was seen closed %d times", closedSeen.Load())
 }
