@@ -82,7 +82,7 @@ func (z *zone) waitingKeys() []keyWaiting {
 // the old and new store options across a reload).
 func (z *zone) allWaitingKeys(d int) []limiter.KeyWaiting {
 	merged := z.WaitingKeys(d)
-	queues := queuesOf(z.Zone)
+	queues := QueuesOf(z.Zone)
 	if len(queues) == 0 {
 		return merged
 	}

@@ -119,7 +119,7 @@ func TestKeyWaitingCountsTheSharedStoresQueues(t *testing.T) {
 	}
 	QueueWaiting(z.Zone, old, false)
 	QueueWaiting(z.Zone, current, false)
-	if n := len(queuesOf(z.Zone)); n != 0 || len(queues.m) != 0 {
+	if n := len(QueuesOf(z.Zone)); n != 0 || len(queues.m) != 0 {
 		t.Fatalf("%d queues of the zone left (%d zones) after they emptied, want none", n, len(queues.m))
 	}
 }

@@ -43,9 +43,9 @@ func QueueWaiting(local *limiter.Zone, q Queue, waiting bool) {
 	}
 }
 
-// queuesOf returns the shared stores' queues of a zone that have requests
+// QueuesOf returns the shared stores' queues of a zone that have requests
 // waiting.
-func queuesOf(local *limiter.Zone) []Queue {
+func QueuesOf(local *limiter.Zone) []Queue {
 	queues.Lock()
 	defer queues.Unlock()
 	out := make([]Queue, 0, len(queues.m[local]))

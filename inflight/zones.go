@@ -37,7 +37,7 @@ type zone struct {
 // in its shared store's queue.
 func (z *zone) waiting() int64 {
 	n := z.Waiting()
-	for _, q := range queuesOf(z.Zone) {
+	for _, q := range QueuesOf(z.Zone) {
 		n += q.Waiting()
 	}
 	return n

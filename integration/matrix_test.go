@@ -3,9 +3,11 @@ package integration
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // The cross product: every option that decides admission, with each store
@@ -29,6 +31,9 @@ type matrixCase struct {
 	retryAfter string
 	// redisHeld is held with store redis, where it differs (replicas).
 	redisHeld int
+	// queueFull: the burst fills a queue bound, so one more request like
+	// the first is refused even while others wait.
+	queueFull bool
 }
 
 var matrixCases = []matrixCase{
@@ -47,9 +52,9 @@ var matrixCases = []matrixCase{
 	{name: "wait", options: "limit client {header.X-Client} 2\nwait 30s",
 		keys: repeat("a", 6), held: 2, waiting: 4},
 	{name: "wait and max_waiting", options: "limit client {header.X-Client} 1\nwait 30s\nmax_waiting 2",
-		keys: repeat("a", 5), held: 1, waiting: 2, status: 429},
+		keys: repeat("a", 5), held: 1, waiting: 2, status: 429, queueFull: true},
 	{name: "wait and max_waiting_per_key", options: "limit client {header.X-Client} 1\ntotal 2\nwait 30s\nmax_waiting_per_key 1",
-		keys: []string{"a", "a", "a", "b", "b", "b"}, held: 2, waiting: 2, status: 429},
+		keys: []string{"a", "a", "a", "b", "b", "b"}, held: 2, waiting: 2, status: 429, queueFull: true},
 	{name: "wait, total and fair", options: "limit client {header.X-Client} 10\ntotal 2\nwait 30s\nfair client",
 		keys: []string{"a", "a", "a", "a", "b"}, held: 2, waiting: 3},
 	{name: "wait, total and priority", options: "limit client {header.X-Client} 10\ntotal 2\nwait 30s\npriority {header.X-Client}",
@@ -131,10 +136,15 @@ func runMatrix(t *testing.T, tc matrixCase, zone, redisAddr, prefix string, relo
 
 	if reload {
 		load(t, site(2))
-		if tc.status != 0 && tc.waiting == 0 {
-			// The counts carried over: the same client is refused still.
-			if r := get(context.Background(), c, url, "X-Client", tc.keys[0]); r.status != tc.status {
-				t.Errorf("a request after the reload: status %d, want %d (the reload lost the counts)", r.status, tc.status)
+		if tc.status != 0 && (tc.waiting == 0 || tc.queueFull) {
+			// The counts and queues carried over: the same client is
+			// refused still (bounded: a request that waits instead would
+			// hold the test for the whole wait).
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			r := get(ctx, c, url, "X-Client", tc.keys[0])
+			cancel()
+			if r.status != tc.status {
+				t.Errorf("a request after the reload: status %d (%v), want %d (the reload lost the counts or the queue bound)", r.status, r.err, tc.status)
 			}
 		}
 		if w := metric(t, "caddy_inflight_waiting", `zone="`+zone+`"`); w != float64(tc.waiting) {
@@ -161,6 +171,76 @@ func runMatrix(t *testing.T, tc matrixCase, zone, redisAddr, prefix string, relo
 			metric(t, "caddy_inflight_waiting", `zone="`+zone+`"`) == 0 &&
 			(prefix == "" || leasesIn(t, redisAddr, prefix) == 0)
 	})
+}
+
+// TestWaitOrder: waiters reach the backend in priority order, and with
+// fair in fair order, with each store and across a reload (with Redis, one
+// that changes a store option). One request is held (total 1); the others
+// queue one after another, in the worst order for the rule checked.
+func TestWaitOrder(t *testing.T) {
+	r := startRedis(t)
+	for _, tc := range []struct {
+		name, option, held string
+		queued, want       []string
+	}{
+		// Priorities come from the key: high before normal before low.
+		{"priority", "priority {header.X-Client}", "normal", []string{"low", "normal", "high"}, []string{"high", "normal", "low"}},
+		// Once a waiter of a was served, b, which had nothing yet, goes
+		// before a's others (in arrival order: a, a, a, b).
+		{"fair", "fair client", "a", []string{"a", "a", "a", "b"}, []string{"a", "b", "a", "a"}},
+	} {
+		for _, store := range []string{"process", "redis"} {
+			for _, reload := range []bool{false, true} {
+				t.Run(fmt.Sprintf("%s/%s/reload=%v", tc.name, store, reload), func(t *testing.T) {
+					zone := fmt.Sprintf("order%s%s%v", tc.name, store, reload)
+					b := newBackend(t)
+					b.close()
+					port := freePort(t)
+					site := func(generation int) string {
+						storeBlock := ""
+						if store == "redis" {
+							storeBlock = fmt.Sprintf("store redis {\n\t\t\taddress %s\n\t\t\tkey_prefix %s\n\t\t\ttimeout %dms\n\t\t}", r.addr, zone, 500+generation)
+						}
+						return fmt.Sprintf(`http://127.0.0.1:%d {
+	inflight {
+		limit client {header.X-Client} 10
+		total 1
+		wait 30s
+		%s
+		zone %s
+		%s
+	}
+	reverse_proxy %s
+}
+`, port, tc.option, zone, storeBlock, b.addr)
+					}
+					load(t, site(1))
+					url := fmt.Sprintf("http://127.0.0.1:%d/hold", port)
+					c := client("127.0.0.1")
+					var wg sync.WaitGroup
+					send := func(key string) {
+						wg.Go(func() { get(context.Background(), c, url, "X-Client", key, "X-Name", key) })
+					}
+					send(tc.held)
+					eventually(t, "one held", func() bool { return b.cur.Load() == 1 })
+					for i, key := range tc.queued {
+						send(key)
+						eventually(t, key+" queued", func() bool {
+							return metric(t, "caddy_inflight_waiting", `zone="`+zone+`"`) == float64(i+1)
+						})
+					}
+					if reload {
+						load(t, site(2))
+					}
+					b.open()
+					wg.Wait()
+					if got := b.order()[1:]; !slices.Equal(got, tc.want) {
+						t.Errorf("the waiters reached the backend as %v, want %v", got, tc.want)
+					}
+				})
+			}
+		}
+	}
 }
 
 // leasesIn counts the leases Redis holds under a key prefix.

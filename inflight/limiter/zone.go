@@ -134,6 +134,10 @@ type Zone struct {
 	// waiters whose own Limits were retired by a reload use them instead.
 	latest atomic.Pointer[Limits]
 
+	// outside counts the requests waiting in shared stores' queues (see
+	// WaitOutside).
+	outside atomic.Int64
+
 	queue
 }
 

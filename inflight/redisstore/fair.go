@@ -4,6 +4,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/caddy-inflight/caddy-inflight/inflight"
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
 
@@ -12,19 +13,45 @@ import (
 // them to its waiters in the order its in-process queue would.
 
 // overPerKey reports whether req's key already has opt.MaxWaitingPerKey
-// waiters here. mu must be held.
-func (z *redisZone) overPerKey(req *limiter.Request, opt limiter.WaitOptions) bool {
+// waiters, here and in others (the zone's other queues). mu must be held.
+func (z *redisZone) overPerKey(req *limiter.Request, opt limiter.WaitOptions, others int) bool {
 	d := opt.KeyDim
 	if opt.MaxWaitingPerKey <= 0 || d >= len(req.Keys) || req.Keys[d] == "" {
 		return false
 	}
+	return others+z.keyWaiters(d, req.Keys[d]) >= opt.MaxWaitingPerKey
+}
+
+// othersWaiting counts the waiters of req's key in the zone's other queues:
+// a reload that changed the store's options keeps the old queue serving its
+// waiters (which it only loses from then on) beside this one. z.mu must
+// not be held: each queue's own lock is taken in turn.
+func (z *redisZone) othersWaiting(req *limiter.Request, opt limiter.WaitOptions) int {
+	d := opt.KeyDim
+	if opt.MaxWaitingPerKey <= 0 || d >= len(req.Keys) || req.Keys[d] == "" {
+		return 0
+	}
+	n := 0
+	for _, q := range inflight.QueuesOf(z.local) {
+		if other, ok := q.(*redisZone); ok && other != z {
+			other.mu.Lock()
+			n += other.keyWaiters(d, req.Keys[d])
+			other.mu.Unlock()
+		}
+	}
+	return n
+}
+
+// keyWaiters counts this queue's waiters with key in dimension d. mu must
+// be held.
+func (z *redisZone) keyWaiters(d int, key string) int {
 	n := 0
 	for _, w := range z.waiters {
-		if d < len(w.req.Keys) && w.req.Keys[d] == req.Keys[d] {
+		if d < len(w.req.Keys) && w.req.Keys[d] == key {
 			n++
 		}
 	}
-	return n >= opt.MaxWaitingPerKey
+	return n
 }
 
 // order sorts a batch of waiters best first: by fair share among those

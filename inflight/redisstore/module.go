@@ -170,6 +170,9 @@ func (s *Store) Validate() error {
 	case s.DB != 0 && s.MasterName == "" && (s.Cluster || len(s.Address) > 1):
 		// go-redis would ignore it: a cluster has database 0 only.
 		return fmt.Errorf("inflight: store redis: db %d is not allowed with a cluster: want 0 (a Redis Cluster has only database 0)", s.DB)
+	case (s.SentinelUsername != "" || s.SentinelPassword != "") && s.MasterName == "":
+		// go-redis would drop them and take the address for Redis itself.
+		return errors.New("inflight: store redis: sentinel_username and sentinel_password are not allowed without master_name: want master_name with the sentinels' addresses")
 	case s.Cluster && s.MasterName != "":
 		return fmt.Errorf("inflight: store redis: cluster with master_name %q is not allowed: want a cluster or sentinels", s.MasterName)
 	case strings.ContainsAny(s.KeyPrefix, "{}"):

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 )
 
@@ -37,6 +38,8 @@ func TestValidateRefusesBadValues(t *testing.T) {
 		{Store{KeyPrefix: "{x"}, `key_prefix "{x" is not allowed`},
 		{Store{DB: 2, Cluster: true}, "db 2 is not allowed with a cluster: want 0"},
 		{Store{DB: 1, Address: []string{"a:1", "b:2"}}, "db 1 is not allowed with a cluster"},
+		{Store{SentinelPassword: "s"}, "sentinel_username and sentinel_password are not allowed without master_name"},
+		{Store{SentinelUsername: "u", Cluster: true}, "not allowed without master_name"},
 	} {
 		s := tc.store
 		s.OnError, s.Lease, s.Timeout = "open", 30e9, 1e9
@@ -71,5 +74,23 @@ func TestValidateAllowsADatabaseBehindSentinels(t *testing.T) {
 	s := Store{DB: 3, Address: []string{"a:1", "b:2"}, MasterName: "m", OnError: "open", Lease: 30e9, Timeout: 1e9}
 	if err := s.Validate(); err != nil {
 		t.Fatalf("db 3 behind two sentinels: %v, want no error", err)
+	}
+}
+
+// TestTLSPlaceholderThatIsEmptyIsRefused: tls_ca {env.X} with X unset
+// would quietly mean the system's roots (and an unset client certificate,
+// none): the config is refused instead, naming the option and what was
+// written.
+func TestTLSPlaceholderThatIsEmptyIsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		tls  TLS
+		want string
+	}{
+		{TLS{CA: "{env.INFLIGHT_TEST_UNSET_CA}"}, `tls ca "{env.INFLIGHT_TEST_UNSET_CA}" is empty once its placeholders are replaced`},
+		{TLS{ClientCertificate: "{env.INFLIGHT_TEST_UNSET_C}", ClientKey: "k.pem"}, `tls client_certificate "{env.INFLIGHT_TEST_UNSET_C}" is empty`},
+	} {
+		if _, _, err := tc.tls.config(caddy.NewReplacer()); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: error %v, want it to contain %q", tc.tls, err, tc.want)
+		}
 	}
 }

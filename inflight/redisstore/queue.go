@@ -60,14 +60,15 @@ func (z *redisZone) admitNewcomer(req *limiter.Request, willWait bool) (verdict,
 // wait queues req. Waiters are tried best first (score, class, arrival; by
 // fair share with fair, see fair.go).
 func (z *redisZone) wait(ctx context.Context, req *limiter.Request, opt limiter.WaitOptions, dim int) limiter.Result {
+	others := z.othersWaiting(req, opt)
 	z.mu.Lock()
-	if opt.MaxWaiting > 0 && len(z.waiters) >= opt.MaxWaiting {
-		z.mu.Unlock()
-		return limiter.Result{Outcome: limiter.QueueFull, Dim: dim}
-	}
-	if z.overPerKey(req, opt) {
+	if z.overPerKey(req, opt, others) {
 		z.mu.Unlock()
 		return limiter.Result{Outcome: limiter.QueueFull, Dim: opt.KeyDim}
+	}
+	if !z.local.WaitOutside(opt.MaxWaiting) { // this zone's queues, old and new
+		z.mu.Unlock()
+		return limiter.Result{Outcome: limiter.QueueFull, Dim: dim}
 	}
 	z.seq++
 	own := &limiter.Request{Keys: slices.Clone(req.Keys), Max: slices.Clone(req.Max), Limits: req.Limits}
@@ -116,7 +117,11 @@ func (z *redisZone) wait(ctx context.Context, req *limiter.Request, opt limiter.
 func (z *redisZone) remove(w *waiter) {
 	n := len(z.waiters)
 	z.waiters = slices.DeleteFunc(z.waiters, func(x *waiter) bool { return x == w })
-	if n > 0 && len(z.waiters) == 0 {
+	if len(z.waiters) == n {
+		return // already gone
+	}
+	z.local.DoneWaitingOutside()
+	if len(z.waiters) == 0 {
 		inflight.QueueWaiting(z.local, z, false)
 	}
 }

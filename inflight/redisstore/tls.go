@@ -33,10 +33,18 @@ type TLS struct {
 // book's identity includes: a reload after a certificate was renewed on
 // disk then connects with the new one.
 func (t *TLS) config(repl *caddy.Replacer) (*tls.Config, []byte, error) {
-	t.CA = repl.ReplaceAll(t.CA, "")
-	t.ServerName = repl.ReplaceAll(t.ServerName, "")
-	t.ClientCertificate = repl.ReplaceAll(t.ClientCertificate, "")
-	t.ClientKey = repl.ReplaceAll(t.ClientKey, "")
+	for _, f := range []struct {
+		option string
+		value  *string
+	}{{"ca", &t.CA}, {"server_name", &t.ServerName}, {"client_certificate", &t.ClientCertificate}, {"client_key", &t.ClientKey}} {
+		written := *f.value
+		*f.value = repl.ReplaceAll(written, "")
+		if written != "" && *f.value == "" {
+			// An unset {env.X} would quietly mean the system's roots, or
+			// no client certificate.
+			return nil, nil, fmt.Errorf("inflight: store redis: tls %s %q is empty once its placeholders are replaced: want a value (is the variable set?)", f.option, written)
+		}
+	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName}
 	var material []byte
 	if t.CA != "" {
