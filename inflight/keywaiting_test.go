@@ -73,7 +73,6 @@ type sharedQueue struct {
 	waiting []*limiter.Request
 }
 
-func (q *sharedQueue) Waiting() int64 { return int64(len(q.waiting)) }
 func (q *sharedQueue) WaitingKeys(d int) []limiter.KeyWaiting {
 	return q.z.WaitingKeysOf(d, q.waiting)
 }
@@ -93,8 +92,12 @@ func TestKeyWaitingCountsTheSharedStoresQueues(t *testing.T) {
 	}
 	old := &sharedQueue{z: z.Zone, waiting: []*limiter.Request{req("a"), req("b")}}
 	current := &sharedQueue{z: z.Zone, waiting: []*limiter.Request{req("b")}}
-	QueueWaiting(z.Zone, old, true)
-	QueueWaiting(z.Zone, current, true)
+	for _, q := range []*sharedQueue{old, current} {
+		QueueWaiting(z.Zone, q, true)
+		for range q.waiting {
+			z.WaitOutside(0) // as the store does for each waiter
+		}
+	}
 	z.Acquire(context.Background(), req("holder"), limiter.WaitOptions{})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

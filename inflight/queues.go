@@ -7,9 +7,9 @@ import (
 )
 
 // Queue is a shared store's queue of one zone's requests waiting in this
-// process.
+// process; the zone counts them (limiter.Zone.WaitOutside), the queue lists
+// their keys.
 type Queue interface {
-	Waiting() int64
 	WaitingKeys(d int) []limiter.KeyWaiting
 }
 

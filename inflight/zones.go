@@ -34,13 +34,9 @@ type zone struct {
 }
 
 // waiting returns the requests waiting in this zone, in this process and
-// in its shared store's queue.
+// in shared stores' queues.
 func (z *zone) waiting() int64 {
-	n := z.Waiting()
-	for _, q := range QueuesOf(z.Zone) {
-		n += q.Waiting()
-	}
-	return n
+	return z.Waiting() + z.WaitingOutside()
 }
 
 // idle reports whether the zone has no request in flight or waiting.

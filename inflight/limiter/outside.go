@@ -19,3 +19,7 @@ func (z *Zone) WaitOutside(max int) bool {
 
 // DoneWaitingOutside gives back a place WaitOutside reserved.
 func (z *Zone) DoneWaitingOutside() { z.outside.Add(-1) }
+
+// WaitingOutside returns how many of the zone's requests wait in shared
+// stores' queues.
+func (z *Zone) WaitingOutside() int64 { return z.outside.Load() }

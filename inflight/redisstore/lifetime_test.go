@@ -79,7 +79,7 @@ func TestCleanupDuringDispatchLeavesNoLease(t *testing.T) {
 	zOther, _ := zoneOf(other, "q", limits)
 	old := newStore(t, store(p.addr, func(s *Store) { s.OnError = "closed"; s.Timeout = caddy.Duration(5 * time.Second) }))
 	logs := observeLogs(old.book)
-	z, _ := zoneOf(old, "q", limits)
+	z, local := zoneOf(old, "q", limits)
 	warmUp(t, z, limits, cli)
 
 	held := request(limits, "k")
@@ -87,7 +87,7 @@ func TestCleanupDuringDispatchLeavesNoLease(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	left := make(chan limiter.Result, 1)
 	go func() { left <- z.Acquire(ctx, request(limits, "k"), limiter.WaitOptions{Wait: time.Minute}) }()
-	eventually(t, "the request waits", func() bool { return z.(*redisZone).Waiting() == 1 })
+	eventually(t, "the request waits", func() bool { return local.WaitingOutside() == 1 })
 
 	p.setStall(true) // the dispatcher's next batch runs in Redis, its reply held back
 	zOther.Release(held)

@@ -209,14 +209,6 @@ func (z *redisZone) dispatch(newcomer *limiter.Request, willWait bool) (verdict,
 	return verdicts[len(queue)], nil
 }
 
-// Waiting returns how many requests wait in this queue (with other queues
-// of the zone, see inflight.QueueWaiting).
-func (z *redisZone) Waiting() int64 {
-	z.mu.Lock()
-	defer z.mu.Unlock()
-	return int64(len(z.waiters))
-}
-
 // WaitingKeys returns the keys of dimension d with requests waiting in
 // this instance, and how many wait for each.
 func (z *redisZone) WaitingKeys(d int) []limiter.KeyWaiting {

@@ -174,14 +174,14 @@ func TestNewcomerDoesNotOvertakeWaiter(t *testing.T) {
 	addr, cli := startRedis(t)
 	s := newStore(t, store(addr, nil))
 	limits := &limiter.Limits{Max: []int64{1}}
-	z, _ := zoneOf(s, "fifo", limits)
+	z, local := zoneOf(s, "fifo", limits)
 	holder := request(limits, "k")
 	mustAdmit(t, z, holder, "holder")
 	waited := make(chan limiter.Result, 1)
 	go func() {
 		waited <- z.Acquire(context.Background(), request(limits, "k"), limiter.WaitOptions{Wait: 10 * time.Second})
 	}()
-	eventually(t, "waiter queued", func() bool { return z.(interface{ Waiting() int64 }).Waiting() == 1 })
+	eventually(t, "waiter queued", func() bool { return local.WaitingOutside() == 1 })
 	// The slot frees in Redis without a notice (as another instance's
 	// release whose message was lost): the next dispatch is up to a poll
 	// away, and a newcomer arrives first.
@@ -209,7 +209,7 @@ func TestWaitersMoveToNewLimits(t *testing.T) {
 	go func() {
 		waited <- z.Acquire(context.Background(), request(limits, "k"), limiter.WaitOptions{Wait: 5 * time.Second})
 	}()
-	eventually(t, "waiter queued", func() bool { return z.(interface{ Waiting() int64 }).Waiting() == 1 })
+	eventually(t, "waiter queued", func() bool { return local.WaitingOutside() == 1 })
 	local.Adopt(&limiter.Limits{Max: []int64{2}}) // a reload raises the max
 	local.Retire(limits)
 	if res := <-waited; res.Outcome != limiter.Admitted {
