@@ -195,6 +195,18 @@ func get(ctx context.Context, c *http.Client, url string, header ...string) resu
 	return result{status: resp.StatusCode, retryAfter: resp.Header.Get("Retry-After"), body: string(body), err: err}
 }
 
+// getReached is get, sent again (up to 20 times) while it fails before any
+// response and ctx is live: right after a reload, the old server's listening
+// socket resets the connections the kernel handed it as it closed.
+func getReached(ctx context.Context, c *http.Client, url string, header ...string) result {
+	r := get(ctx, c, url, header...)
+	for attempt := 0; r.err != nil && ctx.Err() == nil && attempt < 20; attempt++ {
+		time.Sleep(20 * time.Millisecond)
+		r = get(ctx, c, url, header...)
+	}
+	return r
+}
+
 // burst sends n requests at once and returns their results once all ended.
 func burst(c *http.Client, n int, url string, header ...string) []result {
 	out := make([]result, n)
@@ -322,7 +334,7 @@ func hold(t *testing.T, b *backend, ctx context.Context, c *http.Client, url str
 	t.Helper()
 	before := b.served.Load() + b.cur.Load()
 	done := make(chan result, 1)
-	go func() { done <- get(ctx, c, url, header...) }()
+	go func() { done <- getReached(ctx, c, url, header...) }()
 	eventually(t, "the backend holds the request", func() bool { return b.served.Load()+b.cur.Load() > before })
 	return done
 }
