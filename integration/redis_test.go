@@ -184,7 +184,7 @@ func TestRedisDown(t *testing.T) {
 			if statuses[want] != 20 {
 				t.Fatalf("with Redis down: %v, want 20 × %d", statuses, want)
 			}
-			if slowest > time.Second {
+			if slowest > 3*time.Second { // not go-redis's 5s dial timeout
 				t.Fatalf("a request took %v with Redis down; the timeout is 200ms", slowest)
 			}
 			if onError == "open" { // local caps still hold

@@ -80,7 +80,7 @@ func TestWaitTimeoutAndQueueFull(t *testing.T) {
 	if r.status != 429 || r.retryAfter != "1" {
 		t.Fatalf("timed-out request: %d Retry-After %q, want 429 and 1", r.status, r.retryAfter)
 	}
-	if waited < time.Second || waited > 3*time.Second {
+	if waited < time.Second || waited > 5*time.Second { // not the 30s others wait below
 		t.Fatalf("timed out after %v, want about 1s", waited)
 	}
 	t.Logf("timed out after %v (wait 1s)", waited)
@@ -99,7 +99,7 @@ func TestWaitTimeoutAndQueueFull(t *testing.T) {
 		eventually(t, "queued", func() bool { return waiting(t) == float64(i+1) })
 	}
 	start = time.Now()
-	if r := get(context.Background(), c, longURL+"/", "X-Tenant", "t"); r.status != 429 || time.Since(start) > 400*time.Millisecond {
+	if r := get(context.Background(), c, longURL+"/", "X-Tenant", "t"); r.status != 429 || time.Since(start) > 10*time.Second { // the three wait 30s
 		t.Fatalf("fourth waiter: %d after %v, want 429 at once", r.status, time.Since(start))
 	}
 	if got := metric(t, "caddy_inflight_rejected_total", `zone="queue"`, `reason="queue_full"`); got < 1 {

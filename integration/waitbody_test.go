@@ -98,20 +98,24 @@ func bodyWaits(t *testing.T, outcome string) float64 {
 }
 
 // leaveQueue waits until n requests wait in zone body, lets their clients
-// leave, and checks that all leave the queue within a second, counted as
-// aborted.
+// leave, and checks that all leave the queue long before their wait (30s)
+// runs out, counted as aborted. The bound is a third of the wait, not a
+// figure: on an idle machine they leave in well under a second (logged),
+// on a busy one it can take longer, and a waiter that is not noticed stays
+// for the whole 30s.
 func leaveQueue(t *testing.T, what string, n int, leave func()) {
 	t.Helper()
 	eventually(t, "all are queued", func() bool { return bodyWaiting(t) == float64(n) })
 	abortedBefore := bodyWaits(t, "aborted")
 	start := time.Now()
 	leave()
-	eventually(t, "the queue is empty", func() bool { return bodyWaiting(t) == 0 })
-	took := time.Since(start)
-	t.Logf("%d %s left the queue %v after their clients left", n, what, took)
-	if took > time.Second {
-		t.Fatalf("the queue emptied %v after the clients left, want within 1s", took)
+	for bodyWaiting(t) != 0 {
+		if time.Since(start) > 10*time.Second {
+			t.Fatalf("%d %s: %v waiting 10s after their clients left (wait 30s)", n, what, bodyWaiting(t))
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
+	t.Logf("%d %s left the queue %v after their clients left", n, what, time.Since(start))
 	if got := bodyWaits(t, "aborted") - abortedBefore; got != float64(n) {
 		t.Fatalf("aborted waits counted %v, want %d", got, n)
 	}
@@ -332,7 +336,7 @@ func TestStalledWaitingBodyTimesOut(t *testing.T) {
 	if err != nil {
 		t.Fatalf("no response to the stalled waiter: %v", err)
 	}
-	if took := time.Since(start); resp.StatusCode != 429 || took > 3*time.Second {
+	if took := time.Since(start); resp.StatusCode != 429 || took > 5*time.Second { // not the 10s read deadline
 		t.Fatalf("stalled waiter: %d after %v, want 429 after about 500ms", resp.StatusCode, took)
 	}
 	b.open()
