@@ -3,6 +3,7 @@
 package limiter
 
 import (
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -49,24 +50,29 @@ func TestAdaptiveFailureBurst(t *testing.T) {
 
 // Slow readers (a long service time, so a window sees few responses) from a
 // cold start: the limit leaves initial and reaches the backend's capacity
-// within a bounded time, and stays in its region.
+// within a bounded time, and settles in its region: [c, 1.5c] when the
+// clients overload it, up to twice what they use when they do not; the
+// backend stays busy (90 %: with a few samples a window, a limit that dips
+// below c for a window costs more than with many).
 func TestAdaptiveSlowReaders(t *testing.T) {
-	for _, tc := range []struct {
-		c, clients int
-		within     time.Duration
-	}{
-		{16, 16, 15 * time.Second},
-		{8, 16, 15 * time.Second},
-	} {
-		const slow = 2 * time.Second
+	const slow = 2 * time.Second
+	for _, tc := range []struct{ c, clients int }{{16, 16}, {8, 16}, {16, 32}} {
 		sc := scenario{workers: tc.c, service: slow, duration: 120 * time.Second, clients: tc.clients, reach: int64(tc.c), seed: 1}
 		o := simulate(sc, newOurs(4))
-		t.Logf("c=%d, %d clients, S=%v: limit reached c after %v, settled %g (%d to %d), throughput %.3f", tc.c, tc.clients, slow, o.reached, o.settled, o.minLimit, o.maxLimit, o.throughput)
-		if o.reached < 0 || o.reached > tc.within {
-			t.Errorf("c=%d: limit reached c after %v, want within %v", tc.c, o.reached, tc.within)
+		name := fmt.Sprintf("c=%d, %d clients, S=%v", tc.c, tc.clients, slow)
+		t.Logf("%s: limit reached c after %v, settled %g (%d to %d), throughput %.3f", name, o.reached, o.settled, o.minLimit, o.maxLimit, o.throughput)
+		if o.reached < 0 || o.reached > 15*time.Second {
+			t.Errorf("%s: limit reached c after %v, want within 15s", name, o.reached)
 		}
-		if o.settled < float64(tc.c) || o.settled > 2*float64(tc.c) {
-			t.Errorf("c=%d: limit settled at %g, want within [%d, %d]", tc.c, o.settled, tc.c, 2*tc.c)
+		hi := 1.5 * float64(tc.c)
+		if tc.clients <= tc.c {
+			hi = 2 * float64(tc.clients)
+		}
+		if o.settled < float64(tc.c) || o.settled > hi {
+			t.Errorf("%s: limit settled at %g, want within [%d, %g]", name, o.settled, tc.c, hi)
+		}
+		if o.throughput < 0.9 {
+			t.Errorf("%s: throughput %.3f of c/S, want at least 0.9", name, o.throughput)
 		}
 	}
 }
