@@ -20,8 +20,10 @@ import (
 // minWindowSamples (a slow backend answers few requests per window, and
 // the limit must still move). Then:
 //
-//   - The window's sample is the median of its samples: one slow outlier or
-//     one lucky fast request does not move it.
+//   - The window's sample is the median of its samples (the mean of the
+//     middle two for an even count: the upper one biased few-sample
+//     windows towards a queue): one slow outlier or one lucky fast request
+//     does not move it.
 //   - The baseline is the lowest window sample of the last baselineWindows
 //     windows: a median, never a single request, and it follows a backend
 //     that got slower once the windows that saw it faster have aged out.
