@@ -40,6 +40,7 @@ const subdirectives = "limit, total, zone, status, retry_after, dry_run, replica
 //			initial   <n>                #   where it starts (4)
 //			tolerance <fraction>         #   slowdown before it shrinks (0.2)
 //			window    <duration>         #   shortest time between changes (250ms)
+//			overload_status <codes...>   #   statuses that mean overload (429 502 503 504)
 //		}]
 //		zone        <name>               # share counters with handlers naming it
 //		status      <code>               # refusal status, 400-599 (429)
@@ -202,8 +203,10 @@ func parseTotal(h httpcaddyfile.Helper, hd *inflight.Handler) error {
 			var d time.Duration
 			d, err = duration(h, "total adaptive: window", false)
 			at.Window = caddy.Duration(d)
+		case "overload_status":
+			at.OverloadStatus, err = overloadStatus(h)
 		default:
-			return h.Errf("inflight: total adaptive: unknown option %q: want one of min, max, initial, tolerance, window", opt)
+			return h.Errf("inflight: total adaptive: unknown option %q: want one of min, max, initial, tolerance, window, overload_status", opt)
 		}
 		if err != nil {
 			return err
@@ -226,6 +229,23 @@ func tolerance(h httpcaddyfile.Helper) (float64, error) {
 		return 0, h.Errf("inflight: total adaptive: tolerance %q is not allowed: want a fraction such as 0.2 (20 %%), above 0 and at most 10", v)
 	}
 	return f, nil
+}
+
+// overloadStatus reads one or more status codes 400-599.
+func overloadStatus(h httpcaddyfile.Helper) ([]int, error) {
+	args := h.RemainingArgs()
+	if len(args) == 0 {
+		return nil, h.Err("inflight: total adaptive: overload_status: want one or more status codes 400-599, such as 429 502 503 504")
+	}
+	codes := make([]int, len(args))
+	for i, v := range args {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 400 || n > 599 {
+			return nil, h.Errf("inflight: total adaptive: overload_status %q is not allowed: want status codes 400-599, such as 429 502 503 504", v)
+		}
+		codes[i] = n
+	}
+	return codes, nil
 }
 
 // parseMetrics reads `metrics per_key [plain]`.

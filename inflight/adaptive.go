@@ -19,9 +19,11 @@ import (
 // itself, from the time each admitted request takes to get its response
 // headers (time to first byte): the limit comes down when the backend
 // starts queueing (its answers slow down beyond a baseline learned from
-// its fastest windows, or it fails with 5xx or timeouts) and goes up while
-// it does not. Streams (SSE) count by their headers only; upgraded
-// connections (WebSocket) and requests the client cancelled are ignored.
+// its fastest windows, or it answers with an overload status: a timeout,
+// a connection error, 429, 502, 503, 504) and goes up while it does not.
+// Streams (SSE) count by their headers only; other 5xx (an application's
+// errors), upgraded connections (WebSocket) and requests the client
+// cancelled are ignored.
 type AdaptiveTotal struct {
 	// Min is the lowest the limit goes. Default: 1.
 	Min int `json:"min,omitempty"`
@@ -41,8 +43,17 @@ type AdaptiveTotal struct {
 	Tolerance float64 `json:"tolerance,omitempty"`
 
 	// Window is the shortest time between two changes of the limit; a
-	// window also waits for 32 responses. Default: 250ms.
+	// window also waits for 32 responses, or, after 4 × window, for 4.
+	// Default: 250ms.
 	Window caddy.Duration `json:"window,omitempty"`
+
+	// OverloadStatus are the statuses that mean the backend is
+	// overloaded: a response with one, written by the upstream or returned
+	// by the proxy (502 for a connection error, 504 for a timeout, 503
+	// with no upstream available), shrinks the limit. Another 5xx is an
+	// application's error and is ignored; another status is a latency
+	// sample. Each 400-599. Default: 429, 502, 503, 504.
+	OverloadStatus []int `json:"overload_status,omitempty"`
 }
 
 func (at *AdaptiveTotal) setDefaults() {
@@ -78,13 +89,18 @@ func (at AdaptiveTotal) Check() error {
 	case at.Window < 0:
 		return fmt.Errorf("total adaptive: window %s is not allowed: want a positive duration such as 250ms", time.Duration(at.Window))
 	}
+	for _, code := range at.OverloadStatus {
+		if code < 400 || code > 599 {
+			return fmt.Errorf("total adaptive: overload_status %d is not allowed: want status codes 400-599, such as 429 502 503 504", code)
+		}
+	}
 	return nil
 }
 
 func (at *AdaptiveTotal) config() limiter.AdaptiveConfig {
 	return limiter.AdaptiveConfig{
 		Min: int64(at.Min), Max: int64(at.Max), Initial: int64(at.Initial),
-		Tolerance: at.Tolerance, Window: time.Duration(at.Window),
+		Tolerance: at.Tolerance, Window: time.Duration(at.Window), Overload: at.OverloadStatus,
 	}
 }
 
@@ -165,10 +181,12 @@ func (h *Handler) serveMeasured(w http.ResponseWriter, r *http.Request, next cad
 		m.done = true // an extended CONNECT tunnel (WebSocket over HTTP/2)
 	}
 	err := next.ServeHTTP(m, r)
-	if !m.done && r.Context().Err() == nil {
-		if he, ok := errors.AsType[caddyhttp.HandlerError](err); ok && (he.StatusCode >= 500 || he.StatusCode == 0) {
-			m.h.adaptive.Drop(time.Now(), m.h.zone.Held(limiter.TotalDim))
+	if err != nil && !m.done && r.Context().Err() == nil {
+		status := http.StatusInternalServerError // what Caddy answers an error without one
+		if he, ok := errors.AsType[caddyhttp.HandlerError](err); ok && he.StatusCode != 0 {
+			status = he.StatusCode
 		}
+		m.h.adaptive.Fail(time.Now(), status, m.h.zone.Held(limiter.TotalDim))
 	}
 	m.ResponseWriter = nil
 	return err
@@ -210,17 +228,12 @@ func (m *measuredWriter) Flush() {
 	_ = http.NewResponseController(m.ResponseWriter).Flush()
 }
 
-// answered reports the response headers: a sample of the backend's
-// latency, or a failure; an upgrade is neither.
+// answered reports the response headers to the controller, which tells a
+// latency sample from an overload or an application's error; an upgrade
+// is none of them.
 func (m *measuredWriter) answered(code int) {
 	m.done = true
-	now := time.Now()
-	inflight := m.h.zone.Held(limiter.TotalDim)
-	switch {
-	case code == http.StatusSwitchingProtocols:
-	case code >= 500:
-		m.h.adaptive.Drop(now, inflight)
-	case m.h.adaptive.Observe(now, m.admitted, inflight):
+	if code != http.StatusSwitchingProtocols && m.h.adaptive.Observe(time.Now(), m.admitted, code, m.h.zone.Held(limiter.TotalDim)) {
 		m.h.zone.Kick()
 	}
 }

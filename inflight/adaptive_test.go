@@ -3,13 +3,16 @@ package inflight
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
@@ -17,9 +20,11 @@ import (
 
 // measuredHandler is a handler with only what serveMeasured uses: a zone
 // with a total and its controller, at limit 8, whose windows close as soon
-// as they hold 32 responses.
-func measuredHandler() *Handler {
-	a := limiter.NewAdaptive(limiter.AdaptiveConfig{Min: 1, Max: 1000, Initial: 8, Tolerance: 0.2, Window: time.Nanosecond}, time.Now())
+// as they hold 4 responses (a window of 1ns is always long past), with the
+// overload statuses of at.
+func measuredHandler(at AdaptiveTotal) *Handler {
+	at.Min, at.Max, at.Initial, at.Tolerance, at.Window = 1, 1000, 8, 0.2, caddy.Duration(time.Nanosecond)
+	a := limiter.NewAdaptive(at.config(), time.Now())
 	return &Handler{zone: &zone{Zone: limiter.NewZone(0, true, nil)}, adaptive: a}
 }
 
@@ -38,27 +43,47 @@ type hijackable struct{ *httptest.ResponseRecorder }
 
 func (hijackable) Hijack() (net.Conn, *bufio.ReadWriter, error) { return nil, nil, nil }
 
-func TestAdaptiveFailuresAreDrops(t *testing.T) {
-	for name, next := range map[string]caddyhttp.HandlerFunc{
-		"503 written": func(w http.ResponseWriter, _ *http.Request) error {
-			w.WriteHeader(http.StatusServiceUnavailable)
+// Overload statuses shrink the limit, written by the upstream or returned
+// by the proxy; an application's 500 does not, unless configured.
+func TestAdaptiveOverloadSignals(t *testing.T) {
+	written := func(code int) caddyhttp.HandlerFunc {
+		return func(w http.ResponseWriter, _ *http.Request) error {
+			w.WriteHeader(code)
 			return nil
-		},
-		"504 returned (proxy timeout)": func(http.ResponseWriter, *http.Request) error {
-			return caddyhttp.Error(http.StatusGatewayTimeout, errors.New("upstream timed out"))
-		},
+		}
+	}
+	returned := func(code int) caddyhttp.HandlerFunc {
+		return func(http.ResponseWriter, *http.Request) error {
+			return caddyhttp.Error(code, errors.New("upstream failed"))
+		}
+	}
+	for _, tc := range []struct {
+		name     string
+		overload []int
+		next     caddyhttp.HandlerFunc
+		want     int64
+	}{
+		{"503 written", nil, written(http.StatusServiceUnavailable), 4},
+		{"429 written by the upstream", nil, written(http.StatusTooManyRequests), 4},
+		{"504 returned (proxy timeout)", nil, returned(http.StatusGatewayTimeout), 4},
+		{"502 returned (connection error)", nil, returned(http.StatusBadGateway), 4},
+		{"500 written (application error)", nil, written(http.StatusInternalServerError), 8},
+		{"500 returned", nil, returned(http.StatusInternalServerError), 8},
+		{"plain error returned (500)", nil, func(http.ResponseWriter, *http.Request) error { return errors.New("boom") }, 8},
+		{"500 written, overload_status 500", []int{500}, written(http.StatusInternalServerError), 4},
+		{"503 written, overload_status 500", []int{500}, written(http.StatusServiceUnavailable), 8},
 	} {
-		h := measuredHandler()
-		serveN(h, 32, context.Background(), next)
-		if got := h.adaptive.Limit(); got != 4 {
-			t.Errorf("%s: limit %d after a window of failures, want 8 halved to 4", name, got)
+		h := measuredHandler(AdaptiveTotal{OverloadStatus: tc.overload})
+		serveN(h, 4, context.Background(), tc.next)
+		if got := h.adaptive.Limit(); got != tc.want {
+			t.Errorf("%s: limit %d after a window of them, want %d", tc.name, got, tc.want)
 		}
 	}
 }
 
 // Requests that say nothing about the backend's latency are ignored: a
-// window of 16 failures among them does not close (it needs 32), so the
-// limit stays; had they counted, it would have closed and shrunk.
+// window of 3 overload failures among them does not close (it needs 4),
+// so the limit stays; had they counted, it would have closed and shrunk.
 func TestAdaptiveIgnores(t *testing.T) {
 	cancelled, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -81,9 +106,9 @@ func TestAdaptiveIgnores(t *testing.T) {
 			return caddyhttp.Error(http.StatusNotFound, errors.New("no such file"))
 		}},
 	} {
-		h := measuredHandler()
-		serveN(h, 16, context.Background(), func(w http.ResponseWriter, _ *http.Request) error {
-			w.WriteHeader(http.StatusInternalServerError)
+		h := measuredHandler(AdaptiveTotal{})
+		serveN(h, 3, context.Background(), func(w http.ResponseWriter, _ *http.Request) error {
+			w.WriteHeader(http.StatusServiceUnavailable)
 			return nil
 		})
 		serveN(h, 32, tc.ctx, tc.next)
@@ -96,7 +121,7 @@ func TestAdaptiveIgnores(t *testing.T) {
 // The latency sample is the time to the response headers: a stream (SSE)
 // has given its sample while it still flows.
 func TestAdaptiveSamplesAtHeaders(t *testing.T) {
-	h := measuredHandler()
+	h := measuredHandler(AdaptiveTotal{})
 	n := 0
 	var sampledWhileStreaming time.Duration
 	serveN(h, 32, context.Background(), func(w http.ResponseWriter, _ *http.Request) error {
@@ -111,5 +136,23 @@ func TestAdaptiveSamplesAtHeaders(t *testing.T) {
 	})
 	if sampledWhileStreaming == 0 {
 		t.Error("no latency sample while the 32nd stream was open, want one taken at its headers")
+	}
+}
+
+// A bad overload status in JSON is refused with what is allowed.
+func TestAdaptiveOverloadStatusChecked(t *testing.T) {
+	for raw, want := range map[string]string{
+		`{"overload_status": [503, 200]}`: "total adaptive: overload_status 200 is not allowed: want status codes 400-599",
+		`{"overload_status": [600]}`:      "total adaptive: overload_status 600 is not allowed",
+		`{"overload_status": [500, 503]}`: "",
+	} {
+		var at AdaptiveTotal
+		if err := json.Unmarshal([]byte(raw), &at); err != nil {
+			t.Fatal(err)
+		}
+		err := at.Check()
+		if want == "" && err != nil || want != "" && (err == nil || !strings.Contains(err.Error(), want)) {
+			t.Errorf("%s: Check() = %v, want %q", raw, err, want)
+		}
 	}
 }

@@ -14,16 +14,25 @@ import (
 // without a queue.
 //
 // The controller works in windows. A window gathers the samples of requests
-// admitted after it began (so every sample saw the current limit) until it
-// holds minWindowSamples of them and Window has passed; then:
+// admitted after it began (so every sample saw the current limit) until
+// Window has passed and it holds fullWindowSamples of them; a window that
+// has not filled by longWindows × Window closes as soon as it holds
+// minWindowSamples (a slow backend answers few requests per window, and
+// the limit must still move). Then:
 //
-//   - The window's sample is the median of its samples: one slow outlier or
-//     one lucky fast request does not move it.
+//   - The window's sample is the median of its samples (the mean of the
+//     middle two for an even count: the upper one biased few-sample
+//     windows towards a queue): one slow outlier or one lucky fast request
+//     does not move it.
 //   - The baseline is the lowest window sample of the last baselineWindows
 //     windows: a median, never a single request, and it follows a backend
 //     that got slower once the windows that saw it faster have aged out.
-//   - If some requests failed (5xx, timeouts), the limit shrinks in
-//     proportion, whatever the latency said.
+//   - If some responses were overload statuses (Overload: by default 429,
+//     502, 503, 504, which is also how a proxy reports a timeout or a
+//     connection error), the limit shrinks in proportion, whatever the
+//     latency said. Other 5xx are an application's errors: they say nothing
+//     of the backend's capacity, and a fast error would drag the latency
+//     down, so they are ignored.
 //   - If the sample exceeds the baseline by more than Tolerance in two
 //     windows in a row, requests queue in the backend (one such window may
 //     be a burst of a load the backend carries): by Little's law the backend completes
@@ -69,12 +78,25 @@ type AdaptiveConfig struct {
 	Tolerance float64
 	// Window is the shortest time between two changes of the limit.
 	Window time.Duration
+	// Overload are the response statuses that mean the backend is
+	// overloaded. Default (nil): DefaultOverload.
+	Overload []int
 }
 
+// DefaultOverload are the statuses that mean overload unless configured:
+// an upstream's 429, and 502, 503 and 504, with which a proxy also reports
+// a connection error, no upstream available and a timeout.
+var DefaultOverload = []int{429, 502, 503, 504}
+
 const (
-	// minWindowSamples is how many samples a window needs before its median
-	// is trusted.
-	minWindowSamples = 32
+	// fullWindowSamples is how many samples a window waits for, Window
+	// passed, before its median is trusted.
+	fullWindowSamples = 32
+	// longWindows × Window is how long a window waits to fill before it
+	// makes do with minWindowSamples.
+	longWindows = 4
+	// minWindowSamples is the fewest samples a window closes with.
+	minWindowSamples = 4
 	// maxWindowSamples bounds the samples a window keeps; it keeps the
 	// newest.
 	maxWindowSamples = 64
@@ -90,7 +112,7 @@ type window struct {
 	start       time.Time
 	samples     [maxWindowSamples]time.Duration
 	n           int   // samples seen, some overwritten beyond maxWindowSamples
-	drops       int   // failed requests
+	drops       int   // responses with an overload status
 	peak        int64 // most requests in flight seen
 	inflightSum int64 // over the samples, for their mean
 }
@@ -111,6 +133,9 @@ func NewAdaptive(cfg AdaptiveConfig, now time.Time) *Adaptive {
 func (a *Adaptive) Configure(cfg AdaptiveConfig) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if cfg.Overload == nil {
+		cfg.Overload = DefaultOverload
+	}
 	a.cfg = cfg
 	a.publish()
 }
@@ -125,39 +150,50 @@ func (a *Adaptive) Baseline() time.Duration { return time.Duration(a.baseline.Lo
 // Sample returns the last window's median latency (0 before the first).
 func (a *Adaptive) Sample() time.Duration { return time.Duration(a.sample.Load()) }
 
-// Observe records a request admitted at admitted whose response headers
-// came at now, while inflight requests (this one included) were in flight.
-// It reports whether the limit went up, which may admit waiters.
-func (a *Adaptive) Observe(now, admitted time.Time, inflight int64) bool {
+// Observe records the response to a request admitted at admitted: its
+// headers, with status, came at now, while inflight requests (this one
+// included) were in flight. An overload status is a failure, another 5xx
+// is ignored, any other status is a latency sample. It reports whether
+// the limit went up, which may admit waiters.
+func (a *Adaptive) Observe(now, admitted time.Time, status int, inflight int64) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	w := &a.window
 	w.peak = max(w.peak, inflight)
-	if admitted.Before(w.start) {
-		return false // it saw an older limit
+	switch {
+	case slices.Contains(a.cfg.Overload, status):
+		w.drops++
+	case status >= 500 || admitted.Before(w.start):
+		return false // an application's error, or it saw an older limit
+	default:
+		w.samples[w.n%maxWindowSamples] = now.Sub(admitted)
+		w.n++
+		w.inflightSum += inflight
 	}
-	w.samples[w.n%maxWindowSamples] = now.Sub(admitted)
-	w.n++
-	w.inflightSum += inflight
 	return a.maybeClose(now)
 }
 
-// Drop records a request that failed at the backend (a 5xx, a timeout),
-// while inflight requests were in flight. It reports whether the limit went
-// up (it cannot, but a window may close).
-func (a *Adaptive) Drop(now time.Time, inflight int64) bool {
+// Fail records a request that failed at now before any response header,
+// with the status it is answered with (a proxy's 502 for a connection
+// error, 504 for a timeout): a failure if that is an overload status,
+// nothing otherwise. A failure cannot raise the limit.
+func (a *Adaptive) Fail(now time.Time, status int, inflight int64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if !slices.Contains(a.cfg.Overload, status) {
+		return
+	}
 	a.window.peak = max(a.window.peak, inflight)
 	a.window.drops++
-	return a.maybeClose(now)
+	a.maybeClose(now)
 }
 
 // maybeClose ends the window if it is long and full enough, and adjusts
 // the limit.
 func (a *Adaptive) maybeClose(now time.Time) bool {
 	w := &a.window
-	if w.n+w.drops < minWindowSamples || now.Sub(w.start) < a.cfg.Window {
+	n, age := w.n+w.drops, now.Sub(w.start)
+	if age < a.cfg.Window || n < minWindowSamples || n < fullWindowSamples && age < longWindows*a.cfg.Window {
 		return false
 	}
 	before := a.limit.Load()
@@ -179,7 +215,7 @@ func (a *Adaptive) adjust(w *window) {
 	n := min(w.n, maxWindowSamples)
 	sorted := w.samples[:n]
 	slices.Sort(sorted)
-	median := sorted[n/2]
+	median := (sorted[(n-1)/2] + sorted[n/2]) / 2
 	a.sample.Store(int64(median))
 	a.history[a.next] = median
 	a.next = (a.next + 1) % baselineWindows

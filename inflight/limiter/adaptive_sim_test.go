@@ -10,21 +10,24 @@ import (
 	"container/heap"
 	"math"
 	"math/rand/v2"
+	"net/http"
 	"slices"
 	"time"
 )
 
 // A simulated backend and load, on a simulated clock: c workers serving a
-// FIFO queue, service times S ± 20 %, Poisson arrivals, seeded. Requests
-// over the controller's limit are refused at once (no wait), so refusals
-// show where a limit is too low. Everything is deterministic.
+// FIFO queue, service times S ± 20 %, Poisson arrivals and closed-loop
+// clients, seeded. Poisson requests over the controller's limit are refused
+// at once (no wait) unless the scenario gives them a queue, so refusals
+// show where a limit is too low; clients always wait for a slot.
+// Everything is deterministic.
 
 // controller is what the simulation drives: ours, or a reference.
 type controller interface {
 	limit() int64
-	// observe reports a response: admitted and answered at now, with
-	// inflight requests in flight (this one included).
-	observe(now, admitted time.Time, inflight int64)
+	// observe reports a response with status: admitted and answered at
+	// now, with inflight requests in flight (this one included).
+	observe(now, admitted time.Time, status int, inflight int64)
 }
 
 // scenario describes one run.
@@ -41,7 +44,22 @@ type scenario struct {
 	// waiting bounds the requests queued in front of the limit (wait);
 	// 0 refuses at once.
 	waiting int
-	seed    uint64
+	// clients are closed-loop clients: each sends its next request as its
+	// previous one is answered, and waits for a slot.
+	clients int
+	// errorClients are closed-loop clients of a path on which the backend
+	// answers errorStatus after errorService.
+	errorClients int
+	errorService time.Duration
+	errorStatus  int
+	// from failFrom to failTo, a share failShare of the responses are
+	// failStatus (answered after their service time).
+	failFrom, failTo time.Duration
+	failShare        float64
+	failStatus       int
+	// reach is a limit to time: outcome.reached
+	reach int64
+	seed  uint64
 }
 
 // outcome is what a run measured, over its second half (or, with a change,
@@ -55,10 +73,15 @@ type outcome struct {
 	reaction    time.Duration // after the change, until the limit fit the new capacity; -1: never
 	maxLimit    int64         // highest limit in the measured part
 	peakUse     int64         // most requests in flight in the measured part
+	reached     time.Duration // from the start until the limit was at least reach; -1: never
+	recovered   time.Duration // from failTo until the limit was back at its level at failFrom; -1: never
+	minLimit    int64         // lowest limit in the measured part
 }
 
 type simRequest struct {
 	admitted, started, done time.Time
+	client                  int // closed-loop client, -1: a Poisson arrival
+	status                  int
 }
 
 type completions []*simRequest
@@ -92,7 +115,8 @@ func simulate(sc scenario, ctl controller) outcome {
 		queue    []*simRequest
 		waiting  []*simRequest // in front of the limit
 		inflight int64
-		out      = outcome{reaction: -1}
+		out      = outcome{reaction: -1, reached: -1, recovered: -1, minLimit: math.MaxInt64}
+		before   int64 // the limit at failFrom
 		limits   []float64
 		waits    []time.Duration
 		done     int
@@ -100,6 +124,7 @@ func simulate(sc scenario, ctl controller) outcome {
 	serviceTime := func() time.Duration {
 		return time.Duration(float64(sc.service) * (0.8 + 0.4*rng.Float64()))
 	}
+	failFrom, failTo := epoch.Add(sc.failFrom), epoch.Add(sc.failTo)
 	admit := func(now time.Time, r *simRequest) {
 		inflight++
 		if !now.Before(from) {
@@ -117,11 +142,44 @@ func simulate(sc scenario, ctl controller) outcome {
 			r := queue[0]
 			queue = queue[1:]
 			r.started = now
-			r.done = now.Add(serviceTime())
+			switch {
+			case r.client >= sc.clients:
+				r.done, r.status = now.Add(sc.errorService), sc.errorStatus
+			default:
+				r.done, r.status = now.Add(serviceTime()), http.StatusOK
+				if !now.Before(failFrom) && now.Before(failTo) && rng.Float64() < sc.failShare {
+					r.status = sc.failStatus
+				}
+			}
 			heap.Push(&running, r)
 		}
 	}
-	nextArrival := epoch.Add(time.Duration(rng.ExpFloat64() / rate * float64(time.Second)))
+	// arrive admits a request, queues it in front of the limit, or refuses it.
+	arrive := func(now time.Time, r *simRequest) {
+		switch {
+		case inflight < ctl.limit():
+			admit(now, r)
+		case r.client >= 0 || len(waiting) < sc.waiting:
+			waiting = append(waiting, r)
+		default:
+			out.refused++
+			if !now.Before(from) {
+				out.refusedLate++
+			}
+		}
+		startWork(now)
+	}
+	for i := range sc.clients + sc.errorClients {
+		arrive(epoch, &simRequest{client: i})
+	}
+	// arrival returns the time of the Poisson arrival after now's.
+	arrival := func(now time.Time) time.Time {
+		if rate == 0 {
+			return end.Add(time.Second) // clients only
+		}
+		return now.Add(time.Duration(rng.ExpFloat64() / rate * float64(time.Second)))
+	}
+	nextArrival := arrival(epoch)
 	nextTick := epoch
 	for {
 		now := nextArrival
@@ -141,8 +199,18 @@ func simulate(sc scenario, ctl controller) outcome {
 				workers = sc.changeTo
 			}
 			startWork(now)
+			l := ctl.limit()
+			if out.reached < 0 && sc.reach > 0 && l >= sc.reach {
+				out.reached = now.Sub(epoch)
+			}
+			switch {
+			case now.Equal(failFrom):
+				before = l
+			case sc.failTo > 0 && now.After(failTo) && out.recovered < 0 && l >= before:
+				out.recovered = now.Sub(failTo)
+			}
 			if !now.Before(from) {
-				l := ctl.limit()
+				out.minLimit = min(out.minLimit, l)
 				limits = append(limits, float64(l))
 				out.maxLimit = max(out.maxLimit, l)
 				if out.reaction < 0 && sc.changeTo > 0 && fits(l, sc.workers, sc.changeTo) {
@@ -151,29 +219,25 @@ func simulate(sc scenario, ctl controller) outcome {
 			}
 		case len(running) > 0 && now.Equal(running[0].done):
 			r := heap.Pop(&running).(*simRequest)
-			ctl.observe(now, r.admitted, inflight)
+			ctl.observe(now, r.admitted, r.status, inflight)
 			inflight--
+			if r.client >= sc.clients {
+				arrive(now, &simRequest{client: r.client})
+				continue // not a request of the measured load
+			}
 			if !r.admitted.Before(from) {
 				waits = append(waits, r.started.Sub(r.admitted))
 			}
 			if !now.Before(from) {
 				done++
 			}
-			startWork(now)
-		default:
-			nextArrival = now.Add(time.Duration(rng.ExpFloat64() / rate * float64(time.Second)))
-			switch {
-			case inflight < ctl.limit():
-				admit(now, &simRequest{})
-			case len(waiting) < sc.waiting:
-				waiting = append(waiting, &simRequest{})
-			default:
-				out.refused++
-				if !now.Before(from) {
-					out.refusedLate++
-				}
+			if r.client >= 0 {
+				arrive(now, &simRequest{client: r.client})
 			}
 			startWork(now)
+		default:
+			nextArrival = arrival(now)
+			arrive(now, &simRequest{client: -1})
 		}
 	}
 	out.settled = median(limits)
@@ -212,15 +276,15 @@ func newOurs(initial int64) *ours {
 }
 
 func (o *ours) limit() int64 { return o.a.Limit() }
-func (o *ours) observe(now, admitted time.Time, inflight int64) {
-	o.a.Observe(now, admitted, inflight)
+func (o *ours) observe(now, admitted time.Time, status int, inflight int64) {
+	o.a.Observe(now, admitted, status, inflight)
 }
 
 // fixed is a total set by hand.
 type fixed int64
 
-func (f fixed) limit() int64                  { return int64(f) }
-func (fixed) observe(_, _ time.Time, _ int64) {}
+func (f fixed) limit() int64                         { return int64(f) }
+func (fixed) observe(_, _ time.Time, _ int, _ int64) {}
 
 // envoyGradient is Envoy's gradient controller as documented, with its
 // defaults: every 100 ms, gradient = clamp((minRTT × 1.25) / sampleRTT,
@@ -248,7 +312,7 @@ func (e *envoyGradient) limit() int64 {
 	return int64(e.lim)
 }
 
-func (e *envoyGradient) observe(now, admitted time.Time, _ int64) {
+func (e *envoyGradient) observe(now, admitted time.Time, _ int, _ int64) {
 	rtt := now.Sub(admitted)
 	if e.measuring {
 		e.rttSamples = append(e.rttSamples, rtt)
@@ -298,7 +362,7 @@ func newGradient2() *gradient2 { return &gradient2{lim: 20} }
 
 func (g *gradient2) limit() int64 { return int64(g.lim) }
 
-func (g *gradient2) observe(now, admitted time.Time, inflight int64) {
+func (g *gradient2) observe(now, admitted time.Time, _ int, inflight int64) {
 	rtt := float64(now.Sub(admitted))
 	g.count++
 	if g.count <= 10 {
@@ -340,7 +404,7 @@ func (v *vegas) limit() int64 { return int64(v.lim) }
 
 func log10int(n float64) float64 { return max(1, math.Floor(math.Log10(n))) }
 
-func (v *vegas) observe(now, admitted time.Time, inflight int64) {
+func (v *vegas) observe(now, admitted time.Time, _ int, inflight int64) {
 	rtt := now.Sub(admitted)
 	v.probeCount++
 	if v.jitter*30*v.lim <= float64(v.probeCount) {

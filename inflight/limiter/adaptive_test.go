@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"net/http"
 	"testing"
 	"time"
 )
@@ -32,10 +33,10 @@ func feed(a *Adaptive, now time.Time, windows, c int, s time.Duration) time.Time
 // went up.
 func oneWindow(a *Adaptive, start time.Time, inflight int64, latency func(i int) time.Duration) bool {
 	raised := false
-	for i := range minWindowSamples {
+	for i := range fullWindowSamples {
 		l := latency(i)
-		done := start.Add(l + time.Duration(i)*defaultTestWindow/minWindowSamples)
-		raised = a.Observe(done, done.Add(-l), inflight)
+		done := start.Add(l + time.Duration(i)*defaultTestWindow/fullWindowSamples)
+		raised = a.Observe(done, done.Add(-l), http.StatusOK, inflight)
 	}
 	return raised
 }
@@ -88,9 +89,9 @@ func TestAdaptiveFailuresShrinkIt(t *testing.T) {
 	// Every request fails (5xx, timeouts): the limit goes to its minimum
 	// and stays there.
 	for range 20 {
-		for range minWindowSamples {
-			now = now.Add(defaultTestWindow / minWindowSamples)
-			a.Drop(now, a.Limit())
+		for range fullWindowSamples {
+			now = now.Add(defaultTestWindow / fullWindowSamples)
+			a.Observe(now, now, http.StatusServiceUnavailable, a.Limit())
 		}
 	}
 	if a.Limit() != 1 {
@@ -170,5 +171,67 @@ func TestAdaptiveTotalInZone(t *testing.T) {
 	}
 	if n := z.Held(TotalDim); n != 3 {
 		t.Fatalf("total holds %d, want 3", n)
+	}
+}
+
+// Only overload statuses shrink the limit: by default an upstream's 429
+// and a proxy's 502, 503, 504; an application's 500 is ignored. The
+// statuses are configurable.
+func TestAdaptiveOverloadStatuses(t *testing.T) {
+	for _, tc := range []struct {
+		overload []int
+		status   int
+		want     int64 // the limit of 8 after a window of such responses
+	}{
+		{nil, http.StatusTooManyRequests, 4},
+		{nil, http.StatusBadGateway, 4},
+		{nil, http.StatusServiceUnavailable, 4},
+		{nil, http.StatusGatewayTimeout, 4},
+		{nil, http.StatusInternalServerError, 8},
+		{nil, http.StatusNotImplemented, 8},
+		{[]int{500}, http.StatusInternalServerError, 4},
+		{[]int{500}, http.StatusServiceUnavailable, 8},
+	} {
+		a := NewAdaptive(AdaptiveConfig{Min: 1, Max: 1000, Initial: 8, Tolerance: 0.2, Window: defaultTestWindow, Overload: tc.overload}, epoch)
+		now := epoch
+		for range fullWindowSamples {
+			now = now.Add(defaultTestWindow / fullWindowSamples)
+			a.Observe(now, now.Add(-service), tc.status, 8)
+		}
+		if got := a.Limit(); got != tc.want {
+			t.Errorf("overload %v: limit %d after a window of %d, want %d", tc.overload, got, tc.status, tc.want)
+		}
+	}
+}
+
+// An error before any response counts only with an overload status.
+func TestAdaptiveFail(t *testing.T) {
+	for status, want := range map[int]int64{http.StatusGatewayTimeout: 4, http.StatusInternalServerError: 8} {
+		a := NewAdaptive(AdaptiveConfig{Min: 1, Max: 1000, Initial: 8, Tolerance: 0.2, Window: defaultTestWindow}, epoch)
+		now := epoch
+		for range fullWindowSamples {
+			now = now.Add(defaultTestWindow / fullWindowSamples)
+			a.Fail(now, status, 8)
+		}
+		if got := a.Limit(); got != want {
+			t.Errorf("limit %d after a window of errors %d, want %d", got, status, want)
+		}
+	}
+}
+
+// A window that does not fill closes after longWindows windows' time with
+// minWindowSamples samples, not before.
+func TestAdaptiveWindowClosesOnTime(t *testing.T) {
+	a := newTestAdaptive(4)
+	for i := range minWindowSamples {
+		done := epoch.Add(defaultTestWindow + time.Duration(i)*time.Millisecond)
+		a.Observe(done, epoch, http.StatusOK, 4)
+	}
+	if a.Limit() != 4 {
+		t.Fatalf("limit %d after %d samples in its first %v, want 4: the window is still open", a.Limit(), minWindowSamples, 2*defaultTestWindow)
+	}
+	long := epoch.Add(longWindows * defaultTestWindow)
+	if raised := a.Observe(long, epoch, http.StatusOK, 4); !raised || a.Limit() != 8 {
+		t.Errorf("after %d samples in %v: raised %v, limit %d; want raised to 8 (slow start)", minWindowSamples+1, long.Sub(epoch), raised, a.Limit())
 	}
 }

@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"net/http"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -149,6 +150,6 @@ func BenchmarkAdaptiveObserve(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		admitted := time.Now()
-		a.Observe(time.Now(), admitted, 2)
+		a.Observe(time.Now(), admitted, http.StatusOK, 2)
 	}
 }
