@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 
 	"go.uber.org/zap"
 
@@ -27,9 +28,15 @@ func (h *Handler) compileFair() error {
 		return fmt.Errorf("fair %q is not allowed: want the name of one of this handler's limits %q", h.Fair, names(h.Limits))
 	}
 	h.waitOpt.Fair, h.waitOpt.KeyDim = true, d
-	if h.Weight != "" {
-		h.weight = compileTemplate(h.Weight)
+	if h.Weight == "" {
+		return nil
 	}
+	if !strings.Contains(h.Weight, "{") {
+		if w, err := strconv.ParseFloat(h.Weight, 64); err != nil || !(w >= limiter.MinWeight && w <= limiter.MaxWeight) {
+			return fmt.Errorf("weight %q is not allowed: want a number from %v to %v, or a placeholder such as {tenant_weight}", h.Weight, limiter.MinWeight, limiter.MaxWeight)
+		}
+	}
+	h.weight = compileTemplate(h.Weight)
 	return nil
 }
 

@@ -46,15 +46,19 @@ func TestWeightResolution(t *testing.T) {
 	}
 }
 
-// TestFairNamesALimit: fair must name one of the handler's limits, and
-// max_waiting_per_key must not be negative.
+// TestFairNamesALimit: fair must name one of the handler's limits,
+// max_waiting_per_key must not be negative, and a weight given as a number
+// must be within the bounds.
 func TestFairNamesALimit(t *testing.T) {
 	for _, h := range []*Handler{
 		{Limits: []Limit{{Name: "tenant"}}, Fair: "client"},
 		{Limits: []Limit{{Name: "tenant"}}, MaxWaitingPerKey: -1},
+		{Limits: []Limit{{Name: "tenant"}}, Fair: "tenant", Weight: "5000"},
+		{Limits: []Limit{{Name: "tenant"}}, Fair: "tenant", Weight: "0"},
+		{Limits: []Limit{{Name: "tenant"}}, Fair: "tenant", Weight: "heavy"},
 	} {
 		if err := h.compileFair(); err == nil {
-			t.Errorf("fair %q, max_waiting_per_key %d: accepted", h.Fair, h.MaxWaitingPerKey)
+			t.Errorf("fair %q, max_waiting_per_key %d, weight %q: accepted", h.Fair, h.MaxWaitingPerKey, h.Weight)
 		}
 	}
 	h := &Handler{Limits: []Limit{{Name: "client"}, {Name: "tenant"}}, Fair: "tenant", MaxWaitingPerKey: 3}

@@ -119,9 +119,9 @@ type Handler struct {
 	// Weight is a placeholder template giving a key's share under Fair: a
 	// positive number from 0.001 to 1000 (2 gets twice the slots of 1).
 	// Default: the request's priority class weight (high 2, normal 1, low
-	// 0.5). A number outside the range counts as the nearest bound, and a
-	// value that is not a positive number as 1; each is logged once per
-	// value. It must come from something the operator controls (a map of
+	// 0.5). A value outside the range counts as the nearest bound, and one
+	// that is not a positive number as 1; each is logged once per value. A
+	// fixed weight (no placeholder) outside the range is refused at load. It must come from something the operator controls (a map of
 	// an authenticated identity), never from a value the client chooses.
 	Weight string `json:"weight,omitempty"`
 

@@ -204,12 +204,14 @@ func TestFairRedisStore(t *testing.T) {
 	}
 }
 
-// TestFairJSONErrors: a fair that names no limit, and a negative
-// max_waiting_per_key, refuse the config with a clear message.
+// TestFairJSONErrors: a fair that names no limit, a negative
+// max_waiting_per_key and a weight out of range refuse the config with a
+// clear message.
 func TestFairJSONErrors(t *testing.T) {
 	for _, tc := range []struct{ handler, want string }{
 		{`{"handler":"inflight","limits":[{"name":"tenant","max":5}],"wait":"10s","fair":"client"}`, `fair "client" is not allowed: want the name of one of this handler's limits ["tenant"]`},
 		{`{"handler":"inflight","limits":[{"name":"tenant","max":5}],"wait":"10s","max_waiting_per_key":-1}`, `max_waiting_per_key -1 is not allowed: want a positive integer`},
+		{`{"handler":"inflight","limits":[{"name":"tenant","max":5}],"wait":"10s","fair":"tenant","weight":"5000"}`, `weight "5000" is not allowed: want a number from 0.001 to 1000, or a placeholder`},
 	} {
 		err := loadJSONRoute(tc.handler)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
