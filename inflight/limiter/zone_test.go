@@ -265,7 +265,7 @@ func TestMaxKeysIsExact(t *testing.T) {
 
 // TestMaxKeysHoldsUnderConcurrency: goroutines admitting distinct keys at
 // once never get more than MaxKeys keys in flight, and a refused admission
-// leaves no reservation behind.
+// leaves no key counted.
 func TestMaxKeysHoldsUnderConcurrency(t *testing.T) {
 	const max, workers, rounds = 10, 64, 500
 	z := NewZone(1, true, nil)
