@@ -117,7 +117,7 @@ func parse(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 		case "wait_body_buffer":
 			hd.WaitBodyBuffer, err = byteSize(h, opt)
 		case "priority":
-			hd.Priority, err = oneArg(h, opt, "a placeholder such as {header.X-Priority}")
+			hd.Priority, err = oneArg(h, opt, "a placeholder such as {tenant_priority}")
 		case "fair":
 			hd.Fair, err = oneArg(h, opt, "the name of a limit, such as fair tenant")
 		case "weight":

@@ -1,13 +1,16 @@
 package inflight
 
 import (
+	"errors"
 	"fmt"
-	"math"
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 
 	"go.uber.org/zap"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
 
 // compileFair resolves `fair` to its limit and the per-key options of the
@@ -25,22 +28,41 @@ func (h *Handler) compileFair() error {
 		return fmt.Errorf("fair %q is not allowed: want the name of one of this handler's limits %q", h.Fair, names(h.Limits))
 	}
 	h.waitOpt.Fair, h.waitOpt.KeyDim = true, d
-	if h.Weight != "" {
-		h.weight = compileTemplate(h.Weight)
+	if h.Weight == "" {
+		return nil
 	}
+	if !strings.Contains(h.Weight, "{") {
+		if w, err := strconv.ParseFloat(h.Weight, 64); err != nil || !(w >= limiter.MinWeight && w <= limiter.MaxWeight) {
+			return fmt.Errorf("weight %q is not allowed: want a number from %v to %v, or a placeholder such as {tenant_weight}", h.Weight, limiter.MinWeight, limiter.MaxWeight)
+		}
+	}
+	h.weight = compileTemplate(h.Weight)
 	return nil
 }
 
-// resolveWeight evaluates the weight placeholder: a positive number, or 1
-// for anything else, logged once per distinct value.
+// resolveWeight evaluates the weight placeholder: a positive number
+// within limiter.MinWeight to MaxWeight; one outside counts as the nearest
+// bound, anything else as 1, each logged once per distinct value.
 func (h *Handler) resolveWeight(r *http.Request) float64 {
 	v := h.weight(r)
-	if w, err := strconv.ParseFloat(v, 64); err == nil && w > 0 && !math.IsInf(w, 0) {
-		return w
+	w, err := strconv.ParseFloat(v, 64)
+	if errors.Is(err, strconv.ErrRange) { // ±Inf: out of range, not invalid
+		err = nil
 	}
-	h.logBadValue("weight", v, func(seen string) {
-		h.logger.Warn("weight placeholder did not resolve to a positive number; counting 1",
-			zap.String("weight", h.Weight), zap.String("value", seen))
-	})
-	return 1
+	if err != nil || !(w > 0) {
+		h.logBadValue("weight", v, func(seen string) {
+			h.logger.Warn("weight placeholder did not resolve to a positive number; counting 1",
+				zap.String("weight", h.Weight), zap.String("value", seen))
+		})
+		return 1
+	}
+	if c := min(max(w, limiter.MinWeight), limiter.MaxWeight); c != w {
+		h.logBadValue("weight", v, func(seen string) {
+			h.logger.Warn("weight placeholder resolved to a number out of range; counting the nearest bound",
+				zap.String("weight", h.Weight), zap.String("value", seen), zap.Float64("counted", c),
+				zap.Float64("min", limiter.MinWeight), zap.Float64("max", limiter.MaxWeight))
+		})
+		return c
+	}
+	return w
 }

@@ -9,8 +9,9 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 )
 
-// TestWeightResolution: a positive number is the weight; anything else
-// counts as 1 and is logged once per distinct value, hashed.
+// TestWeightResolution: a positive number is the weight, within 0.001 to
+// 1000 (beyond, the nearest bound); anything else counts as 1. Each value
+// that is not counted as it reads is logged once, hashed.
 func TestWeightResolution(t *testing.T) {
 	core, logs := observer.New(zapcore.WarnLevel)
 	h := &Handler{Limits: []Limit{{Name: "tenant"}}, Fair: "tenant", Weight: "{http.request.header.X-Weight}", logger: zap.New(core)}
@@ -20,7 +21,11 @@ func TestWeightResolution(t *testing.T) {
 	for _, tc := range []struct {
 		value string
 		want  float64
-	}{{"2.5", 2.5}, {"0.25", 0.25}, {"0", 1}, {"-3", 1}, {"abc", 1}, {"abc", 1}, {"NaN", 1}, {"+Inf", 1}, {"", 1}} {
+	}{
+		{"2.5", 2.5}, {"0.25", 0.25}, {"0.001", 0.001}, {"1000", 1000},
+		{"0", 1}, {"-3", 1}, {"abc", 1}, {"abc", 1}, {"NaN", 1}, {"-Inf", 1}, {"", 1}, {"1e-400", 1},
+		{"1e-17", 0.001}, {"5e-324", 0.001}, {"1e300", 1000}, {"1e400", 1000}, {"+Inf", 1000}, {"1e300", 1000},
+	} {
 		r := httptest.NewRequest("GET", "/", nil)
 		if tc.value != "" {
 			r.Header.Set("X-Weight", tc.value)
@@ -29,25 +34,31 @@ func TestWeightResolution(t *testing.T) {
 			t.Errorf("weight %q: %v, want %v", tc.value, got, tc.want)
 		}
 	}
-	if n := logs.Len(); n != 6 { // 0, -3, abc, NaN, +Inf, empty: abc once
-		t.Errorf("%d log lines, want 6 (one per bad value)", n)
+	// 0, -3, abc, NaN, -Inf, empty, 1e-400 (0), 1e-17, 5e-324, 1e300,
+	// 1e400, +Inf: abc and 1e300 once.
+	if n := logs.Len(); n != 12 {
+		t.Errorf("%d log lines, want 12 (one per value not counted as it reads)", n)
 	}
 	for _, e := range logs.All() {
-		if v := e.ContextMap()["value"]; v == "abc" || v == "-3" {
+		if v := e.ContextMap()["value"]; v == "abc" || v == "-3" || v == "1e300" {
 			t.Errorf("a bad value was logged raw: %v", v)
 		}
 	}
 }
 
-// TestFairNamesALimit: fair must name one of the handler's limits, and
-// max_waiting_per_key must not be negative.
+// TestFairNamesALimit: fair must name one of the handler's limits,
+// max_waiting_per_key must not be negative, and a weight given as a number
+// must be within the bounds.
 func TestFairNamesALimit(t *testing.T) {
 	for _, h := range []*Handler{
 		{Limits: []Limit{{Name: "tenant"}}, Fair: "client"},
 		{Limits: []Limit{{Name: "tenant"}}, MaxWaitingPerKey: -1},
+		{Limits: []Limit{{Name: "tenant"}}, Fair: "tenant", Weight: "5000"},
+		{Limits: []Limit{{Name: "tenant"}}, Fair: "tenant", Weight: "0"},
+		{Limits: []Limit{{Name: "tenant"}}, Fair: "tenant", Weight: "heavy"},
 	} {
 		if err := h.compileFair(); err == nil {
-			t.Errorf("fair %q, max_waiting_per_key %d: accepted", h.Fair, h.MaxWaitingPerKey)
+			t.Errorf("fair %q, max_waiting_per_key %d, weight %q: accepted", h.Fair, h.MaxWaitingPerKey, h.Weight)
 		}
 	}
 	h := &Handler{Limits: []Limit{{Name: "client"}, {Name: "tenant"}}, Fair: "tenant", MaxWaitingPerKey: 3}

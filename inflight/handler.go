@@ -101,7 +101,9 @@ type Handler struct {
 	// class: `high`, `normal` or `low` (anything else is normal). When a slot
 	// frees, the waiter with the highest weight × (1 + seconds waited / 30)
 	// goes first, with weights high 2, normal 1, low 0.5. With Fair, the
-	// class weight is also the key's default share.
+	// class weight is also the key's default share. It must come from
+	// something the operator controls (a map of an authenticated identity):
+	// a client that chooses its class makes itself high.
 	Priority string `json:"priority,omitempty"`
 
 	// Fair names the limit whose keys share the slots fairly while requests
@@ -110,12 +112,17 @@ type Handler struct {
 	// weighted share of the cap however many requests it queues, and a key
 	// that arrives behind a flood is served at the next freed slot its share
 	// calls for. Without it, the queue order is the priority score alone.
+	// The limit's key should be an authenticated identity: a client that
+	// can invent keys gets a share for each.
 	Fair string `json:"fair,omitempty"`
 
 	// Weight is a placeholder template giving a key's share under Fair: a
-	// positive number (2 gets twice the slots of 1). Default: the request's
-	// priority class weight (high 2, normal 1, low 0.5). A value that is not
-	// a positive number counts as 1 and is logged once per value.
+	// positive number from 0.001 to 1000 (2 gets twice the slots of 1).
+	// Default: the request's priority class weight (high 2, normal 1, low
+	// 0.5). A value outside the range counts as the nearest bound, and one
+	// that is not a positive number as 1; each is logged once per value. A
+	// fixed weight (no placeholder) outside the range is refused at load. It must come from something the operator controls (a map of
+	// an authenticated identity), never from a value the client chooses.
 	Weight string `json:"weight,omitempty"`
 
 	// MaxWaitingPerKey bounds the requests waiting with one key (of the Fair

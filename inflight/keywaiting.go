@@ -54,7 +54,7 @@ func (z *zone) waitingKeys() []keyWaiting {
 			case keysHashed:
 				label = redact(kw.Key)
 			case keysPlain:
-				label = kw.Key
+				label = labelValue(kw.Key)
 			}
 			out = append(out, keyWaiting{Limit: name, Key: label, Waiting: kw.Waiting})
 		}

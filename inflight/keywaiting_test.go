@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
 
@@ -125,4 +127,32 @@ func TestKeyWaitingCountsTheSharedStoresQueues(t *testing.T) {
 	if n := len(QueuesOf(z.Zone)); n != 0 || len(queues.m) != 0 {
 		t.Fatalf("%d queues of the zone left (%d zones) after they emptied, want none", n, len(queues.m))
 	}
+}
+
+// TestPlainWaitingKeysAreValidLabels: a waiting key that is not valid
+// UTF-8, shown plain, is escaped as the held keys are, so a scrape can
+// send its gauge (an invalid label value would panic).
+func TestPlainWaitingKeysAreValidLabels(t *testing.T) {
+	z := &zone{Zone: limiter.NewZone(1, true, nil), label: "w", limits: []string{"tenant"}}
+	z.keyDisplay.Store(keysPlain)
+	lim := &limiter.Limits{Max: []int64{10}, Total: 1}
+	z.Acquire(context.Background(), &limiter.Request{Keys: []string{"holder"}, Max: []int64{0}, Limits: lim}, limiter.WaitOptions{})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		z.Acquire(ctx, &limiter.Request{Keys: []string{"v\xffw"}, Max: []int64{0}, Limits: lim}, limiter.WaitOptions{Wait: time.Hour})
+		close(done)
+	}()
+	for z.Waiting() < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	sum := map[[3]string]int64{}
+	addKeyWaiting(sum, z)
+	ch := make(chan prometheus.Metric, len(sum))
+	sendKeyWaiting(ch, sum)
+	if got := sum[[3]string{"w", "tenant", `v\xffw`}]; len(ch) != 1 || got != 1 {
+		t.Fatalf("gauges %v, want key `v\\xffw` waiting 1", sum)
+	}
+	cancel()
+	<-done
 }

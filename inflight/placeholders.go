@@ -98,17 +98,25 @@ func redact(key string) string {
 }
 
 // labelValue returns key as a metric label value, which must be valid
-// UTF-8: bytes that are not are written as \xNN.
+// UTF-8, one to one: a byte that is not valid UTF-8 is written as \xNN and
+// a backslash as \\, so no key reads as another; a key that reads as
+// overflowKey is written \x5foverflow.
 func labelValue(key string) string {
-	if utf8.ValidString(key) {
+	if key == overflowKey {
+		return `\x5f` + key[1:]
+	}
+	if utf8.ValidString(key) && !strings.Contains(key, `\`) {
 		return key
 	}
 	var b strings.Builder
 	for i := 0; i < len(key); {
 		r, size := utf8.DecodeRuneInString(key[i:])
-		if r == utf8.RuneError && size == 1 {
+		switch {
+		case r == utf8.RuneError && size == 1:
 			fmt.Fprintf(&b, `\x%02x`, key[i])
-		} else {
+		case r == '\\':
+			b.WriteString(`\\`)
+		default:
 			b.WriteString(key[i : i+size])
 		}
 		i += size

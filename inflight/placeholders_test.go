@@ -71,11 +71,37 @@ func TestLabelValuesAreValidUTF8(t *testing.T) {
 		"caf\u00e9":      "caf\u00e9",
 		"bad\xff\xfeend": `bad\xff\xfeend`,
 		"\xc3":           `\xc3`, // a cut multi-byte sequence
+		`a\b`:            `a\\b`,
+		`\xff`:           `\\xff`, // the text, not the byte
+		overflowKey:      `\x5foverflow`,
 	} {
 		got := labelValue(key)
 		if got != want || !utf8.ValidString(got) {
 			t.Errorf("labelValue(%q) = %q, want %q", key, got, want)
 		}
+	}
+}
+
+// TestLabelValuesAreOneToOne: keys that differ, however they are made of
+// bytes, backslashes and escape-like text, get labels that differ.
+func TestLabelValuesAreOneToOne(t *testing.T) {
+	parts := []string{"\xff", `\xff`, `\`, `\\`, "x", "ff", "\xc3", "\u00e9", `\x5f`, "_", "overflow"}
+	keys := []string{overflowKey}
+	for _, a := range parts {
+		for _, b := range parts {
+			keys = append(keys, a, a+b)
+			for _, c := range parts {
+				keys = append(keys, a+b+c)
+			}
+		}
+	}
+	seen := map[string]string{}
+	for _, key := range keys {
+		label := labelValue(key)
+		if other, ok := seen[label]; ok && other != key {
+			t.Fatalf("keys %q and %q both read %q", other, key, label)
+		}
+		seen[label] = key
 	}
 }
 

@@ -38,11 +38,21 @@ func newSlowBackend(t *testing.T, service time.Duration) *slowBackend {
 // address, the counts are kept there.
 func lightTenantWait(t *testing.T, fair bool, redisAddr string) time.Duration {
 	t.Helper()
+	return lightTenantWaitAfter(t, fair, redisAddr, nil)
+}
+
+// lightTenantWaitAfter is lightTenantWait with the weight taken from the
+// X-Weight header, and before(url) run before the flood.
+func lightTenantWaitAfter(t *testing.T, fair bool, redisAddr string, before func(url string)) time.Duration {
+	t.Helper()
 	b := newSlowBackend(t, 200*time.Millisecond)
 	port := freePort(t)
 	fairLine, storeLine := "", ""
 	if fair {
 		fairLine = "fair tenant"
+	}
+	if before != nil {
+		fairLine += "\n\t\tweight {header.X-Weight}"
 	}
 	if redisAddr != "" {
 		storeLine = "store redis {\n\t\t\taddress " + redisAddr + "\n\t\t}"
@@ -61,6 +71,9 @@ func lightTenantWait(t *testing.T, fair bool, redisAddr string) time.Duration {
 }
 `, port, fairLine, storeLine, b.addr))
 	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
+	if before != nil {
+		before(url)
+	}
 	c := client("127.0.0.1")
 	var wg sync.WaitGroup
 	var failed atomic.Int64
@@ -142,6 +155,42 @@ func TestFairLightTenantBehindFlood(t *testing.T) {
 	}
 }
 
+// TestFairSurvivesPoisonedWeights: a client that sends extreme weights
+// (X-Weight 1e-17, 5e-324, 1e300, NaN, Inf, -1, 0, not a number) while
+// slots are contended is served like any other, and fair sharing still
+// works afterwards: a light tenant behind a flood of 80 is served in about
+// one service time, not after the flood.
+func TestFairSurvivesPoisonedWeights(t *testing.T) {
+	poison := func(url string) {
+		c := client("127.0.0.1")
+		var wg sync.WaitGroup
+		var failed atomic.Int64
+		for i := range 3 {
+			for _, w := range []string{"1e-17", "5e-324", "1e300", "NaN", "Inf", "-1", "0", "x"} {
+				wg.Go(func() {
+					if r := get(context.Background(), c, url, "X-Tenant", fmt.Sprint("poison", i), "X-Weight", w); r.status != 200 {
+						failed.Add(1)
+					}
+				})
+			}
+		}
+		wg.Wait()
+		if failed.Load() != 0 {
+			t.Fatalf("%d of 24 requests with extreme weights failed, want 0", failed.Load())
+		}
+	}
+	with := lightTenantWaitAfter(t, true, "", poison)
+	t.Logf("light tenant's latency behind a flood of 80 after extreme weights: %s", with.Round(time.Millisecond))
+	if with > time.Second {
+		t.Fatalf("light tenant's latency after extreme weights: %s, want under 1s (about one service time)", with)
+	}
+	for name, z := range zoneStates(t) {
+		if !z.empty() {
+			t.Fatalf("zone %s after the requests ended: %+v, want nothing held", name, z)
+		}
+	}
+}
+
 // TestFairRedisStore: with store redis, fair sharing applies to this
 // instance's own waiters: the light tenant is served at the next slot
 // Redis frees, not after the flood.
@@ -155,12 +204,14 @@ func TestFairRedisStore(t *testing.T) {
 	}
 }
 
-// TestFairJSONErrors: a fair that names no limit, and a negative
-// max_waiting_per_key, refuse the config with a clear message.
+// TestFairJSONErrors: a fair that names no limit, a negative
+// max_waiting_per_key and a weight out of range refuse the config with a
+// clear message.
 func TestFairJSONErrors(t *testing.T) {
 	for _, tc := range []struct{ handler, want string }{
 		{`{"handler":"inflight","limits":[{"name":"tenant","max":5}],"wait":"10s","fair":"client"}`, `fair "client" is not allowed: want the name of one of this handler's limits ["tenant"]`},
 		{`{"handler":"inflight","limits":[{"name":"tenant","max":5}],"wait":"10s","max_waiting_per_key":-1}`, `max_waiting_per_key -1 is not allowed: want a positive integer`},
+		{`{"handler":"inflight","limits":[{"name":"tenant","max":5}],"wait":"10s","fair":"tenant","weight":"5000"}`, `weight "5000" is not allowed: want a number from 0.001 to 1000, or a placeholder`},
 	} {
 		err := loadJSONRoute(tc.handler)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

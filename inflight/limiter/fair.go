@@ -19,28 +19,79 @@ import "time"
 // worth moving (10 slots at weights 2 : 1 : 0.5 stay at 5 : 3 : 2 for good,
 // not 5.7 : 2.9 : 1.4); counting grants carries the fractions over time.
 //
-// Invariants, with mu held: vtime never decreases; tags holds keys whose
-// tag may exceed vtime (a tag at or below it reads the same as none), and is
-// pruned when it outgrows the flows.
+// Weights are bounded (MinWeight to MaxWeight): a tag grows by at most
+// 1/MinWeight a grant, and virtual time is rebased to 0 (every tag moved
+// back with it) before it reaches rebaseAt, so a grant's 1/weight is never
+// lost to rounding and no weight can make a tag infinite or NaN.
+//
+// Invariants, with mu held: tags holds keys whose tag may exceed vtime (a
+// tag at or below it reads the same as none), each by at most 1/MinWeight;
+// vtime never decreases but by a rebase, which moves every tag back as
+// much; tags is pruned when it outgrows the flows.
 
-// startTag returns the virtual time at which f's key starts its next unit.
-func (z *Zone) startTag(f *flow) float64 {
-	return max(z.vtime, z.tags[f.fairKey])
+// Bounds of a fair share's weight: a weight outside them counts as the
+// nearest bound.
+const (
+	MinWeight = 0.001
+	MaxWeight = 1000
+)
+
+// rebaseAt is the virtual time at which it is moved back to 0. Below it a
+// float64 resolves steps far finer than 1/MaxWeight.
+const rebaseAt = 1 << 20
+
+// ClampWeight returns w within MinWeight to MaxWeight, and 0 (the class
+// weight) for a weight that is not a positive number.
+func ClampWeight(w float64) float64 {
+	if !(w > 0) {
+		return 0
+	}
+	return min(max(w, MinWeight), MaxWeight)
 }
 
-// charge records a grant to f's key.
-func (z *Zone) charge(f *flow) {
-	start := z.startTag(f)
-	z.vtime = start
-	z.tags[f.fairKey] = start + 1/f.weight
-	if len(z.tags) > 2*len(z.byID)+64 {
-		for k, tag := range z.tags {
-			if tag <= z.vtime {
-				delete(z.tags, k)
-			}
-		}
+// virtualClock is fair sharing's virtual time and its keys' tags.
+type virtualClock struct {
+	vtime float64
+	tags  map[uint64]float64
+}
+
+// start returns the virtual time at which key starts its next unit.
+func (c *virtualClock) start(key uint64) float64 {
+	return max(c.vtime, c.tags[key])
+}
+
+// charge records a grant to key at weight w (within the bounds), keeping
+// about keep tags.
+func (c *virtualClock) charge(key uint64, w float64, keep int) {
+	if c.tags == nil {
+		c.tags = map[uint64]float64{}
+	}
+	start := c.start(key)
+	c.vtime = start
+	c.tags[key] = start + 1/w
+	if len(c.tags) > keep || c.vtime >= rebaseAt {
+		c.rebase()
 	}
 }
+
+// rebase moves virtual time back to 0 and every tag with it, dropping the
+// tags at or below it.
+func (c *virtualClock) rebase() {
+	for k, tag := range c.tags {
+		if tag <= c.vtime {
+			delete(c.tags, k)
+		} else {
+			c.tags[k] = tag - c.vtime
+		}
+	}
+	c.vtime = 0
+}
+
+// startTag returns the virtual time at which f's key starts its next unit.
+func (z *Zone) startTag(f *flow) float64 { return z.vclock.start(f.fairKey) }
+
+// charge records a grant to f's key.
+func (z *Zone) charge(f *flow) { z.vclock.charge(f.fairKey, f.weight, 2*len(z.byID)+64) }
 
 // before reports whether f's head goes before g's at time now. Fair flows
 // sharing a dimension go by their keys' start tags; ties, and flows not

@@ -28,8 +28,12 @@ type tenantLoad struct {
 // slot-time served.
 func shares(t *testing.T, fair bool, max, total int64, loads []tenantLoad, duration time.Duration) []float64 {
 	t.Helper()
-	z := NewZone(1, true, nil)
-	lim := &Limits{Max: []int64{max}, Total: total}
+	return sharesIn(t, NewZone(1, true, nil), &Limits{Max: []int64{max}, Total: total}, fair, loads, duration)
+}
+
+// sharesIn is shares in zone z under lim.
+func sharesIn(t *testing.T, z *Zone, lim *Limits, fair bool, loads []tenantLoad, duration time.Duration) []float64 {
+	t.Helper()
 	busy := make([]time.Duration, len(loads))
 	var mu sync.Mutex
 	start := time.Now()
@@ -131,6 +135,54 @@ func TestFairWeightedShares(t *testing.T) {
 		}
 		t.Logf("shares %.4f (want 4/7, 2/7, 1/7)", got)
 	})
+}
+
+// TestFairSurvivesExtremeWeights: a key that waits with extreme weights
+// (tiny, huge, not a number, infinite, negative, zero) beside a flood
+// leaves fair sharing intact: three tenants with weights 2, 1 and 0.5
+// still share the slot-time 4/7, 2/7, 1/7 within 5% afterwards.
+func TestFairSurvivesExtremeWeights(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		z := NewZone(1, true, nil)
+		lim := &Limits{Max: []int64{1000}, Total: 10}
+		poison := []tenantLoad{{"flood", 1, 12}}
+		for _, w := range []float64{1e-17, 5e-324, 1e300, math.NaN(), math.Inf(1), math.Inf(-1), -1, 0} {
+			poison = append(poison, tenantLoad{"poison", w, 2})
+		}
+		sharesIn(t, z, lim, true, poison, 200*time.Second)
+		z.mu.Lock()
+		vtime := z.vclock.vtime
+		z.mu.Unlock()
+		if math.IsNaN(vtime) || vtime < 0 || vtime >= rebaseAt {
+			t.Errorf("virtual time %v after the poison, want within [0, %v)", vtime, float64(rebaseAt))
+		}
+		loads := []tenantLoad{{"a", 2, 12}, {"b", 1, 12}, {"c", 0.5, 12}}
+		got := sharesIn(t, z, lim, true, loads, 2000*time.Second)
+		for i, want := range []float64{4.0 / 7, 2.0 / 7, 1.0 / 7} {
+			if math.Abs(got[i]/want-1) > 0.05 {
+				t.Errorf("tenant %s: share %.4f, want %.4f ± 5%%", loads[i].key, got[i], want)
+			}
+		}
+		t.Logf("virtual time %v after the poison; shares %.4f (want 4/7, 2/7, 1/7)", vtime, got)
+	})
+}
+
+// TestVirtualTimeRebases: a key of the least weight granted without end
+// moves virtual time back before it loses precision, and tags keep their
+// distance to it.
+func TestVirtualTimeRebases(t *testing.T) {
+	var c virtualClock
+	other := uint64(2)
+	c.charge(other, 1, 64)
+	for range 3 * rebaseAt / 1000 { // 1/MinWeight a grant: three rebases
+		c.charge(1, MinWeight, 64)
+		if c.vtime >= rebaseAt || math.Abs(c.tags[1]-c.vtime-1/MinWeight) > 1e-6 {
+			t.Fatalf("virtual time %v, tag %v: want below %v and one step of %v apart", c.vtime, c.tags[1], float64(rebaseAt), 1/MinWeight)
+		}
+	}
+	if _, ok := c.tags[other]; ok {
+		t.Fatal("a tag left behind by virtual time was kept")
+	}
 }
 
 // TestFairJainIndex: ten tenants of equal weight, some with many more

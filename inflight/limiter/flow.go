@@ -59,8 +59,7 @@ type flows struct {
 	// cands are the flows being tried by dispatch.
 	cands []*flow
 	// Fair sharing's virtual time (see fair.go).
-	vtime float64
-	tags  map[uint64]float64
+	vclock virtualClock
 }
 
 // blockerOf returns what refused req: outcome o on dimension d.
@@ -77,14 +76,20 @@ func (z *Zone) blockerOf(req *Request, o Outcome, d int) blocker {
 // classWeight is a waiter's share when no weight is given.
 func classWeight(c Class) float64 { return weight[c] }
 
+// shareOf is a waiter's share under fair: its weight within the bounds, or
+// its class weight.
+func shareOf(w float64, c Class) float64 {
+	if w = ClampWeight(w); w > 0 {
+		return w
+	}
+	return classWeight(c)
+}
+
 // enqueue adds w, refused by b, to its flow, making and filing the flow if
 // it is new. An existing flow stays filed where it is: its blocker is full
 // too (the invariant), and w cannot fit before it does.
 func (z *Zone) enqueue(w *waiter, opt WaitOptions, b blocker) {
-	wt := opt.Weight
-	if wt <= 0 {
-		wt = classWeight(opt.Class)
-	}
+	wt := shareOf(opt.Weight, opt.Class)
 	id := z.flowID(w.req, opt.Class, wt, opt.Fair, opt.KeyDim)
 	var f *flow
 	for f = z.byID[id]; f != nil && !f.holds(w.req, opt.Class, wt, opt.Fair, opt.KeyDim); f = f.collide {
@@ -95,7 +100,7 @@ func (z *Zone) enqueue(w *waiter, opt WaitOptions, b blocker) {
 			f.fairKey = z.keyOf(w.req, f.keyDim)
 		}
 		if z.byID == nil {
-			z.byID, z.blocked, z.perKey, z.tags = map[uint64]*flow{}, map[uint64]*flow{}, map[uint64]int{}, map[uint64]float64{}
+			z.byID, z.blocked, z.perKey = map[uint64]*flow{}, map[uint64]*flow{}, map[uint64]int{}
 		}
 		f.collide = z.byID[id]
 		z.byID[id] = f

@@ -69,15 +69,15 @@ type WaitOptions struct {
 	MaxWaiting int           // bound on queued requests in the zone; 0: none
 	Class      Class
 
-	// Fair shares the slots among the keys of dimension KeyDim: a freed
-	// slot goes to the waiter whose key there holds the fewest slots
-	// relative to its Weight (see dispatch.go).
+	// Fair shares the slots among the keys of dimension KeyDim, in
+	// proportion to their Weight (see fair.go).
 	Fair bool
 	// KeyDim is the dimension whose keys Fair shares between and
 	// MaxWaitingPerKey counts.
 	KeyDim int
-	// Weight is the waiter's share under Fair; 0 means its class weight
-	// (high 2, normal 1, low 0.5).
+	// Weight is the waiter's share under Fair, counted within MinWeight
+	// to MaxWeight; 0 (or anything not a positive number) means its class
+	// weight (high 2, normal 1, low 0.5).
 	Weight float64
 	// MaxWaitingPerKey bounds the requests waiting with the same key in
 	// dimension KeyDim; one more is refused with QueueFull. 0: none.

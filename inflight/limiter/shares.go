@@ -13,9 +13,8 @@ import (
 // zone's own queue (see fair.go), for a dispatcher that tries its waiters
 // in batches. Its zero value is ready; it is not safe for concurrent use.
 type Shares struct {
-	seed  maphash.Seed
-	vtime float64
-	tags  map[uint64]float64
+	seed   maphash.Seed
+	vclock virtualClock
 }
 
 // FairItem is one waiter to order: its key in the fair dimension, its
@@ -37,7 +36,7 @@ func (s *Shares) Order(items []FairItem, now time.Time) []int {
 		h := maphash.String(s.seed, it.Key)
 		q := byKey[h]
 		if q == nil {
-			q = &shareQueue{weight: weightOf(it), tag: max(s.vtime, s.tags[h]), items: items, now: now}
+			q = &shareQueue{weight: weightOf(it), tag: s.vclock.start(h), items: items, now: now}
 			byKey[h] = q
 			queues = append(queues, q)
 		}
@@ -73,31 +72,16 @@ func (s *Shares) Order(items []FairItem, now time.Time) []int {
 // Charge records that it was granted a slot.
 func (s *Shares) Charge(it FairItem) {
 	s.init()
-	h := maphash.String(s.seed, it.Key)
-	start := max(s.vtime, s.tags[h])
-	s.vtime = start
-	s.tags[h] = start + 1/weightOf(it)
-	if len(s.tags) > 1024 {
-		for k, tag := range s.tags {
-			if tag <= s.vtime {
-				delete(s.tags, k)
-			}
-		}
-	}
+	s.vclock.charge(maphash.String(s.seed, it.Key), weightOf(it), 1024)
 }
 
 func (s *Shares) init() {
-	if s.tags == nil {
-		s.seed, s.tags = maphash.MakeSeed(), map[uint64]float64{}
+	if s.vclock.tags == nil {
+		s.seed, s.vclock.tags = maphash.MakeSeed(), map[uint64]float64{}
 	}
 }
 
-func weightOf(it FairItem) float64 {
-	if it.Weight > 0 {
-		return it.Weight
-	}
-	return classWeight(it.Place.Class)
-}
+func weightOf(it FairItem) float64 { return shareOf(it.Weight, it.Place.Class) }
 
 // shareQueue is one key's items in an Order, with its start tag.
 type shareQueue struct {

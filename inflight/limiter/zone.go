@@ -24,12 +24,18 @@
 //   - Once any Limits with MaxKeys has been used, each dimension also counts
 //     its keys (keys.n): the count changes only under the lock of the shard
 //     whose table gained or lost the key, and counting starts with every
-//     shard locked, so it always equals the keys in the tables plus the
-//     reservations of admissions under way. A new key is reserved by
-//     compare-and-swap below MaxKeys before its slot is taken, so the keys
-//     of a dimension never exceed MaxKeys; a refused admission gives its
-//     reservations back before it unlocks.
-//   - The queue lock (Zone.mu) is always taken before any shard lock.
+//     shard locked, so it always equals the keys in the tables.
+//   - An admission that brings a new key to a dimension under MaxKeys
+//     holds newKeys from its check of the key counts until it has counted
+//     its keys; the total is taken in between, and the key counts are
+//     raised only once the admission can no longer be refused. Only
+//     newKeys' holder raises a count under MaxKeys, so the keys of a
+//     dimension never exceed MaxKeys (admissions under Limits without
+//     MaxKeys add keys freely), and a refused admission never wrote one:
+//     no neighbour is refused for a key that was not in flight, and no
+//     waiter is filed behind a key bound that was not full.
+//   - Lock order: the queue lock (Zone.mu), the shard locks in dimension
+//     order, newKeys.
 //   - While any request is queued, admissions and releases go through the
 //     queue lock, so a freed slot reaches the waiters it can unblock before
 //     any newcomer sees it (see queue.go).
@@ -73,7 +79,7 @@ type Limits struct {
 	Adaptive *Adaptive
 	// MaxKeys bounds the keys each dimension holds; 0 means no bound. A
 	// request with a new key is refused while MaxKeys keys are in flight
-	// in that dimension (or reserved by admissions under way).
+	// in that dimension.
 	MaxKeys int64
 	// Divisor splits every cap (Max, a request's own max, Total) between
 	// instances sharing the load: each enforces ceil(cap/Divisor). 0 or 1
@@ -126,6 +132,7 @@ type Zone struct {
 	counting atomic.Bool
 	keys     []keyCount // per dimension, once counting
 	keysMu   sync.Mutex // starts counting
+	newKeys  sync.Mutex // serialises admissions of new keys under MaxKeys
 	_        [cacheLine]byte
 	total    atomic.Int64
 	_        [cacheLine - 8]byte
@@ -363,62 +370,53 @@ func (z *Zone) tryAcquire(req *Request, commit bool) (Outcome, int) {
 		locked = append(locked, sl)
 	}
 
-	// checked is how many dimensions passed; the new keys among them hold a
-	// reservation under MaxKeys (with commit), given back on refusal.
-	outcome, refusedBy, checked := Admitted, 0, len(locked)
+	// Once a new key meets MaxKeys, newKeys is held until its count is
+	// raised, or the admission refused (see the invariants).
+	outcome, refusedBy, counted := Admitted, 0, false
 	for d, sl := range locked {
 		if sl.shard == nil {
 			continue
 		}
 		n := sl.shard.count(sl.hash)
 		if n >= capFor(lim, req, d) {
-			outcome, refusedBy, checked = Full, d, d
+			outcome, refusedBy = Full, d
 			break
 		}
-		if n == 0 && lim.MaxKeys > 0 && !z.reserveKey(d, lim.MaxKeys, commit) {
-			outcome, refusedBy, checked = KeysFull, d, d
-			break
+		if n == 0 && lim.MaxKeys > 0 {
+			if commit && !counted {
+				z.newKeys.Lock()
+				counted = true
+			}
+			if z.keys[d].n.Load() >= lim.MaxKeys {
+				outcome, refusedBy = KeysFull, d
+				break
+			}
 		}
 	}
 	if outcome == Admitted && z.hasTotal && !z.takeTotal(totalCap(lim), commit) {
 		outcome, refusedBy = Full, TotalDim
 	}
 	admit := outcome == Admitted && commit
-	countNew := lim.MaxKeys == 0 && z.counting.Load() // else reserved above
+	countKeys := admit && z.counting.Load()
 	for d, sl := range locked {
 		if sl.shard == nil {
 			continue
 		}
-		switch {
-		case admit:
-			if sl.shard.increment(sl.hash) && countNew {
+		if admit {
+			if sl.shard.increment(sl.hash) && countKeys {
 				z.keys[d].n.Add(1)
 			}
 			req.keep(d, sl.hash)
-		case commit && lim.MaxKeys > 0 && d < checked && sl.shard.count(sl.hash) == 0:
-			z.keys[d].n.Add(-1) // the reservation of a new key
 		}
 		sl.shard.mu.Unlock()
 	}
-	if outcome == Admitted && commit {
+	if counted {
+		z.newKeys.Unlock()
+	}
+	if admit {
 		req.held = true
 	}
 	return outcome, refusedBy
-}
-
-// reserveKey counts a new key in dimension d if fewer than max are in
-// flight; without commit it only reports whether it would.
-func (z *Zone) reserveKey(d int, max int64, commit bool) bool {
-	c := &z.keys[d].n
-	for {
-		n := c.Load()
-		if n >= max {
-			return false
-		}
-		if !commit || c.CompareAndSwap(n, n+1) {
-			return true
-		}
-	}
 }
 
 // startCounting makes the zone count each dimension's keys, from the keys

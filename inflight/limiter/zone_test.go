@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 func req(lim *Limits, keys ...string) *Request {
@@ -264,7 +265,7 @@ func TestMaxKeysIsExact(t *testing.T) {
 
 // TestMaxKeysHoldsUnderConcurrency: goroutines admitting distinct keys at
 // once never get more than MaxKeys keys in flight, and a refused admission
-// leaves no reservation behind.
+// leaves no key counted.
 func TestMaxKeysHoldsUnderConcurrency(t *testing.T) {
 	const max, workers, rounds = 10, 64, 500
 	z := NewZone(1, true, nil)
@@ -317,4 +318,84 @@ func TestMaxKeysCountsKeysAlreadyInFlight(t *testing.T) {
 	z.Release(req(free, "k4"))
 	z.Release(req(bounded, "k3"))
 	mustAdmit(t, z, req(bounded, "k5"))
+}
+
+// TestMaxKeysRefusalIsNotSeen: under max_keys 2 and total 1 no more than
+// one key is ever in flight, so a refusal for the key bound is always
+// wrong; a new key refused by the total must not be seen by neighbours as
+// a key in flight.
+func TestMaxKeysRefusalIsNotSeen(t *testing.T) {
+	const workers, rounds = 8, 2500
+	z := NewZone(1, true, nil)
+	lim := &Limits{Max: []int64{1 << 20}, MaxKeys: 2, Total: 1}
+	var keysFull atomic.Int64
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range rounds {
+				r := req(lim, fmt.Sprint(w, "/", i))
+				switch res := z.Acquire(context.Background(), r, WaitOptions{}); res.Outcome {
+				case Admitted:
+					runtime.Gosched() // others meet the total full
+					z.Release(r)
+				case KeysFull:
+					keysFull.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n := keysFull.Load(); n > 0 {
+		t.Fatalf("%d of %d refused for max_keys 2 with at most one key in flight", n, workers*rounds)
+	}
+	if z.Held(TotalDim) != 0 || z.Keys(0) != 0 || z.keys[0].n.Load() != 0 {
+		t.Fatalf("left behind: total %d keys %d counted %d", z.Held(TotalDim), z.Keys(0), z.keys[0].n.Load())
+	}
+}
+
+// TestMaxKeysWaiterNotLeftBehind: a waiter with a new key, arriving while
+// newcomers with other new keys are refused by the total, is admitted as
+// soon as a slot is free. One key ("h") is in flight under max_keys 2, so
+// the waiter's key always fits the bound; the slot freed is h's, so no key
+// leaves: a waiter filed behind the key bound would wait for good.
+func TestMaxKeysWaiterNotLeftBehind(t *testing.T) {
+	const rounds = 300
+	z := NewZone(1, true, newFakeClock()) // waits never time out
+	lim := &Limits{Max: []int64{1 << 20}, MaxKeys: 2, Total: 2}
+	stay := req(lim, "h")
+	mustAdmit(t, z, stay)
+	for round := range rounds {
+		second := req(lim, "h")
+		mustAdmit(t, z, second) // the total is full
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		for n := range 2 {
+			wg.Go(func() {
+				for i := 0; ; i++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					if ok, d := z.TryAcquire(req(lim, fmt.Sprint("new", n, "/", i))); ok || d != TotalDim {
+						t.Errorf("newcomer: admitted %v, dimension %d; want refused by the total", ok, d)
+						return
+					}
+				}
+			})
+		}
+		w := enqueue(t, context.Background(), z, "waiter", req(lim, fmt.Sprint("w", round)), WaitOptions{Wait: time.Hour})
+		close(stop)
+		wg.Wait()
+		z.Release(second)
+		select {
+		case r := <-w.res:
+			if r.Outcome != Admitted {
+				t.Fatalf("round %d: waiter %+v, want admitted", round, r)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("round %d: the waiter still waits with a slot free (held %d of 2, keys %d of 2)", round, z.Held(TotalDim), z.Keys(0))
+		}
+		z.Release(w.req)
+	}
 }
