@@ -38,6 +38,7 @@ func (r *redisServer) do(t testing.TB, args ...any) *redis.Cmd {
 type faultSite struct {
 	address    string // Redis address(es), space separated
 	masterName string
+	tls        []string // the store's tls options, such as "tls_ca ca.pem"
 	lease      time.Duration
 	timeout    time.Duration
 	onError    string
@@ -63,6 +64,9 @@ func (s faultSite) render(m *fleetMember, backend string) string {
 	}
 	if s.masterName != "" {
 		master = "\n\t\t\tmaster_name " + s.masterName
+	}
+	for _, o := range s.tls {
+		master += "\n\t\t\t" + o
 	}
 	return fmt.Sprintf(`{
 	admin 127.0.0.1:%d

@@ -171,6 +171,19 @@ func (e *faultEnv) check(name string, began, healed time.Time, bound time.Durati
 	return w
 }
 
+// wantOutages asserts that every instance logged each of n outages, once
+// when it started and once when it ended: a fault that every instance
+// sees (Redis gone) is not logged as less, nor as more.
+func (e *faultEnv) wantOutages(n int) {
+	e.t.Helper()
+	for i, m := range e.fleet {
+		down, up := m.logLines("redis store unreachable"), m.logLines("redis store reachable again")
+		if len(down) != n || len(up) != n {
+			e.t.Errorf("instance %d logged %d outages as %d × unreachable and %d × reachable again, want %d each; unreachable: %s", i, n, len(down), len(up), n, down)
+		}
+	}
+}
+
 // renewalBound is how soon after a fault the issue wants the fleet exact
 // and whole again: one renewal interval, plus the renewal's own round trip.
 func (e *faultEnv) renewalBound() time.Duration { return e.timing.lease/3 + storeTimeout }

@@ -40,8 +40,8 @@ func TestFaultsCluster(t *testing.T) {
 }
 
 // TestFaultsSentinel kills the master under Sentinel: the fleet keeps
-// working through the failover, and is exact again within a renewal
-// interval of the new master's promotion.
+// working through the failover, logs it as one outage each way, and is
+// exact again within a renewal interval of the new master's promotion.
 func TestFaultsSentinel(t *testing.T) {
 	s := startSentinels(t)
 	sentinels := strings.Join(s.sentinels, " ")
@@ -54,6 +54,34 @@ func TestFaultsSentinel(t *testing.T) {
 		return time.Now()
 	})
 	printTable(t, []windows{e.check("Sentinel: master SIGKILLed, replica promoted", began, promoted, e.renewalBound(), true)})
+	e.wantOutages(1)
+}
+
+// TestFaultsTLSRestart restarts a Redis that speaks only TLS, with
+// requests waiting: the restart is one outage, logged once each way, and
+// costs what a plain restart does. go-redis does not check pooled TLS
+// connections before reuse as it checks plain TCP ones: each connection
+// pooled before the restart failed its next call with EOF, which was
+// logged as a new outage, and refused (on_error closed) or admitted
+// locally (open) after Redis answered again.
+func TestFaultsTLSRestart(t *testing.T) {
+	pki := newTestPKI(t)
+	for _, onError := range []string{"closed", "open"} {
+		t.Run(onError, func(t *testing.T) {
+			port := freePort(t)
+			r := startRedisWith(t, port, tlsOnly(port, pki, "no")...)
+			site := faultSite{onError: onError, tls: []string{"tls_ca " + pki.ca, "tls_server_name redis.test"}}
+			e := startFaultFleet(t, site, tenantCaps, r.addr, r.addr, r.addr)
+			began, healed := e.run(e.renewalBound(), func(e *faultEnv) time.Time {
+				r.stop()
+				time.Sleep(e.timing.fault)
+				r.start(t)
+				return time.Now()
+			})
+			printTable(t, []windows{e.check("TLS: restart with empty data (down 1 s), on_error "+onError, began, healed, e.renewalBound(), true)})
+			e.wantOutages(1)
+		})
+	}
 }
 
 // field returns one field of a report such as INFO or CLUSTER INFO.

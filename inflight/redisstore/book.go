@@ -123,6 +123,10 @@ func newBook(s *Store, id string) *book {
 			WriteTimeout:     timeout,
 			PoolTimeout:      timeout,
 			MaxRetries:       -1, // a retry would double the wait; the caller falls back instead
+			// RESP2: the store needs nothing of RESP3, and go-redis then
+			// drops an idle connection with unread bytes instead of reading
+			// them (with checkedTLS, a read that could block).
+			Protocol: 2,
 		},
 		logger:   s.logger,
 		lease:    time.Duration(s.Lease),
@@ -135,6 +139,9 @@ func newBook(s *Store, id string) *book {
 		zones:    map[string]*redisZone{},
 		work:     make(chan struct{}, 1),
 		renewNow: make(chan struct{}, 1),
+	}
+	if s.tlsConfig != nil {
+		b.options.Dialer = dialTLS(s.tlsConfig, timeout)
 	}
 	b.open()
 	return b
