@@ -69,8 +69,11 @@ func (*UI) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler
 	case strings.HasSuffix(p, "/"):
 		serveUIFile(w, uiPage)
 	default:
-		// Relative to the path, so it holds behind a prefix too.
-		http.Redirect(w, r, name+"/", http.StatusFound)
+		// Relative to the path the browser sees, so it holds behind a
+		// stripped prefix too (http.Redirect would resolve it against
+		// r.URL.Path).
+		w.Header().Set("Location", name+"/")
+		w.WriteHeader(http.StatusFound)
 	}
 	return nil
 }
