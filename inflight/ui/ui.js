@@ -33,13 +33,15 @@
     return el('table', '', el('thead', '', row(head.map((h) => el('th', '', h)))), el('tbody', '', ...rows));
   }
 
-  function bar(used, cap) {
+  // bar shows used against cap (for a limit: its busiest key's slots
+  // against the max per key).
+  function bar(used, cap, what) {
     const b = el('span', 'bar', el('i'));
-    if (!cap) { b.classList.add('none'); return b; }
+    if (!cap) return b;
     const f = Math.min(1, used / cap);
     b.firstChild.style.width = (f * 100).toFixed(1) + '%';
     if (f >= 1) b.classList.add('full'); else if (f >= 0.8) b.classList.add('high');
-    b.title = used + ' / ' + cap;
+    b.title = (what ? what + ': ' : '') + used + ' / ' + cap;
     return b;
   }
 
@@ -118,18 +120,18 @@
     for (const k of z.top_keys) busiest[k.limit] = Math.max(busiest[k.limit] || 0, k.held);
     const rows = z.limits.map((l) => row([
       td(l.name), td(l.held, 'held-' + l.name), td(l.max ? l.max + ' /key' : 'per request'),
-      el('td', '', bar(busiest[l.name] || 0, l.max)), td(l.keys, 'keys-' + l.name),
+      el('td', '', bar(busiest[l.name] || 0, l.max, 'busiest key')), td(l.keys, 'keys-' + l.name),
     ]));
     if (z.total !== undefined) {
       rows.push(row([td('total'), td(z.total, 'held-total'), td(z.total_max || '—'), el('td', '', bar(z.total, z.total_max)), td('')]));
     }
-    return table(['cap', 'in flight', 'max', 'busiest / max', 'keys'], rows);
+    return table(['cap', 'in flight', 'max', 'fill', 'keys'], rows);
   }
 
   function queueTable(z) {
     const w = z.wait || { count: 0, p50: 0, p90: 0, p99: 0 };
     return table(['waiting', 'p50', 'p90', 'p99', 'waits (1–2 min)'],
-      [row([td(z.waiting, 'waiting', z.waiting > 0 ? 'hot' : ''), td(ms(w.p50), 'p50'), td(ms(w.p90), 'p90'), td(ms(w.p99), 'p99'), td(w.count)])]);
+      [row([td(z.waiting, 'waiting', z.waiting > 0 ? 'hot' : ''), td(ms(w.p50), 'p50'), td(ms(w.p90), 'p90'), td(ms(w.p99), 'p99'), td(w.count, 'waits')])]);
   }
 
   function refusedTable(z, rates) {
@@ -143,7 +145,7 @@
 
   function adaptiveTable(a) {
     return table(['adaptive limit', 'baseline', 'latest sample'],
-      [row([td(a.limit, 'adaptive-limit'), td(ms(a.baseline_seconds)), td(ms(a.sample_seconds))])]);
+      [row([td(a.limit, 'adaptive-limit'), td(ms(a.baseline_seconds), 'adaptive-baseline'), td(ms(a.sample_seconds))])]);
   }
 
   function keysTable(keys, field, head) {
@@ -193,7 +195,9 @@
 
   async function poll() {
     try {
-      const resp = await fetch(stateURL, { cache: 'no-store', credentials: 'same-origin' });
+      // A request that hangs must not stop the page: it gives up in time
+      // for the next one.
+      const resp = await fetch(stateURL, { cache: 'no-store', credentials: 'same-origin', signal: AbortSignal.timeout(5 * POLL_MS) });
       if (!resp.ok) throw new Error('HTTP ' + resp.status);
       const state = await resp.json();
       const now = Date.now();

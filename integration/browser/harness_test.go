@@ -126,6 +126,41 @@ func eventually(t *testing.T, within time.Duration, what string, cond func() boo
 	}
 }
 
+// startRedis starts a redis-server on a free loopback port, and returns its
+// address and a func that stops it (also called when the test ends).
+func startRedis(t *testing.T) (string, func()) {
+	t.Helper()
+	path, err := exec.LookPath("redis-server")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("redis-server is not installed (.ci/run installs it)")
+		}
+		t.Skip("redis-server is not installed: apt-get install -y redis-server")
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	_, port, _ := net.SplitHostPort(addr)
+	l.Close()
+	cmd := exec.Command(path, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	stop := func() { once.Do(func() { cmd.Process.Kill(); cmd.Wait() }) }
+	t.Cleanup(stop)
+	eventually(t, within, "redis-server listens", func() bool {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+	return addr, stop
+}
+
 // browser starts a headless Chromium with a fresh profile; its context ends
 // with the test.
 func browser(t *testing.T) context.Context {
@@ -148,7 +183,6 @@ func browser(t *testing.T) context.Context {
 		chromedp.Flag("disable-background-networking", true),
 		chromedp.Flag("disable-component-update", true),
 		chromedp.Flag("disable-sync", true),
-		chromedp.WindowSize(1400, 900),
 	}
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancel := chromedp.NewContext(actx)

@@ -44,12 +44,24 @@ func TestLivePage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	redisAddr, stopRedis := startRedis(t)
 	load(t, fmt.Sprintf(`%s {
 	handle /inflight/* {
 		basic_auth {
 			admin %s
 		}
 		inflight_ui
+	}
+	handle /fleet/* {
+		inflight {
+			total 10
+			zone fleet
+			store redis {
+				address %s
+				timeout 100ms
+			}
+		}
+		respond "ok"
 	}
 	handle /adaptive/* {
 		inflight {
@@ -70,13 +82,14 @@ func TestLivePage(t *testing.T) {
 		reverse_proxy %s
 	}
 }
-`, site, hash, b.addr, b.addr))
+`, site, hash, redisAddr, b.addr, b.addr))
 
 	checkHeaders(t, site)
 
 	ctx := browser(t)
 	auth := "Basic " + base64.StdEncoding.EncodeToString([]byte("admin:secret"))
-	if err := chromedp.Do(ctx, headers(network.Headers{"Authorization": auth})); err != nil {
+	// Tall enough for the whole page: no scroll bar narrows it.
+	if err := chromedp.Do(ctx, chromedp.EmulateViewport(1400, 1000), headers(network.Headers{"Authorization": auth})); err != nil {
 		t.Fatal(err)
 	}
 	resp, err := chromedp.RunResponse(ctx, chromedp.Navigate(site+"/inflight/"))
@@ -116,7 +129,14 @@ func TestLivePage(t *testing.T) {
 
 	shows("api", "held-total", "0")
 	shows("api", "waiting", "0")
+	shows("fleet", "store", "store redis: reachable")
 	idle := chartPath("inflight")
+
+	// The adaptive total learns from quick answers: its baseline shows.
+	for range 200 {
+		<-send(site + "/adaptive/")
+	}
+	eventually(t, within, "the adaptive total learns a baseline", func() bool { return field("backend-adaptive", "adaptive-baseline") != "0" })
 
 	// Two requests of the evil tenant and two of tenant b fill the total;
 	// three more of b wait (its limit is full), and two more are refused
@@ -167,6 +187,14 @@ func TestLivePage(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// Redis goes away: the next admission in its zone fails over to local
+	// counts, and the page says so.
+	stopRedis()
+	if status := <-send(site + "/fleet/"); status != http.StatusOK {
+		t.Fatalf("a request with Redis gone (on_error open): status %d, want 200", status)
+	}
+	shows("fleet", "store", "store redis: unreachable")
+
 	b.open()
 	for _, end := range ends {
 		if status := <-end; status != http.StatusOK {
@@ -189,7 +217,10 @@ func TestLivePage(t *testing.T) {
 		t.Fatal(err)
 	}
 	shows("api", "refused-queue_full", "2")
-	shows("backend-adaptive", "adaptive-limit", "4")
+	shows("api", "waits", "3") // the three that waited, now admitted
+	if p50 := field("api", "p50"); p50 == "0" {
+		t.Errorf("the admin page shows a wait p50 of %s after three waits of seconds", p50)
+	}
 }
 
 // checkHeaders checks what a browser is told besides the page: a strict
