@@ -1,5 +1,5 @@
-// Package caddyfile registers the `inflight` Caddyfile directive and its
-// default place in the directive order.
+// Package caddyfile registers the `inflight` and `inflight_ui` Caddyfile
+// directives and their default places in the directive order.
 package caddyfile
 
 import (
@@ -24,6 +24,11 @@ func init() {
 	// After authentication, so keys may use the authenticated identity, and
 	// before encode, handle, route and the handlers that do the work.
 	httpcaddyfile.RegisterDirectiveOrder("inflight", httpcaddyfile.After, "forward_auth")
+	// The live page: after authentication, and before inflight (inserted
+	// right after forward_auth, ahead of it), so that watching a saturated
+	// zone never takes or waits for one of its slots.
+	httpcaddyfile.RegisterHandlerDirective("inflight_ui", parseUI)
+	httpcaddyfile.RegisterDirectiveOrder("inflight_ui", httpcaddyfile.After, "forward_auth")
 }
 
 // subdirectives lists the block's options, for error messages.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -21,8 +22,11 @@ const topKeys = 10
 
 // AdminAPI serves the live state of every zone at `GET /inflight/` on
 // Caddy's admin endpoint: per zone, its limits with the slots held and keys
-// in flight, the total, the requests waiting, and the keys holding the most
-// slots. It answers "who is holding my backend right now?".
+// in flight against their caps, the total, the requests waiting, refusals
+// by reason, recent wait percentiles, the adaptive limit, the store's
+// health, and the keys holding the most slots. It answers "who is holding
+// my backend right now?". `GET /inflight/ui` is the same state as a live
+// page (see UI).
 type AdminAPI struct{}
 
 // CaddyModule returns the Caddy module information.
@@ -35,15 +39,45 @@ func (*AdminAPI) CaddyModule() caddy.ModuleInfo {
 
 // Routes returns the admin routes.
 func (a *AdminAPI) Routes() []caddy.AdminRoute {
-	return []caddy.AdminRoute{{Pattern: "/inflight/", Handler: caddy.AdminHandlerFunc(a.serveState)}}
+	return []caddy.AdminRoute{{Pattern: "/inflight/", Handler: caddy.AdminHandlerFunc(a.serve)}}
+}
+
+// serve answers the state at /inflight/ (and /inflight/state, where the
+// page looks for it) and the page's files; any other path is not found.
+func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method not allowed")}
+	}
+	switch name := strings.TrimPrefix(r.URL.Path, "/inflight/"); name {
+	case "", uiState:
+		return serveState(w)
+	case uiPage, uiScript, uiStyle:
+		serveUIFile(w, name)
+		return nil
+	}
+	return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("not found: %s (the inflight admin API serves /inflight/ and /inflight/ui)", r.URL.Path)}
 }
 
 // ZoneState is one zone in the admin API's answer.
 type ZoneState struct {
-	Zone    string       `json:"zone"`
-	Limits  []LimitState `json:"limits"`
-	Total   *int64       `json:"total,omitempty"`
-	Waiting int64        `json:"waiting"`
+	Zone   string       `json:"zone"`
+	Limits []LimitState `json:"limits"`
+	Total  *int64       `json:"total,omitempty"`
+	// TotalMax is the total's cap: the fixed total, or the adaptive
+	// total's current limit (absent in dry_run).
+	TotalMax *int64 `json:"total_max,omitempty"`
+	Waiting  int64  `json:"waiting"`
+	// Refused counts the zone's refusals by reason (full, timeout,
+	// queue_full, keys_full, store_error, dry_run) since it was made;
+	// reasons with none are left out.
+	Refused map[string]int64 `json:"refused"`
+	// Wait sums up the waits that ended in the last one to two minutes.
+	Wait WaitState `json:"wait"`
+	// Adaptive is the adaptive total's limit and what it learned, with
+	// total_adaptive.
+	Adaptive *AdaptiveState `json:"adaptive,omitempty"`
+	// Store is the shared store's health, with a store.
+	Store *StoreHealth `json:"store,omitempty"`
 	// Retired is set on a zone that no loaded config uses any more (a
 	// reload renamed it or changed its limits) while requests it admitted
 	// or queued are still running; it is listed until they end.
@@ -63,6 +97,10 @@ type LimitState struct {
 	Name string `json:"name"`
 	Held int64  `json:"held"`
 	Keys int    `json:"keys"`
+	// Max is the limit's cap per key as configured (each of n replicas
+	// enforces ceil(max/n) alone); absent when each request brings its
+	// own (a placeholder).
+	Max int64 `json:"max,omitempty"`
 }
 
 type keyHeld struct {
@@ -71,10 +109,8 @@ type keyHeld struct {
 	Held  int64  `json:"held"`
 }
 
-func (a *AdminAPI) serveState(w http.ResponseWriter, r *http.Request) error {
-	if r.Method != http.MethodGet {
-		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method not allowed")}
-	}
+// serveState writes every zone's state as JSON.
+func serveState(w http.ResponseWriter) error {
 	states := []ZoneState{}
 	eachZone(func(z *zone, retired bool) {
 		st := stateOf(z)
@@ -83,6 +119,7 @@ func (a *AdminAPI) serveState(w http.ResponseWriter, r *http.Request) error {
 	})
 	slices.SortFunc(states, func(a, b ZoneState) int { return cmp.Compare(a.Zone, b.Zone) })
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
 	return json.NewEncoder(w).Encode(map[string]any{"zones": states})
 }
 
@@ -110,6 +147,7 @@ func stateOf(z *zone) ZoneState {
 		w := z.waitingKeys()
 		st.TopWaiting = w[:min(topKeys, len(w))]
 	}
+	extendState(&st, z)
 	return st
 }
 

@@ -226,6 +226,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.joinAdaptive()
 	h.initMetrics()
 	h.zone.keyDisplay.Store(h.keyDisplay())
+	h.zone.view.Store(h.view())
 	h.zone.Adopt(h.limits)
 	return nil
 }
@@ -500,15 +501,16 @@ func (h *Handler) dimIndex(d int) int {
 
 func (h *Handler) initMetrics() {
 	h.rejected = map[string][]prometheus.Counter{}
-	for _, reason := range []string{reasonFull, reasonTimeout, reasonQueueFull, reasonKeysFull, reasonStore, reasonDryRun} {
+	for i, reason := range reasons {
+		n := &h.zone.stats.refused[i] // the admin API's count
 		cs := make([]prometheus.Counter, 0, len(h.Limits)+1)
 		for _, l := range h.Limits {
-			cs = append(cs, rejectedTotal.WithLabelValues(h.label, l.Name, reason))
+			cs = append(cs, teeCounter{rejectedTotal.WithLabelValues(h.label, l.Name, reason), n})
 		}
-		h.rejected[reason] = append(cs, rejectedTotal.WithLabelValues(h.label, totalName, reason))
+		h.rejected[reason] = append(cs, teeCounter{rejectedTotal.WithLabelValues(h.label, totalName, reason), n})
 	}
 	for _, o := range []limiter.Outcome{limiter.Admitted, limiter.Timeout, limiter.Aborted} {
-		h.waited[o] = waitSeconds.WithLabelValues(h.label, outcomeLabel(o))
+		h.waited[o] = teeObserver{waitSeconds.WithLabelValues(h.label, outcomeLabel(o)), &h.zone.stats.waits}
 	}
 }
 

@@ -23,7 +23,7 @@ var (
 		Subsystem: "inflight",
 		Name:      "wait_seconds",
 		Help:      "Time requests spent waiting for an inflight slot, by zone and outcome (admitted, timeout, aborted).",
-		Buckets:   []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120},
+		Buckets:   waitBuckets[:],
 	}, []string{"zone", "outcome"})
 
 	storeErrors = prometheus.NewCounterVec(prometheus.CounterOpts{

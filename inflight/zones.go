@@ -31,6 +31,9 @@ type zone struct {
 	keyDisplay atomic.Int32
 	// adaptive is the adaptive total's controller, if a handler has one.
 	adaptive adaptiveState
+	// view and stats are what the admin API shows besides the counts.
+	view  atomic.Pointer[zoneView]
+	stats zoneStats
 }
 
 // waiting returns the requests waiting in this zone, in this process and

@@ -1,0 +1,42 @@
+package redisstore
+
+import (
+	"context"
+	"testing"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight"
+	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
+)
+
+// TestHealth: the admin API's store health follows Redis: reachable while
+// it answers, unreachable once an operation fails, and reachable again
+// once it answers again.
+func TestHealth(t *testing.T) {
+	addr, _ := startRedis(t)
+	proxy := newFaultProxy(t, addr)
+	s := newStore(t, &Store{Address: []string{proxy.addr}})
+	limits := &limiter.Limits{Max: []int64{10}}
+	z, _ := zoneOf(s, "health", limits)
+	health := func() inflight.StoreHealth { return z.(inflight.HealthReporter).Health() }
+	admit := func() {
+		req := request(limits, "k")
+		if res := z.Acquire(context.Background(), req, limiter.WaitOptions{}); res.Outcome == limiter.Admitted {
+			z.Release(req)
+		}
+	}
+
+	admit()
+	if h := health(); h != (inflight.StoreHealth{Type: "redis", Reachable: true}) {
+		t.Fatalf("with Redis up: %+v, want redis reachable", h)
+	}
+	proxy.setDown(true)
+	admit()
+	if h := health(); h.Reachable {
+		t.Fatalf("after an admission failed with Redis down: %+v, want unreachable", h)
+	}
+	proxy.setDown(false)
+	eventually(t, "the store is reachable again", func() bool {
+		admit()
+		return health().Reachable
+	})
+}
