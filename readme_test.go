@@ -1,7 +1,7 @@
 package caddyinflight_test
 
-// How README.md's snippets are checked. Every snippet is one of these; none
-// is skipped silently.
+// How the snippets of README.md and docs/*.md (the documents) are checked.
+// Every snippet is one of these; none is skipped silently.
 //
 // Fenced blocks must carry one of these tags (an untagged block, or another
 // tag, fails TestREADMESnippets):
@@ -10,15 +10,17 @@ package caddyinflight_test
 //	                    adapted as written.
 //	caddyfile-fragment  directives of one site: wrapped in
 //	                    `example.com { ... }` and adapted.
-//	caddyfile-syntax    the directive's grammar: not adapted, but every
-//	                    option it lists must be one the directive knows,
-//	                    and those names decide which inline code is checked.
+//	caddyfile-syntax    the directive's grammar (docs/reference.md): not
+//	                    adapted, but every option it lists must be one the
+//	                    directive knows, and those names decide which
+//	                    inline code is checked, in every document.
 //	json                must parse as JSON. An object with "handler" is a
 //	                    handler: placed in a route and validated; one
 //	                    with "apps" is a whole config: validated.
 //	yaml                Docker labels: integration/labels_test.go converts
-//	                    the one in "Docker labels" as caddy-docker-proxy
-//	                    does and compares it with the caddyfile block after.
+//	                    the one in docs/docker-labels.md as
+//	                    caddy-docker-proxy does and compares it with the
+//	                    caddyfile block after.
 //	sh                  commands and their output: not checked here.
 //
 // Inline code (`...`):
@@ -47,8 +49,10 @@ package caddyinflight_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
+	"path/filepath"
 	"reflect"
 	"regexp"
 	"strings"
@@ -64,17 +68,22 @@ import (
 	"github.com/caddy-inflight/caddy-inflight/inflight"
 )
 
-// snippet is one piece of README.md to adapt.
+// snippet is one piece of a document to adapt.
 type snippet struct {
-	line      int    // where it starts in README.md
+	file      string // the document
+	line      int    // where it starts in it
 	kind      string // the fence tag, or "inline"
 	text      string // as written
 	caddyfile string // what is adapted, or
 	json      []byte // the JSON config to validate
 }
 
-// readmeBlock is a fenced block of README.md.
+// where names a snippet's place: file:line.
+func (s snippet) where() string { return fmt.Sprintf("%s:%d", s.file, s.line) }
+
+// readmeBlock is a fenced block of a document.
 type readmeBlock struct {
+	file string
 	line int
 	tag  string
 	text string
@@ -82,9 +91,19 @@ type readmeBlock struct {
 
 var fence = regexp.MustCompile("^(\\s*)(```+)\\s*(\\S*)\\s*$")
 
-// splitREADME returns the fenced blocks and the prose with the blocks
-// blanked out (line numbers kept).
-func splitREADME(t *testing.T, readme string) ([]readmeBlock, string) {
+// documents returns README.md and docs/*.md, whose snippets are checked.
+func documents(t *testing.T) []string {
+	t.Helper()
+	docs, err := filepath.Glob("docs/*.md")
+	if err != nil || len(docs) < 5 {
+		t.Fatalf("docs/*.md: %d found, %v", len(docs), err)
+	}
+	return append([]string{"README.md"}, docs...)
+}
+
+// splitREADME returns the fenced blocks of a document and its prose with
+// the blocks blanked out (line numbers kept).
+func splitREADME(t *testing.T, file, readme string) ([]readmeBlock, string) {
 	t.Helper()
 	var blocks []readmeBlock
 	var prose []string
@@ -96,12 +115,12 @@ func splitREADME(t *testing.T, readme string) ([]readmeBlock, string) {
 			continue
 		}
 		indent, ticks, tag := m[1], m[2], m[3]
-		b := readmeBlock{line: i + 1, tag: tag}
+		b := readmeBlock{file: file, line: i + 1, tag: tag}
 		prose = append(prose, "")
 		var body []string
 		for i++; ; i++ {
 			if i == len(lines) {
-				t.Fatalf("README.md:%d: the fenced block never closes", b.line)
+				t.Fatalf("%s:%d: the fenced block never closes", file, b.line)
 			}
 			prose = append(prose, "")
 			if strings.TrimSpace(lines[i]) == ticks {
@@ -130,7 +149,7 @@ func syntaxOptions(t *testing.T, blocks []readmeBlock) []string {
 		}
 	}
 	if len(opts) == 0 {
-		t.Fatal("README.md has no caddyfile-syntax block listing the directive's options")
+		t.Fatal("no document has a caddyfile-syntax block listing the directive's options")
 	}
 	return opts
 }
@@ -151,18 +170,54 @@ func inSite(directives string) string {
 
 var inlineCode = regexp.MustCompile("`([^`]+)`")
 
-// readmeSnippets extracts every Caddyfile snippet of README.md by the rules
-// at the top of this file.
+// document is one document split into its fenced blocks and its prose.
+type document struct {
+	file   string
+	blocks []readmeBlock
+	prose  string
+}
+
+// readDocuments reads and splits every document.
+func readDocuments(t *testing.T) []document {
+	t.Helper()
+	var docs []document
+	for _, file := range documents(t) {
+		raw, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		blocks, prose := splitREADME(t, file, string(raw))
+		docs = append(docs, document{file: file, blocks: blocks, prose: prose})
+	}
+	return docs
+}
+
+// readmeSnippets extracts every Caddyfile snippet of the documents by the
+// rules at the top of this file.
 func readmeSnippets(t *testing.T) []snippet {
 	t.Helper()
-	raw, err := os.ReadFile("README.md")
-	if err != nil {
-		t.Fatal(err)
+	docs := readDocuments(t)
+	var all []readmeBlock
+	for _, d := range docs {
+		all = append(all, d.blocks...)
 	}
-	blocks, prose := splitREADME(t, string(raw))
+	options := map[string]bool{}
+	for _, o := range syntaxOptions(t, all) {
+		options[o] = true
+	}
 	var out []snippet
-	for _, b := range blocks {
-		s := snippet{line: b.line, kind: b.tag, text: b.text}
+	for _, d := range docs {
+		out = append(out, documentSnippets(t, d, options)...)
+	}
+	return out
+}
+
+// documentSnippets extracts the snippets of one document.
+func documentSnippets(t *testing.T, d document, options map[string]bool) []snippet {
+	t.Helper()
+	var out []snippet
+	for _, b := range d.blocks {
+		s := snippet{file: d.file, line: b.line, kind: b.tag, text: b.text}
 		switch b.tag {
 		case "caddyfile":
 			s.caddyfile = b.text
@@ -176,24 +231,21 @@ func readmeSnippets(t *testing.T) []snippet {
 		case "caddyfile-syntax", "sh", "yaml":
 			continue
 		default:
-			t.Errorf("README.md:%d: fenced block tagged %q: tag it caddyfile, caddyfile-fragment, caddyfile-syntax, json, sh or yaml (see readme_test.go)", b.line, b.tag)
+			t.Errorf("%s:%d: fenced block tagged %q: tag it caddyfile, caddyfile-fragment, caddyfile-syntax, json, sh or yaml (see readme_test.go)", d.file, b.line, b.tag)
 			continue
 		}
 		out = append(out, s)
 	}
 
-	options := map[string]bool{}
-	for _, o := range syntaxOptions(t, blocks) {
-		options[o] = true
-	}
 	handlerFields := handlerJSONFields()
+	prose := d.prose
 	for _, m := range inlineCode.FindAllStringSubmatchIndex(prose, -1) {
 		text := strings.Join(strings.Fields(prose[m[2]:m[3]]), " ")
 		words := strings.Fields(text)
 		if len(words) < 2 {
 			continue
 		}
-		s := snippet{line: 1 + strings.Count(prose[:m[0]], "\n"), kind: "inline", text: text}
+		s := snippet{file: d.file, line: 1 + strings.Count(prose[:m[0]], "\n"), kind: "inline", text: text}
 		switch {
 		case words[0] == "inflight":
 			s.caddyfile = inSite(text)
@@ -228,7 +280,7 @@ func readmeJSONConfig(t *testing.T, b readmeBlock) []byte {
 	t.Helper()
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal([]byte(b.text), &fields); err != nil {
-		t.Errorf("README.md:%d: json block does not parse: %v\n%s", b.line, err, b.text)
+		t.Errorf("%s:%d: json block does not parse: %v\n%s", b.file, b.line, err, b.text)
 		return nil
 	}
 	switch {
@@ -240,7 +292,7 @@ func readmeJSONConfig(t *testing.T, b readmeBlock) []byte {
 	return nil
 }
 
-// TestREADMESnippets adapts every Caddyfile snippet of README.md.
+// TestREADMESnippets adapts every Caddyfile snippet of the documents.
 func TestREADMESnippets(t *testing.T) {
 	snippets := readmeSnippets(t)
 	inline := 0
@@ -250,17 +302,17 @@ func TestREADMESnippets(t *testing.T) {
 		}
 		if s.json != nil {
 			if !json.Valid(s.json) {
-				t.Errorf("README.md:%d: %s snippet is not JSON:\n%s", s.line, s.kind, s.text)
+				t.Errorf("%s: %s snippet is not JSON:\n%s", s.where(), s.kind, s.text)
 			}
 			continue
 		}
 		_, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(s.caddyfile), nil)
 		if err != nil {
-			t.Errorf("README.md:%d: %s snippet does not adapt: %v\n%s", s.line, s.kind, err, s.text)
+			t.Errorf("%s: %s snippet does not adapt: %v\n%s", s.where(), s.kind, err, s.text)
 			continue
 		}
 		for _, w := range warnings {
-			t.Errorf("README.md:%d: %s snippet: warning: %s\n%s", s.line, s.kind, w.String(), s.text)
+			t.Errorf("%s: %s snippet: warning: %s\n%s", s.where(), s.kind, w.String(), s.text)
 		}
 	}
 	// A floor, so that a broken extraction cannot pass by finding nothing.
@@ -270,14 +322,13 @@ func TestREADMESnippets(t *testing.T) {
 	t.Logf("adapted %d fenced and %d inline snippets", len(snippets)-inline, inline)
 }
 
-// TestREADMESyntaxOptionsExist checks that every option the README's
+// TestREADMESyntaxOptionsExist checks that every option the documented
 // grammar lists is one the directive accepts.
 func TestREADMESyntaxOptionsExist(t *testing.T) {
-	raw, err := os.ReadFile("README.md")
-	if err != nil {
-		t.Fatal(err)
+	var blocks []readmeBlock
+	for _, d := range readDocuments(t) {
+		blocks = append(blocks, d.blocks...)
 	}
-	blocks, _ := splitREADME(t, string(raw))
 	for _, opt := range syntaxOptions(t, blocks) {
 		_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(inSite("inflight 1 {\n\t"+opt+"\n}")), nil)
 		if err != nil && strings.Contains(err.Error(), "unknown subdirective") {
@@ -305,4 +356,6 @@ func init() {
 		}
 		return new(rateLimitStandIn), nil
 	})
+	// As caddy-ratelimit does itself (caddyfile.go, since July 2024).
+	httpcaddyfile.RegisterDirectiveOrder("rate_limit", httpcaddyfile.Before, "basic_auth")
 }

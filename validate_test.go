@@ -3,7 +3,6 @@ package caddyinflight_test
 import (
 	"bufio"
 	"encoding/json"
-	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -16,7 +15,8 @@ import (
 
 // TestConfigsValidate does what `caddy validate` does (adapt, then provision
 // and validate every module without starting anything) to every config in
-// examples/ and every Caddyfile and JSON config of README.md, and fails on
+// examples/ and every Caddyfile and JSON config of the documents (README.md
+// and docs/*.md), and fails on
 // any adapter warning (`caddy fmt` differences included) or warning logged
 // while provisioning (such as a setting that has no effect).
 func TestConfigsValidate(t *testing.T) {
@@ -39,7 +39,7 @@ func TestConfigsValidate(t *testing.T) {
 		validateQuietly(t, name, cfg)
 	}
 	for _, s := range readmeSnippets(t) {
-		where := fmt.Sprintf("README.md:%d", s.line)
+		where := s.where()
 		if s.json != nil {
 			validateQuietly(t, where, s.json)
 			continue

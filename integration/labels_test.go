@@ -369,7 +369,7 @@ func TestLabelFormsNotEmulatedAreRefused(t *testing.T) {
 // example.com, with a limit of its own (so that an option alone makes a
 // whole inflight block), and adapts the result.
 func TestREADMELabelSnippets(t *testing.T) {
-	raw, err := os.ReadFile("../README.md")
+	raw, err := os.ReadFile("../docs/docker-labels.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -408,7 +408,7 @@ func TestDockerLabels(t *testing.T) {
 	if siteBlocks(got) != siteBlocks(string(want)) {
 		t.Fatalf("the labels produce\n%s\nbut docker-labels.Caddyfile says\n%s", got, want)
 	}
-	section := readmeSection(t, "## Docker labels (caddy-docker-proxy)")
+	section := readmeSection(t, "docs/docker-labels.md", "## Docker labels (caddy-docker-proxy)")
 	_, rest, _ := strings.Cut(section, "```yaml\n")
 	readmeLabels, rest, _ := strings.Cut(rest, "```")
 	_, rest, _ = strings.Cut(rest, "```caddyfile\n")

@@ -11,18 +11,18 @@ import (
 	"testing"
 )
 
-// readmeSection returns the README's section under the given heading (up
-// to the next heading of the same level).
-func readmeSection(t *testing.T, heading string) string {
+// readmeSection returns the section of a document (README.md or a file of
+// docs/) under the given heading, up to the next heading of the same level.
+func readmeSection(t *testing.T, doc, heading string) string {
 	t.Helper()
-	raw, err := os.ReadFile("../README.md")
+	raw, err := os.ReadFile("../" + doc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	level := heading[:strings.IndexByte(heading, ' ')+1]
 	_, section, ok := strings.Cut(string(raw), "\n"+heading+"\n")
 	if !ok {
-		t.Fatalf("README.md has no %q", heading)
+		t.Fatalf("%s has no %q", doc, heading)
 	}
 	section, _, _ = strings.Cut(section, "\n"+level)
 	return section
@@ -54,7 +54,7 @@ func TestREADMEMetricsTableIsComplete(t *testing.T) {
 	b.open()
 	<-held
 
-	doc := readmeSection(t, "## Metrics")
+	doc := readmeSection(t, "docs/observability.md", "## Metrics")
 	families := regexp.MustCompile(`(?m)^# TYPE (caddy_inflight_\w+) `).FindAllStringSubmatch(exported, -1)
 	if len(families) < 8 {
 		t.Fatalf("only %d caddy_inflight metrics exported:\n%s", len(families), exported)
@@ -85,7 +85,7 @@ var hexKey = regexp.MustCompile(`"#[0-9a-f]{16}"`)
 // tenant b holding 1) and checks it is what the admin API answers, keys
 // aside (their hashes are seeded per process).
 func TestREADMEInflightSample(t *testing.T) {
-	section := readmeSection(t, "### Live state: who is holding my backend?")
+	section := readmeSection(t, "docs/observability.md", "### Live state: who is holding my backend?")
 	_, sample, ok := strings.Cut(section, "curl -s localhost:2019/inflight/\n")
 	if !ok {
 		t.Fatal("the README's Live state section has no `curl -s localhost:2019/inflight/` sample")

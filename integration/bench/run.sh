@@ -44,7 +44,7 @@ say() { echo "== $*" >&2; }
 benchstat=$(command -v benchstat || true)
 if [[ -z $benchstat ]]; then
 	say "installing benchstat"
-	go install golang.org/x/perf/cmd/benchstat@latest
+	go install golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da # pinned
 	gobin=$(go env GOBIN)
 	benchstat=${gobin:-$(go env GOPATH)/bin}/benchstat
 fi
