@@ -48,6 +48,7 @@ type book struct {
 	leases map[string]*lease            // held, by member: renewed
 	ended  map[string]map[string]*lease // released or ghosts, by zone tag and member: to remove
 	zones  map[string]*redisZone
+	clocks map[string]*redisClock // by zone tag: see clock.go
 	// client is nil while the book is closed. It is opened and closed
 	// under mu, and closed only while active is 0: a goroutine between
 	// enter (or tryEnter) and exit uses it without the lock.
@@ -133,6 +134,7 @@ func newBook(s *Store, id string) *book {
 		leases:   map[string]*lease{},
 		ended:    map[string]map[string]*lease{},
 		zones:    map[string]*redisZone{},
+		clocks:   map[string]*redisClock{},
 		work:     make(chan struct{}, 1),
 		renewNow: make(chan struct{}, 1),
 	}
@@ -359,15 +361,36 @@ func (b *book) renew() {
 	if len(byZone) == 0 {
 		return
 	}
-	ok := b.pipeline("renew", func(ctx context.Context, p redis.Pipeliner) {
-		for _, e := range byZone {
+	type script struct {
+		tag string
+		cmd *redis.Cmd
+	}
+	var scripts []script
+	localDeadline := localMicros() + b.timeout.Microseconds()
+	var sent int64
+	ok := b.pipeline("renew", func(ctx context.Context, p redis.Pipeliner) error {
+		deadlines := map[string]int64{}
+		for tag := range byZone {
+			d, err := b.deadline(ctx, tag, localDeadline)
+			if err != nil {
+				return err
+			}
+			deadlines[tag] = d
+		}
+		sent = localMicros()
+		for tag, e := range byZone {
 			for lo := 0; lo < len(e.keys); lo += scriptChunk {
 				hi := min(lo+scriptChunk, len(e.keys))
-				args := append([]any{b.lease.Milliseconds()}, e.members[lo:hi]...)
-				renewScript.Eval(ctx, p, e.keys[lo:hi], args...)
+				args := append([]any{deadlines[tag], b.lease.Milliseconds()}, e.members[lo:hi]...)
+				scripts = append(scripts, script{tag, renewScript.Eval(ctx, p, e.keys[lo:hi], args...)})
 			}
 		}
+		return nil
 	})
+	for _, s := range scripts {
+		reply, err := s.cmd.Int64Slice()
+		b.learnClock(s.tag, reply, err, sent)
+	}
 	b.removeAgain(renewed, !ok)
 }
 
@@ -396,9 +419,11 @@ func (b *book) removeAgain(renewed map[string]*lease, failed bool) {
 }
 
 // removeReleased removes the leases of requests that ended, one script per
-// zone and chunk, in one pipeline. A lease is forgotten once removed (a
-// ghost: once it would have expired), or once it has expired anyway. A
-// ghost already removed is removed again on ticks only.
+// zone and chunk, in one pipeline. A lease is forgotten once removed, or
+// once it has expired anyway. A ghost is removed again on ticks until it
+// would have expired: a script that may write it has a deadline at most
+// timeout after the ghost was filed, and the lease it writes lives for
+// lease from then.
 func (b *book) removeReleased(ticked bool) {
 	type batch struct {
 		entries
@@ -409,8 +434,12 @@ func (b *book) removeReleased(ticked bool) {
 	b.mu.Lock()
 	for tag, byMember := range b.ended {
 		for m, l := range byMember {
+			lives := b.lease
+			if l.ghost {
+				lives += b.timeout
+			}
 			switch {
-			case now.Sub(l.released) > b.lease:
+			case now.Sub(l.released) > lives:
 				delete(byMember, m) // expired in Redis by now
 				continue
 			case l.removed && !ticked:
@@ -435,7 +464,7 @@ func (b *book) removeReleased(ticked bool) {
 	if len(byZone) == 0 {
 		return
 	}
-	ok := b.pipeline("release", func(ctx context.Context, p redis.Pipeliner) {
+	ok := b.pipeline("release", func(ctx context.Context, p redis.Pipeliner) error {
 		for tag, e := range byZone {
 			waiting := []string{tag + ":waiting"}
 			for lo := 0; lo < len(e.keys); lo += scriptChunk {
@@ -444,6 +473,7 @@ func (b *book) removeReleased(ticked bool) {
 				releaseScript.Eval(ctx, p, append(waiting, e.keys[lo:hi]...), args...)
 			}
 		}
+		return nil
 	})
 	if !ok {
 		return // retried on the next tick
@@ -468,19 +498,17 @@ func (b *book) removeReleased(ticked bool) {
 
 // pipeline runs fill's scripts in one round trip and reports whether all
 // succeeded. Scripts go with their source: a pipeline cannot fall back
-// from a hash Redis does not know.
-func (b *book) pipeline(op string, fill func(context.Context, redis.Pipeliner)) bool {
+// from a hash Redis does not know. fill may call Redis first, within the
+// same timeout; its error fails the pipeline.
+func (b *book) pipeline(op string, fill func(context.Context, redis.Pipeliner) error) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
 	defer cancel()
 	start := time.Now()
-	cmds, err := b.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-		fill(ctx, p)
-		return nil
-	})
+	cmds, err := b.client.Pipelined(ctx, func(p redis.Pipeliner) error { return fill(ctx, p) })
 	if err == nil {
 		for _, c := range cmds {
 			if c.Err() != nil {
-				err = c.Err()
+				err = asLate(c.Err())
 				break
 			}
 		}
