@@ -108,23 +108,8 @@ func (b *book) leave() {
 func newBook(s *Store, id string) *book {
 	timeout := time.Duration(s.Timeout)
 	b := &book{
-		id: id,
-		options: &redis.UniversalOptions{
-			Addrs:            s.Address,
-			IsClusterMode:    s.Cluster,
-			MasterName:       s.MasterName,
-			SentinelUsername: s.SentinelUsername,
-			SentinelPassword: s.SentinelPassword,
-			Username:         s.Username,
-			Password:         s.Password,
-			DB:               s.DB,
-			TLSConfig:        s.tlsConfig,
-			DialTimeout:      timeout,
-			ReadTimeout:      timeout,
-			WriteTimeout:     timeout,
-			PoolTimeout:      timeout,
-			MaxRetries:       -1, // a retry would double the wait; the caller falls back instead
-		},
+		id:       id,
+		options:  s.redisOptions(),
 		logger:   s.logger,
 		lease:    time.Duration(s.Lease),
 		timeout:  timeout,
@@ -575,7 +560,7 @@ func (b *book) observe(op string, start time.Time, err error) {
 		return
 	}
 	if b.outage.CompareAndSwap(false, true) {
-		b.logger.Error("redis store unreachable", zap.String("op", op), zap.Error(err))
+		b.logger.Error("redis store unreachable", zap.String("op", op), zap.String("reason", cause(err, b.timeout)), zap.Error(err))
 	}
 }
 

@@ -40,6 +40,8 @@ func TestValidateRefusesBadValues(t *testing.T) {
 		{Store{DB: 1, Address: []string{"a:1", "b:2"}}, "db 1 is not allowed with a cluster"},
 		{Store{SentinelPassword: "s"}, "sentinel_username and sentinel_password are not allowed without master_name"},
 		{Store{SentinelUsername: "u", Cluster: true}, "not allowed without master_name"},
+		{Store{Address: []string{"127.0.0.1"}}, `address "127.0.0.1" is not allowed: want host:port, such as 127.0.0.1:6379`},
+		{Store{Address: []string{"a:1", "b:port"}}, `address "b:port" is not allowed`},
 	} {
 		s := tc.store
 		s.OnError, s.Lease, s.Timeout = "open", 30e9, 1e9
