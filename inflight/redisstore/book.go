@@ -486,7 +486,7 @@ func (b *book) removeReleased(ticked bool) {
 // from a hash Redis does not know. fill may call Redis first, within the
 // same timeout; its error fails the pipeline.
 func (b *book) pipeline(op string, fill func(context.Context, redis.Pipeliner) error) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
+	ctx, cancel := context.WithTimeout(storeContext, b.timeout)
 	defer cancel()
 	start := time.Now()
 	cmds, err := b.client.Pipelined(ctx, func(p redis.Pipeliner) error { return fill(ctx, p) })
@@ -505,7 +505,7 @@ func (b *book) pipeline(op string, fill func(context.Context, redis.Pipeliner) e
 // listen wakes a zone's waiters when any instance releases one of its
 // slots, until stop is closed.
 func (b *book) listen(client redis.UniversalClient, stop chan struct{}) {
-	pubsub := client.PSubscribe(context.Background(), b.prefix+":{*}:released")
+	pubsub := client.PSubscribe(storeContext, b.prefix+":{*}:released")
 	defer pubsub.Close()
 	messages := pubsub.Channel()
 	for {

@@ -44,7 +44,7 @@ func (s *Store) ping() error {
 	opts.PoolSize, opts.DialerRetries = 1, 1 // retries would outlast timeout, hiding the dial's error
 	c := redis.NewUniversalClient(opts)
 	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(s.Timeout))
+	ctx, cancel := context.WithTimeout(storeContext, time.Duration(s.Timeout))
 	defer cancel()
 	return c.Ping(ctx).Err()
 }

@@ -12,7 +12,8 @@
 // release, outage); scripts.go the Lua scripts and what they return;
 // clock.go the scripts' deadlines in Redis's clock;
 // zone.go one zone's admission and release; queue.go its waiters;
-// logger.go routes go-redis's own log lines into Caddy's log.
+// logger.go routes go-redis's log lines about the store into Caddy's log;
+// check.go the startup check and the reasons failures are logged with.
 //
 // Invariants:
 //   - A book records a lease only once Redis granted it, or once the

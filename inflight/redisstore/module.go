@@ -122,6 +122,9 @@ func (s *Store) Provision(ctx caddy.Context) error {
 	if err := s.Validate(); err != nil {
 		return err
 	}
+	for _, a := range s.Address {
+		storeAddresses.Store(a, true)
+	}
 	var material []byte
 	if s.TLS != nil {
 		var err error
@@ -129,7 +132,6 @@ func (s *Store) Provision(ctx caddy.Context) error {
 			return err
 		}
 	}
-	routeRedisLog()
 	raw, _ := json.Marshal(s)
 	sum := sha256.Sum256(append(raw, material...))
 	s.book = joinBook(s, hex.EncodeToString(sum[:]))
@@ -248,6 +250,9 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			return d.Errf("inflight: store redis: unknown option %q: want one of %s", opt, strings.Join(names, ", "))
 		case want == oneOrMore && len(args) == 0, want != oneOrMore && len(args) != want:
+			if secretOptions[opt] {
+				return d.Errf("inflight: store redis: %s has %d arguments (not shown: a secret): want %s", opt, len(args), argsWanted[want])
+			}
 			return d.Errf("inflight: store redis: %s %q: want %s", opt, args, argsWanted[want])
 		}
 		var err error
@@ -302,6 +307,9 @@ var options = []option{
 	{"username", 1}, {"password", 1}, {"db", 1}, {"tls", 0}, {"tls_ca", 1}, {"tls_server_name", 1}, {"tls_client_auth", 2},
 	{"lease", 1}, {"on_error", 1}, {"timeout", 1}, {"key_prefix", 1},
 }
+
+// secretOptions are never shown in an error.
+var secretOptions = map[string]bool{"password": true, "sentinel_password": true}
 
 type option struct {
 	name string

@@ -28,6 +28,19 @@ func TestCaddyfileRefusesBadValues(t *testing.T) {
 	}
 }
 
+// Issue 17 §3: a wrong argument count showed the arguments, a password
+// included.
+func TestCaddyfileErrorsDoNotShowPasswords(t *testing.T) {
+	for _, opt := range []string{"password", "sentinel_password"} {
+		d := caddyfile.NewTestDispenser("redis {\n" + opt + " s3cret-Pa55word extra\n}")
+		err := new(Store).UnmarshalCaddyfile(d)
+		want := opt + " has 2 arguments (not shown: a secret): want one argument"
+		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("%s with two arguments: error %v, want it to contain %q and not the password", opt, err, want)
+		}
+	}
+}
+
 func TestValidateRefusesBadValues(t *testing.T) {
 	for _, tc := range []struct {
 		store Store

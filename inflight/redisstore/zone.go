@@ -128,7 +128,7 @@ func (z *redisZone) admit(reqs []*limiter.Request, waits []bool) ([]verdict, err
 	}
 	// The deadline is no later than ctx's: measured before it starts.
 	localDeadline := localMicros() + z.book.timeout.Microseconds()
-	ctx, cancel := context.WithTimeout(context.Background(), z.book.timeout)
+	ctx, cancel := context.WithTimeout(storeContext, z.book.timeout)
 	defer cancel()
 	start := time.Now()
 	deadline, err := z.book.deadline(ctx, z.tag, localDeadline)
