@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -48,7 +50,10 @@ type book struct {
 	leases map[string]*lease            // held, by member: renewed
 	ended  map[string]map[string]*lease // released or ghosts, by zone tag and member: to remove
 	zones  map[string]*redisZone
-	clocks map[string]*redisClock // by zone tag: see clock.go
+	// explained holds the operations whose failure was logged in the
+	// current outage: each counted failure is explained by a log line.
+	explained map[string]bool
+	clocks    map[string]*redisClock // by zone tag: see clock.go
 	// client is nil while the book is closed. It is opened and closed
 	// under mu, and closed only while active is 0: a goroutine between
 	// enter (or tryEnter) and exit uses it without the lock.
@@ -108,20 +113,21 @@ func (b *book) leave() {
 func newBook(s *Store, id string) *book {
 	timeout := time.Duration(s.Timeout)
 	b := &book{
-		id:       id,
-		options:  s.redisOptions(),
-		logger:   s.logger,
-		lease:    time.Duration(s.Lease),
-		timeout:  timeout,
-		prefix:   s.KeyPrefix,
-		closed:   s.OnError == "closed",
-		instance: randomID(),
-		leases:   map[string]*lease{},
-		ended:    map[string]map[string]*lease{},
-		zones:    map[string]*redisZone{},
-		clocks:   map[string]*redisClock{},
-		work:     make(chan struct{}, 1),
-		renewNow: make(chan struct{}, 1),
+		id:        id,
+		options:   s.redisOptions(),
+		logger:    s.logger,
+		lease:     time.Duration(s.Lease),
+		timeout:   timeout,
+		prefix:    s.KeyPrefix,
+		closed:    s.OnError == "closed",
+		instance:  randomID(),
+		leases:    map[string]*lease{},
+		ended:     map[string]map[string]*lease{},
+		zones:     map[string]*redisZone{},
+		clocks:    map[string]*redisClock{},
+		explained: map[string]bool{},
+		work:      make(chan struct{}, 1),
+		renewNow:  make(chan struct{}, 1),
 	}
 	b.open()
 	return b
@@ -150,10 +156,33 @@ func (b *book) zone(id string, limits []string, hasTotal bool, local *limiter.Zo
 	if z == nil || z.local != local {
 		// A zone that left and came back has a new local zone: the old
 		// store object keeps serving the requests it admitted.
-		z = newRedisZone(b, tag, limits, hasTotal, local)
+		z = newRedisZone(b, tag, zoneLabel(id), limits, hasTotal, local)
 		b.zones[tag] = z
 	}
 	return z
+}
+
+// zoneLabel is the zone's name in metrics and logs: its id less the hash
+// of its shape.
+func zoneLabel(id string) string {
+	if i := strings.LastIndex(id, "/"); i > 0 {
+		return id[:i]
+	}
+	return id
+}
+
+// labels returns the names of the zones of tags, for metrics and logs.
+func (b *book) labels(tags []string) []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	labels := make([]string, 0, len(tags))
+	for _, tag := range tags {
+		if z := b.zones[tag]; z != nil && !slices.Contains(labels, z.label) {
+			labels = append(labels, z.label)
+		}
+	}
+	slices.Sort(labels)
+	return labels
 }
 
 // member returns a new lease identifier.
@@ -353,7 +382,7 @@ func (b *book) renew() {
 	var scripts []script
 	localDeadline := localMicros() + b.timeout.Microseconds()
 	var sent int64
-	ok := b.pipeline("renew", func(ctx context.Context, p redis.Pipeliner) error {
+	ok := b.pipeline("renew", b.labels(slices.Collect(maps.Keys(byZone))), func(ctx context.Context, p redis.Pipeliner) error {
 		deadlines := map[string]int64{}
 		for tag := range byZone {
 			d, err := b.deadline(ctx, tag, localDeadline)
@@ -449,7 +478,7 @@ func (b *book) removeReleased(ticked bool) {
 	if len(byZone) == 0 {
 		return
 	}
-	ok := b.pipeline("release", func(ctx context.Context, p redis.Pipeliner) error {
+	ok := b.pipeline("release", b.labels(slices.Collect(maps.Keys(byZone))), func(ctx context.Context, p redis.Pipeliner) error {
 		for tag, e := range byZone {
 			waiting := []string{tag + ":waiting"}
 			for lo := 0; lo < len(e.keys); lo += scriptChunk {
@@ -485,7 +514,7 @@ func (b *book) removeReleased(ticked bool) {
 // succeeded. Scripts go with their source: a pipeline cannot fall back
 // from a hash Redis does not know. fill may call Redis first, within the
 // same timeout; its error fails the pipeline.
-func (b *book) pipeline(op string, fill func(context.Context, redis.Pipeliner) error) bool {
+func (b *book) pipeline(op string, zones []string, fill func(context.Context, redis.Pipeliner) error) bool {
 	ctx, cancel := context.WithTimeout(storeContext, b.timeout)
 	defer cancel()
 	start := time.Now()
@@ -498,7 +527,7 @@ func (b *book) pipeline(op string, fill func(context.Context, redis.Pipeliner) e
 			}
 		}
 	}
-	b.observe(op, start, err)
+	b.observe(op, zones, start, err)
 	return err == nil
 }
 
@@ -532,12 +561,16 @@ func (b *book) available() bool {
 	return time.Now().UnixNano() >= b.downUntil.Load()
 }
 
-// observe records an operation's latency and outcome, and logs when Redis
-// becomes unreachable and when it is reachable again; then every lease is
-// written back at once, whatever Redis lost meanwhile.
-func (b *book) observe(op string, start time.Time, err error) {
+// observe records an operation's latency and outcome in the metrics of
+// each zone it served, and logs when Redis becomes unreachable and when it
+// is reachable again; then every lease is written back at once, whatever
+// Redis lost meanwhile.
+func (b *book) observe(op string, zones []string, start time.Time, err error) {
 	failed := err != nil && err != redis.Nil
-	inflight.ObserveStore("redis", op, time.Since(start), failed)
+	took := time.Since(start)
+	for _, zone := range zones {
+		inflight.ObserveStore("redis", zone, op, took, failed)
+	}
 	if !failed {
 		b.answered.Store(time.Now().UnixNano())
 		if b.downUntil.Load() != 0 {
@@ -557,10 +590,32 @@ func (b *book) observe(op string, start time.Time, err error) {
 		// Sent before Redis last answered: the tail of an outage just over
 		// (or a wait for a connection), not a new outage to log. Redis is
 		// still left alone until it answers again.
+		b.explain(op, zones, err)
 		return
 	}
 	if b.outage.CompareAndSwap(false, true) {
-		b.logger.Error("redis store unreachable", zap.String("op", op), zap.String("reason", cause(err, b.timeout)), zap.Error(err))
+		b.mu.Lock()
+		clear(b.explained)
+		b.explained[op] = true
+		b.mu.Unlock()
+		b.logger.Error("redis store unreachable", zap.String("op", op), zap.Strings("zones", zones),
+			zap.String("reason", cause(err, b.timeout)), zap.Error(err))
+		return
+	}
+	b.explain(op, zones, err)
+}
+
+// explain logs the first failure of op in an outage that another
+// operation's failure started, so that every failure counted in the
+// metrics has a line that says why.
+func (b *book) explain(op string, zones []string, err error) {
+	b.mu.Lock()
+	done := b.explained[op]
+	b.explained[op] = true
+	b.mu.Unlock()
+	if !done {
+		b.logger.Warn("redis store operation failed", zap.String("op", op), zap.Strings("zones", zones),
+			zap.String("reason", cause(err, b.timeout)), zap.Error(err))
 	}
 }
 

@@ -19,6 +19,7 @@ const totalKey = "total"
 type redisZone struct {
 	book     *book
 	tag      string // key prefix, with the cluster hash tag
+	label    string // the zone's name in metrics and logs
 	limits   []string
 	hasTotal bool
 	local    *limiter.Zone
@@ -26,8 +27,8 @@ type redisZone struct {
 	queue
 }
 
-func newRedisZone(b *book, tag string, limits []string, hasTotal bool, local *limiter.Zone) *redisZone {
-	return &redisZone{book: b, tag: tag, limits: limits, hasTotal: hasTotal, local: local, queue: queue{wakeup: make(chan struct{}, 1)}}
+func newRedisZone(b *book, tag, label string, limits []string, hasTotal bool, local *limiter.Zone) *redisZone {
+	return &redisZone{book: b, tag: tag, label: label, limits: limits, hasTotal: hasTotal, local: local, queue: queue{wakeup: make(chan struct{}, 1)}}
 }
 
 // Acquire admits req in Redis, behind this instance's waiters, or queues
@@ -164,7 +165,7 @@ func (z *redisZone) admit(reqs []*limiter.Request, waits []bool) ([]verdict, err
 	if err != nil {
 		return z.failed(reqs, sent, counted, members, sets, start, asLate(err))
 	}
-	z.book.observe("acquire", start, nil)
+	z.book.observe("acquire", []string{z.label}, start, nil)
 	for j, v := range decodeVerdicts(reply[2:], dims) {
 		i := sent[j]
 		verdicts[i] = v
@@ -186,7 +187,7 @@ func (z *redisZone) admit(reqs []*limiter.Request, waits []bool) ([]verdict, err
 // be written by a script that runs later, so they are removed as ghosts,
 // and the requests counted locally are given back.
 func (z *redisZone) failed(reqs []*limiter.Request, sent []int, counted []bool, members []string, sets [][]string, start time.Time, err error) ([]verdict, error) {
-	z.book.observe("acquire", start, err)
+	z.book.observe("acquire", []string{z.label}, start, err)
 	if len(members) > 0 {
 		z.book.dropGhosts(z.tag, members, sets)
 	}
