@@ -54,6 +54,7 @@ type book struct {
 	// current outage: each counted failure is explained by a log line.
 	explained map[string]bool
 	clocks    map[string]*redisClock // by zone tag: see clock.go
+	asking    sync.Mutex             // held while Redis is asked a zone's clock
 	// client is nil while the book is closed. It is opened and closed
 	// under mu, and closed only while active is 0: a goroutine between
 	// enter (or tryEnter) and exit uses it without the lock.

@@ -116,18 +116,28 @@ func (b *book) learnClock(tag string, reply []int64, err error, sent int64) {
 // sent within ctx (whose deadline is localDeadline), must not write. If no
 // reply has told the zone's clock yet, it asks Redis's TIME first.
 func (b *book) deadline(ctx context.Context, tag string, localDeadline int64) (int64, error) {
-	b.mu.Lock()
-	c := b.clocks[tag]
-	b.mu.Unlock()
-	if c == nil {
-		sent := localMicros()
-		reply, err := timeScript.Run(ctx, b.client, []string{tag + ":waiting"}).Int64Slice()
-		if err != nil {
-			return 0, err
+	if !b.knowsClock(tag) {
+		// One call asks, the others wait for its answer: a burst of
+		// requests in a new zone does not take twice the connections.
+		b.asking.Lock()
+		if !b.knowsClock(tag) {
+			sent := localMicros()
+			reply, err := timeScript.Run(ctx, b.client, []string{tag + ":waiting"}).Int64Slice()
+			if err != nil {
+				b.asking.Unlock()
+				return 0, err
+			}
+			b.learnClock(tag, reply, nil, sent)
 		}
-		b.learnClock(tag, reply, nil, sent)
+		b.asking.Unlock()
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.clocks[tag].deadline(localDeadline), nil
+}
+
+func (b *book) knowsClock(tag string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.clocks[tag] != nil
 }
