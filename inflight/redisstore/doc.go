@@ -52,7 +52,9 @@
 //   - Only Redis failing makes Redis count as down: a client's own
 //     cancellation never does (Redis calls do not inherit the request's
 //     cancellation). An outage is logged once when it starts and once when
-//     it ends.
+//     it ends; the first failure of each other operation in it is logged
+//     too, so that every failure the metrics count (by zone) has a line
+//     naming its zones and reason.
 //   - While this instance has waiters in a zone, it is listed in the
 //     zone's waiting set (refreshed by every dispatch), and a release
 //     publishes a notice only while that set is not empty. Newcomers are
