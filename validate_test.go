@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
@@ -153,4 +155,47 @@ func TestValidateSaysRedisIsUnreachable(t *testing.T) {
 		}
 	}
 	t.Fatalf("validate logged %q, want the warning %q naming %s and the connection refusal", lines, redisAbsent, addr)
+}
+
+// Issue 17 §2: `caddy validate` said nothing of a wrong password (the check
+// only dialled). It warns, with the reason, and never shows the password.
+func TestValidateSaysRedisRefusesThePassword(t *testing.T) {
+	path, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Skip("redis-server is not installed")
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	_, port, _ := net.SplitHostPort(addr)
+	redis := exec.Command(path, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--requirepass", "right-Pa55")
+	if err := redis.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { redis.Process.Kill(); redis.Wait() })
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("redis-server does not listen")
+		}
+	}
+	cfg := adaptClean(t, "fleet", []byte("example.com {\n\tinflight 5 {\n\t\tstore redis {\n\t\t\taddress "+addr+"\n\t\t\tpassword wrong-Pa55\n\t\t}\n\t}\n}\n"))
+	lines := validateLogged(t, "fleet", cfg)
+	for _, line := range lines {
+		if strings.Contains(line, "Pa55") {
+			t.Fatalf("validate logged the password: %s", line)
+		}
+	}
+	for _, line := range lines {
+		if strings.Contains(line, redisAbsent) && strings.Contains(line, "authentication failed: wrong username or password") {
+			return
+		}
+	}
+	t.Fatalf("validate logged %q, want the warning %q with the reason: authentication failed", lines, redisAbsent)
 }

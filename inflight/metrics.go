@@ -30,16 +30,16 @@ var (
 		Namespace: "caddy",
 		Subsystem: "inflight",
 		Name:      "store_errors_total",
-		Help:      "Failed operations on a shared store, by store and operation (acquire, release, renew).",
-	}, []string{"store", "op"})
+		Help:      "Failed operations on a shared store, by store, zone and operation (acquire, release, renew).",
+	}, []string{"store", "zone", "op"})
 
 	storeSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: "caddy",
 		Subsystem: "inflight",
 		Name:      "store_seconds",
-		Help:      "Latency of shared store operations, by store and operation.",
+		Help:      "Latency of shared store operations, by store, zone and operation.",
 		Buckets:   []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1},
-	}, []string{"store", "op"})
+	}, []string{"store", "zone", "op"})
 
 	requestsDesc = prometheus.NewDesc("caddy_inflight_requests",
 		"Slots held now by requests in flight, summed over keys, by zone and limit (total: the zone-wide total).",

@@ -31,10 +31,11 @@ type SharedStore interface {
 }
 
 // ObserveStore records one shared store operation (acquire, release,
-// renew) in the store metrics: its latency, and whether it failed.
-func ObserveStore(store, op string, took time.Duration, failed bool) {
-	storeSeconds.WithLabelValues(store, op).Observe(took.Seconds())
+// renew) for one zone (its name, as in the other metrics) in the store
+// metrics: its latency, and whether it failed.
+func ObserveStore(store, zone, op string, took time.Duration, failed bool) {
+	storeSeconds.WithLabelValues(store, zone, op).Observe(took.Seconds())
 	if failed {
-		storeErrors.WithLabelValues(store, op).Inc()
+		storeErrors.WithLabelValues(store, zone, op).Inc()
 	}
 }

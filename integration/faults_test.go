@@ -247,6 +247,14 @@ var faultCases = []faultCase{
 		e.redis.unpause()
 		return time.Now()
 	}},
+	// A script waits in Redis's socket for the whole stop: it must not
+	// write a lease once the book stopped removing it (issue 17 §1).
+	{name: "SIGSTOP for 2× the lease, SIGCONT", onError: "closed", outage: true, inject: func(e *faultEnv) time.Time {
+		e.redis.pause()
+		time.Sleep(2 * e.timing.lease)
+		e.redis.unpause()
+		return time.Now()
+	}},
 	{name: "reloads every 200ms changing store options", onError: "closed", exact: true, inject: func(e *faultEnv) time.Time {
 		e.reloadEvery(200*time.Millisecond, e.timing.fault)
 		return time.Now()

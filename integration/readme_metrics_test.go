@@ -49,6 +49,9 @@ func TestREADMEMetricsTableIsComplete(t *testing.T) {
 		t.Fatalf("Redis unreachable, on_error open: %d, want 200", r.status)
 	}
 	exported := adminGet(t, "/metrics")
+	if want := `caddy_inflight_store_errors_total{op="acquire",store="redis",zone="down"}`; !strings.Contains(exported, want) {
+		t.Errorf("no %s: the store's metrics do not name its zone", want)
+	}
 	cancel()
 	<-waiter
 	b.open()

@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -48,6 +50,11 @@ type book struct {
 	leases map[string]*lease            // held, by member: renewed
 	ended  map[string]map[string]*lease // released or ghosts, by zone tag and member: to remove
 	zones  map[string]*redisZone
+	// explained holds the operations whose failure was logged in the
+	// current outage: each counted failure is explained by a log line.
+	explained map[string]bool
+	clocks    map[string]*redisClock // by zone tag: see clock.go
+	asking    sync.Mutex             // held while Redis is asked a zone's clock
 	// client is nil while the book is closed. It is opened and closed
 	// under mu, and closed only while active is 0: a goroutine between
 	// enter (or tryEnter) and exit uses it without the lock.
@@ -107,41 +114,21 @@ func (b *book) leave() {
 func newBook(s *Store, id string) *book {
 	timeout := time.Duration(s.Timeout)
 	b := &book{
-		id: id,
-		options: &redis.UniversalOptions{
-			Addrs:            s.Address,
-			IsClusterMode:    s.Cluster,
-			MasterName:       s.MasterName,
-			SentinelUsername: s.SentinelUsername,
-			SentinelPassword: s.SentinelPassword,
-			Username:         s.Username,
-			Password:         s.Password,
-			DB:               s.DB,
-			TLSConfig:        s.tlsConfig,
-			DialTimeout:      timeout,
-			ReadTimeout:      timeout,
-			WriteTimeout:     timeout,
-			PoolTimeout:      timeout,
-			MaxRetries:       -1, // a retry would double the wait; the caller falls back instead
-			// RESP2: the store needs nothing of RESP3, and go-redis then
-			// drops an idle connection with unread bytes instead of reading
-			// them (with checkedTLS, a read that could block).
-			Protocol: 2,
-		},
-		logger:   s.logger,
-		lease:    time.Duration(s.Lease),
-		timeout:  timeout,
-		prefix:   s.KeyPrefix,
-		closed:   s.OnError == "closed",
-		instance: randomID(),
-		leases:   map[string]*lease{},
-		ended:    map[string]map[string]*lease{},
-		zones:    map[string]*redisZone{},
-		work:     make(chan struct{}, 1),
-		renewNow: make(chan struct{}, 1),
-	}
-	if s.tlsConfig != nil {
-		b.options.Dialer = dialTLS(s.tlsConfig, timeout)
+		id:        id,
+		options:   s.redisOptions(),
+		logger:    s.logger,
+		lease:     time.Duration(s.Lease),
+		timeout:   timeout,
+		prefix:    s.KeyPrefix,
+		closed:    s.OnError == "closed",
+		instance:  randomID(),
+		leases:    map[string]*lease{},
+		ended:     map[string]map[string]*lease{},
+		zones:     map[string]*redisZone{},
+		clocks:    map[string]*redisClock{},
+		explained: map[string]bool{},
+		work:      make(chan struct{}, 1),
+		renewNow:  make(chan struct{}, 1),
 	}
 	b.open()
 	return b
@@ -170,10 +157,33 @@ func (b *book) zone(id string, limits []string, hasTotal bool, local *limiter.Zo
 	if z == nil || z.local != local {
 		// A zone that left and came back has a new local zone: the old
 		// store object keeps serving the requests it admitted.
-		z = newRedisZone(b, tag, limits, hasTotal, local)
+		z = newRedisZone(b, tag, zoneLabel(id), limits, hasTotal, local)
 		b.zones[tag] = z
 	}
 	return z
+}
+
+// zoneLabel is the zone's name in metrics and logs: its id less the hash
+// of its shape.
+func zoneLabel(id string) string {
+	if i := strings.LastIndex(id, "/"); i > 0 {
+		return id[:i]
+	}
+	return id
+}
+
+// labels returns the names of the zones of tags, for metrics and logs.
+func (b *book) labels(tags []string) []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	labels := make([]string, 0, len(tags))
+	for _, tag := range tags {
+		if z := b.zones[tag]; z != nil && !slices.Contains(labels, z.label) {
+			labels = append(labels, z.label)
+		}
+	}
+	slices.Sort(labels)
+	return labels
 }
 
 // member returns a new lease identifier.
@@ -366,15 +376,36 @@ func (b *book) renew() {
 	if len(byZone) == 0 {
 		return
 	}
-	ok := b.pipeline("renew", func(ctx context.Context, p redis.Pipeliner) {
-		for _, e := range byZone {
+	type script struct {
+		tag string
+		cmd *redis.Cmd
+	}
+	var scripts []script
+	localDeadline := localMicros() + b.timeout.Microseconds()
+	var sent int64
+	ok := b.pipeline("renew", b.labels(slices.Collect(maps.Keys(byZone))), func(ctx context.Context, p redis.Pipeliner) error {
+		deadlines := map[string]int64{}
+		for tag := range byZone {
+			d, err := b.deadline(ctx, tag, localDeadline)
+			if err != nil {
+				return err
+			}
+			deadlines[tag] = d
+		}
+		sent = localMicros()
+		for tag, e := range byZone {
 			for lo := 0; lo < len(e.keys); lo += scriptChunk {
 				hi := min(lo+scriptChunk, len(e.keys))
-				args := append([]any{b.lease.Milliseconds()}, e.members[lo:hi]...)
-				renewScript.Eval(ctx, p, e.keys[lo:hi], args...)
+				args := append([]any{deadlines[tag], b.lease.Milliseconds()}, e.members[lo:hi]...)
+				scripts = append(scripts, script{tag, renewScript.Eval(ctx, p, e.keys[lo:hi], args...)})
 			}
 		}
+		return nil
 	})
+	for _, s := range scripts {
+		reply, err := s.cmd.Int64Slice()
+		b.learnClock(s.tag, reply, err, sent)
+	}
 	b.removeAgain(renewed, !ok)
 }
 
@@ -403,9 +434,11 @@ func (b *book) removeAgain(renewed map[string]*lease, failed bool) {
 }
 
 // removeReleased removes the leases of requests that ended, one script per
-// zone and chunk, in one pipeline. A lease is forgotten once removed (a
-// ghost: once it would have expired), or once it has expired anyway. A
-// ghost already removed is removed again on ticks only.
+// zone and chunk, in one pipeline. A lease is forgotten once removed, or
+// once it has expired anyway. A ghost is removed again on ticks until it
+// would have expired: a script that may write it has a deadline at most
+// timeout after the ghost was filed, and the lease it writes lives for
+// lease from then.
 func (b *book) removeReleased(ticked bool) {
 	type batch struct {
 		entries
@@ -416,8 +449,12 @@ func (b *book) removeReleased(ticked bool) {
 	b.mu.Lock()
 	for tag, byMember := range b.ended {
 		for m, l := range byMember {
+			lives := b.lease
+			if l.ghost {
+				lives += b.timeout
+			}
 			switch {
-			case now.Sub(l.released) > b.lease:
+			case now.Sub(l.released) > lives:
 				delete(byMember, m) // expired in Redis by now
 				continue
 			case l.removed && !ticked:
@@ -442,7 +479,7 @@ func (b *book) removeReleased(ticked bool) {
 	if len(byZone) == 0 {
 		return
 	}
-	ok := b.pipeline("release", func(ctx context.Context, p redis.Pipeliner) {
+	ok := b.pipeline("release", b.labels(slices.Collect(maps.Keys(byZone))), func(ctx context.Context, p redis.Pipeliner) error {
 		for tag, e := range byZone {
 			waiting := []string{tag + ":waiting"}
 			for lo := 0; lo < len(e.keys); lo += scriptChunk {
@@ -451,6 +488,7 @@ func (b *book) removeReleased(ticked bool) {
 				releaseScript.Eval(ctx, p, append(waiting, e.keys[lo:hi]...), args...)
 			}
 		}
+		return nil
 	})
 	if !ok {
 		return // retried on the next tick
@@ -475,31 +513,29 @@ func (b *book) removeReleased(ticked bool) {
 
 // pipeline runs fill's scripts in one round trip and reports whether all
 // succeeded. Scripts go with their source: a pipeline cannot fall back
-// from a hash Redis does not know.
-func (b *book) pipeline(op string, fill func(context.Context, redis.Pipeliner)) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
+// from a hash Redis does not know. fill may call Redis first, within the
+// same timeout; its error fails the pipeline.
+func (b *book) pipeline(op string, zones []string, fill func(context.Context, redis.Pipeliner) error) bool {
+	ctx, cancel := context.WithTimeout(storeContext, b.timeout)
 	defer cancel()
 	start := time.Now()
-	cmds, err := b.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-		fill(ctx, p)
-		return nil
-	})
+	cmds, err := b.client.Pipelined(ctx, func(p redis.Pipeliner) error { return fill(ctx, p) })
 	if err == nil {
 		for _, c := range cmds {
 			if c.Err() != nil {
-				err = c.Err()
+				err = asLate(c.Err())
 				break
 			}
 		}
 	}
-	b.observe(op, start, err)
+	b.observe(op, zones, start, err)
 	return err == nil
 }
 
 // listen wakes a zone's waiters when any instance releases one of its
 // slots, until stop is closed.
 func (b *book) listen(client redis.UniversalClient, stop chan struct{}) {
-	pubsub := client.PSubscribe(context.Background(), b.prefix+":{*}:released")
+	pubsub := client.PSubscribe(storeContext, b.prefix+":{*}:released")
 	defer pubsub.Close()
 	messages := pubsub.Channel()
 	for {
@@ -526,12 +562,16 @@ func (b *book) available() bool {
 	return time.Now().UnixNano() >= b.downUntil.Load()
 }
 
-// observe records an operation's latency and outcome, and logs when Redis
-// becomes unreachable and when it is reachable again; then every lease is
-// written back at once, whatever Redis lost meanwhile.
-func (b *book) observe(op string, start time.Time, err error) {
+// observe records an operation's latency and outcome in the metrics of
+// each zone it served, and logs when Redis becomes unreachable and when it
+// is reachable again; then every lease is written back at once, whatever
+// Redis lost meanwhile.
+func (b *book) observe(op string, zones []string, start time.Time, err error) {
 	failed := err != nil && err != redis.Nil
-	inflight.ObserveStore("redis", op, time.Since(start), failed)
+	took := time.Since(start)
+	for _, zone := range zones {
+		inflight.ObserveStore("redis", zone, op, took, failed)
+	}
 	if !failed {
 		b.answered.Store(time.Now().UnixNano())
 		if b.downUntil.Load() != 0 {
@@ -551,10 +591,32 @@ func (b *book) observe(op string, start time.Time, err error) {
 		// Sent before Redis last answered: the tail of an outage just over
 		// (or a wait for a connection), not a new outage to log. Redis is
 		// still left alone until it answers again.
+		b.explain(op, zones, err)
 		return
 	}
 	if b.outage.CompareAndSwap(false, true) {
-		b.logger.Error("redis store unreachable", zap.String("op", op), zap.Error(err))
+		b.mu.Lock()
+		clear(b.explained)
+		b.explained[op] = true
+		b.mu.Unlock()
+		b.logger.Error("redis store unreachable", zap.String("op", op), zap.Strings("zones", zones),
+			zap.String("reason", cause(err, b.timeout)), zap.Error(err))
+		return
+	}
+	b.explain(op, zones, err)
+}
+
+// explain logs the first failure of op in an outage that another
+// operation's failure started, so that every failure counted in the
+// metrics has a line that says why.
+func (b *book) explain(op string, zones []string, err error) {
+	b.mu.Lock()
+	done := b.explained[op]
+	b.explained[op] = true
+	b.mu.Unlock()
+	if !done {
+		b.logger.Warn("redis store operation failed", zap.String("op", op), zap.Strings("zones", zones),
+			zap.String("reason", cause(err, b.timeout)), zap.Error(err))
 	}
 }
 

@@ -10,8 +10,10 @@
 // Files: module.go is the Caddy module (config, Caddyfile, lifetime);
 // book.go a Redis setup's client and this instance's leases (renewal,
 // release, outage); scripts.go the Lua scripts and what they return;
+// clock.go the scripts' deadlines in Redis's clock;
 // zone.go one zone's admission and release; queue.go its waiters;
-// logger.go routes go-redis's own log lines into Caddy's log.
+// logger.go routes go-redis's log lines about the store into Caddy's log;
+// check.go the startup check and the reasons failures are logged with.
 //
 // Invariants:
 //   - A book records a lease only once Redis granted it, or once the
@@ -20,11 +22,16 @@
 //     into Redis every lease/3, re-creating it if Redis lost it (FLUSHALL,
 //     a restart, a failover) and entering locally admitted ones, so the
 //     fleet's counts are whole again within one renewal interval.
-//   - An admission whose reply does not come within timeout may still run
-//     on Redis later: its members are removed on every renewal tick for a
-//     whole lease, so such a ghost holds a slot for at most one renewal
-//     interval after it appears. So are, once released, the leases a
-//     failed renewal wrote, since its script may also run later.
+//   - Every script that writes leases carries a deadline, in Redis's own
+//     clock (clock.go): the caller's timeout, mapped through the Redis
+//     TIME earlier replies carried, never later than the caller's. Past
+//     it the script writes nothing, however long it waited in a socket (a
+//     stopped Redis). An admission whose reply does not come within
+//     timeout may still have run before its deadline: its members are
+//     removed on every renewal tick until such a lease would have expired
+//     (lease + timeout), so such a ghost holds a slot for at most one
+//     renewal interval after it appears, whatever the stall's length. So
+//     are, once released, the leases a failed renewal wrote.
 //   - Renewal and the Redis side of release run in goroutines of their
 //     own, so a slow renewal does not hold releases back. A lease released
 //     while a renewal that wrote it was under way is removed once more
@@ -45,7 +52,9 @@
 //   - Only Redis failing makes Redis count as down: a client's own
 //     cancellation never does (Redis calls do not inherit the request's
 //     cancellation). An outage is logged once when it starts and once when
-//     it ends.
+//     it ends; the first failure of each other operation in it is logged
+//     too, so that every failure the metrics count (by zone) has a line
+//     naming its zones and reason.
 //   - While this instance has waiters in a zone, it is listed in the
 //     zone's waiting set (refreshed by every dispatch), and a release
 //     publishes a notice only while that set is not empty. Newcomers are

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
@@ -74,5 +76,53 @@ func captureStderr(t *testing.T) func() string {
 		mu.Lock()
 		defer mu.Unlock()
 		return buf.String()
+	}
+}
+
+// recordedLogging is another plugin's go-redis logger.
+type recordedLogging struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (r *recordedLogging) Printf(_ context.Context, format string, v ...any) {
+	r.mu.Lock()
+	r.lines = append(r.lines, fmt.Sprintf(format, v...))
+	r.mu.Unlock()
+}
+
+func (r *recordedLogging) has(text string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.ContainsFunc(r.lines, func(l string) bool { return strings.Contains(l, text) })
+}
+
+// Issue 17 §3: provisioning the store set go-redis's process-wide logger,
+// replacing the one another plugin had set: that plugin's go-redis lines
+// went to Caddy's log instead. A logger set by someone else stays.
+func TestAnotherPluginsGoRedisLoggerIsKept(t *testing.T) {
+	theirs := new(recordedLogging)
+	redis.SetLogger(theirs)
+	t.Cleanup(func() { redis.SetLogger(routedLogging{}) })
+	newStore(t, store(fmt.Sprintf("127.0.0.1:%d", freePort(t)), func(s *Store) { s.Timeout = caddy.Duration(100 * time.Millisecond) }))
+	other := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", freePort(t)), DialerRetries: 1})
+	defer other.Close()
+	other.Ping(context.Background()) // nothing listens: go-redis logs the failed dial
+	if !theirs.has("failed to dial") {
+		t.Fatal("another plugin's go-redis logger did not get its client's line: the store replaced it")
+	}
+}
+
+// Issue 17 §3: lines of go-redis clients other than the store's are
+// written as go-redis writes them, not in Caddy's log under the store's
+// name.
+func TestOtherClientsGoRedisLinesStayTheirs(t *testing.T) {
+	stderr := captureStderr(t)
+	other := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", freePort(t)), DialerRetries: 1})
+	defer other.Close()
+	other.Ping(context.Background())
+	eventually(t, "go-redis logs the failed dial", func() bool { return strings.Contains(stderr(), "failed to dial") })
+	if strings.Contains(stderr(), `"logger":"redis"`) {
+		t.Fatalf("another client's go-redis line went to Caddy's log:\n%s", stderr())
 	}
 }

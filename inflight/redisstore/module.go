@@ -15,6 +15,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/caddy-inflight/caddy-inflight/inflight"
@@ -121,6 +122,9 @@ func (s *Store) Provision(ctx caddy.Context) error {
 	if err := s.Validate(); err != nil {
 		return err
 	}
+	for _, a := range s.Address {
+		storeAddresses.Store(a, true)
+	}
 	var material []byte
 	if s.TLS != nil {
 		var err error
@@ -128,33 +132,41 @@ func (s *Store) Provision(ctx caddy.Context) error {
 			return err
 		}
 	}
-	routeRedisLog()
 	raw, _ := json.Marshal(s)
 	sum := sha256.Sum256(append(raw, material...))
 	s.book = joinBook(s, hex.EncodeToString(sum[:]))
-	s.checkReachable()
+	s.checkAtStart()
 	return nil
 }
 
-// checkReachable tells the operator at startup (and in `caddy validate`)
-// that Redis cannot be reached, with the reason (connection refused, no such
-// host), instead of leaving it to the first request's log. It only dials:
-// the store's client is left to the requests. Caddy starts all the same;
-// on_error says what requests get meanwhile.
-func (s *Store) checkReachable() {
-	for _, addr := range s.Address {
-		c, err := net.DialTimeout("tcp", addr, time.Duration(s.Timeout))
-		if err != nil {
-			s.logger.Warn(unreachableAtStart, zap.Strings("address", s.Address), zap.String("on_error", s.OnError), zap.Error(err))
-			return
-		}
-		c.Close()
+// redisOptions are go-redis's options for the store's settings.
+func (s *Store) redisOptions() *redis.UniversalOptions {
+	timeout := time.Duration(s.Timeout)
+	opts := &redis.UniversalOptions{
+		Addrs:            s.Address,
+		IsClusterMode:    s.Cluster,
+		MasterName:       s.MasterName,
+		SentinelUsername: s.SentinelUsername,
+		SentinelPassword: s.SentinelPassword,
+		Username:         s.Username,
+		Password:         s.Password,
+		DB:               s.DB,
+		TLSConfig:        s.tlsConfig,
+		DialTimeout:      timeout,
+		ReadTimeout:      timeout,
+		WriteTimeout:     timeout,
+		PoolTimeout:      timeout,
+		MaxRetries:       -1, // a retry would double the wait; the caller falls back instead
+		// RESP2: the store needs nothing of RESP3, and go-redis then
+		// drops an idle connection with unread bytes instead of reading
+		// them (with checkedTLS, a read that could block).
+		Protocol: 2,
 	}
+	if s.tlsConfig != nil {
+		opts.Dialer = dialTLS(s.tlsConfig, timeout)
+	}
+	return opts
 }
-
-// unreachableAtStart is the warning of a store whose Redis does not answer
-// when its config is loaded.
-const unreachableAtStart = "redis store unreachable at startup"
 
 // Validate checks the settings.
 func (s *Store) Validate() error {
@@ -175,12 +187,26 @@ func (s *Store) Validate() error {
 		return errors.New("inflight: store redis: sentinel_username and sentinel_password are not allowed without master_name: want master_name with the sentinels' addresses")
 	case s.Cluster && s.MasterName != "":
 		return fmt.Errorf("inflight: store redis: cluster with master_name %q is not allowed: want a cluster or sentinels", s.MasterName)
+	case badAddress(s.Address) != "":
+		return fmt.Errorf("inflight: store redis: address %q is not allowed: want host:port, such as 127.0.0.1:6379", badAddress(s.Address))
 	case strings.ContainsAny(s.KeyPrefix, "{}"):
 		// A brace would change the Redis Cluster hash tag that keeps a
 		// zone's keys in one slot.
 		return fmt.Errorf("inflight: store redis: key_prefix %q is not allowed: want no '{' or '}'", s.KeyPrefix)
 	}
 	return nil
+}
+
+// badAddress returns the first address that is not host:port with a port
+// number, if any.
+func badAddress(addrs []string) string {
+	for _, a := range addrs {
+		_, port, err := net.SplitHostPort(a)
+		if n, perr := strconv.Atoi(port); err != nil || perr != nil || n < 1 || n > 65535 {
+			return a
+		}
+	}
+	return ""
 }
 
 // Cleanup drops this config's use of the shared client; it closes once no
@@ -232,6 +258,9 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			return d.Errf("inflight: store redis: unknown option %q: want one of %s", opt, strings.Join(names, ", "))
 		case want == oneOrMore && len(args) == 0, want != oneOrMore && len(args) != want:
+			if secretOptions[opt] {
+				return d.Errf("inflight: store redis: %s has %d arguments (not shown: a secret): want %s", opt, len(args), argsWanted[want])
+			}
 			return d.Errf("inflight: store redis: %s %q: want %s", opt, args, argsWanted[want])
 		}
 		var err error
@@ -286,6 +315,9 @@ var options = []option{
 	{"username", 1}, {"password", 1}, {"db", 1}, {"tls", 0}, {"tls_ca", 1}, {"tls_server_name", 1}, {"tls_client_auth", 2},
 	{"lease", 1}, {"on_error", 1}, {"timeout", 1}, {"key_prefix", 1},
 }
+
+// secretOptions are never shown in an error.
+var secretOptions = map[string]bool{"password": true, "sentinel_password": true}
 
 type option struct {
 	name string

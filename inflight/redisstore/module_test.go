@@ -28,6 +28,19 @@ func TestCaddyfileRefusesBadValues(t *testing.T) {
 	}
 }
 
+// Issue 17 §3: a wrong argument count showed the arguments, a password
+// included.
+func TestCaddyfileErrorsDoNotShowPasswords(t *testing.T) {
+	for _, opt := range []string{"password", "sentinel_password"} {
+		d := caddyfile.NewTestDispenser("redis {\n" + opt + " s3cret-Pa55word extra\n}")
+		err := new(Store).UnmarshalCaddyfile(d)
+		want := opt + " has 2 arguments (not shown: a secret): want one argument"
+		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("%s with two arguments: error %v, want it to contain %q and not the password", opt, err, want)
+		}
+	}
+}
+
 func TestValidateRefusesBadValues(t *testing.T) {
 	for _, tc := range []struct {
 		store Store
@@ -40,6 +53,8 @@ func TestValidateRefusesBadValues(t *testing.T) {
 		{Store{DB: 1, Address: []string{"a:1", "b:2"}}, "db 1 is not allowed with a cluster"},
 		{Store{SentinelPassword: "s"}, "sentinel_username and sentinel_password are not allowed without master_name"},
 		{Store{SentinelUsername: "u", Cluster: true}, "not allowed without master_name"},
+		{Store{Address: []string{"127.0.0.1"}}, `address "127.0.0.1" is not allowed: want host:port, such as 127.0.0.1:6379`},
+		{Store{Address: []string{"a:1", "b:port"}}, `address "b:port" is not allowed`},
 	} {
 		s := tc.store
 		s.OnError, s.Lease, s.Timeout = "open", 30e9, 1e9

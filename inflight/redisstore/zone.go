@@ -19,6 +19,7 @@ const totalKey = "total"
 type redisZone struct {
 	book     *book
 	tag      string // key prefix, with the cluster hash tag
+	label    string // the zone's name in metrics and logs
 	limits   []string
 	hasTotal bool
 	local    *limiter.Zone
@@ -26,8 +27,8 @@ type redisZone struct {
 	queue
 }
 
-func newRedisZone(b *book, tag string, limits []string, hasTotal bool, local *limiter.Zone) *redisZone {
-	return &redisZone{book: b, tag: tag, limits: limits, hasTotal: hasTotal, local: local, queue: queue{wakeup: make(chan struct{}, 1)}}
+func newRedisZone(b *book, tag, label string, limits []string, hasTotal bool, local *limiter.Zone) *redisZone {
+	return &redisZone{book: b, tag: tag, label: label, limits: limits, hasTotal: hasTotal, local: local, queue: queue{wakeup: make(chan struct{}, 1)}}
 }
 
 // Acquire admits req in Redis, behind this instance's waiters, or queues
@@ -99,8 +100,8 @@ func (z *redisZone) keys(req *limiter.Request) ([]string, []int) {
 // sent.
 //
 // The call does not inherit any request's cancellation: only Redis can
-// make it fail. If no reply comes, the script may still run later, so its
-// members are removed as ghosts.
+// make it fail. If no reply comes, the script may still run later, until
+// its deadline, so its members are removed as ghosts.
 func (z *redisZone) admit(reqs []*limiter.Request, waits []bool) ([]verdict, error) {
 	verdicts := make([]verdict, len(reqs))
 	counted := make([]bool, len(reqs))
@@ -126,8 +127,17 @@ func (z *redisZone) admit(reqs []*limiter.Request, waits []bool) ([]verdict, err
 		}
 		return index[set]
 	}
+	// The deadline is no later than ctx's: measured before it starts.
+	localDeadline := localMicros() + z.book.timeout.Microseconds()
+	ctx, cancel := context.WithTimeout(storeContext, z.book.timeout)
+	defer cancel()
+	start := time.Now()
+	deadline, err := z.book.deadline(ctx, z.tag, localDeadline)
+	if err != nil {
+		return z.failed(reqs, sent, counted, nil, nil, start, err)
+	}
 	ended := z.book.pending(z.tag)
-	args := []any{z.book.lease.Milliseconds(), listing.Milliseconds(), z.book.instance, z.tag + ":released", len(ended.keys)}
+	args := []any{deadline, z.book.lease.Milliseconds(), listing.Milliseconds(), z.book.instance, z.tag + ":released", len(ended.keys)}
 	for i, set := range ended.keys {
 		args = append(args, keyIndex(set), ended.members[i])
 	}
@@ -149,21 +159,14 @@ func (z *redisZone) admit(reqs []*limiter.Request, waits []bool) ([]verdict, err
 			args = append(args, keyIndex(set), limits.WholeCap(req, dims[j][k]))
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), z.book.timeout)
-	defer cancel()
-	start := time.Now()
+	sentAt := localMicros()
 	reply, err := admitScript.Run(ctx, z.book.client, keys, args...).Int64Slice()
-	z.book.observe("acquire", start, err)
+	z.book.learnClock(z.tag, reply, err, sentAt)
 	if err != nil {
-		z.book.dropGhosts(z.tag, members, sets)
-		for _, i := range sent {
-			if counted[i] {
-				z.local.Release(reqs[i])
-			}
-		}
-		return nil, err
+		return z.failed(reqs, sent, counted, members, sets, start, asLate(err))
 	}
-	for j, v := range decodeVerdicts(reply, dims) {
+	z.book.observe("acquire", []string{z.label}, start, nil)
+	for j, v := range decodeVerdicts(reply[2:], dims) {
 		i := sent[j]
 		verdicts[i] = v
 		switch {
@@ -178,6 +181,22 @@ func (z *redisZone) admit(reqs []*limiter.Request, waits []bool) ([]verdict, err
 		}
 	}
 	return verdicts, nil
+}
+
+// failed ends an admission that got no verdict: the members sent may still
+// be written by a script that runs later, so they are removed as ghosts,
+// and the requests counted locally are given back.
+func (z *redisZone) failed(reqs []*limiter.Request, sent []int, counted []bool, members []string, sets [][]string, start time.Time, err error) ([]verdict, error) {
+	z.book.observe("acquire", []string{z.label}, start, err)
+	if len(members) > 0 {
+		z.book.dropGhosts(z.tag, members, sets)
+	}
+	for _, i := range sent {
+		if counted[i] {
+			z.local.Release(reqs[i])
+		}
+	}
+	return nil, err
 }
 
 func firstDim(req *limiter.Request) int {

@@ -1,0 +1,123 @@
+package redisstore
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
+)
+
+const secret = "s3cret-Pa55word"
+
+// startRedisWith starts a redis-server of its own with extra arguments.
+func startRedisWith(t *testing.T, args ...string) string {
+	t.Helper()
+	path, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Skip("redis-server is not installed")
+	}
+	port := freePort(t)
+	cmd := exec.Command(path, append([]string{"--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"}, args...)...)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	eventually(t, "redis listens", func() bool {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+	return addr
+}
+
+// silentRedis accepts connections and never answers.
+func silentRedis(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { c.Close() })
+		}
+	}()
+	return l.Addr().String()
+}
+
+// Issue 17 §2: the startup check only dialled, so `caddy validate` and
+// startup said nothing of a wrong or missing password, a Redis that never
+// answers, or TLS against a plaintext Redis. It authenticates and pings
+// with the store's own options, and names the cause.
+func TestStartupCheckNamesTheCause(t *testing.T) {
+	protected := startRedisWith(t, "--requirepass", secret)
+	plain := startRedisWith(t)
+	for _, tc := range []struct {
+		name  string
+		store Store
+		want  string
+	}{
+		{"wrong password", Store{Address: []string{protected}, Password: "wrong-" + secret}, "authentication failed: wrong username or password"},
+		{"no password", Store{Address: []string{protected}}, "authentication failed: Redis wants a password"},
+		{"silent Redis", Store{Address: []string{silentRedis(t)}}, "timeout: no answer within 300ms"},
+		{"tls against plaintext", Store{Address: []string{plain}, tlsConfig: &tls.Config{ServerName: "localhost"}}, "TLS handshake failed: Redis does not speak TLS"},
+		{"nothing listens", Store{Address: []string{fmt.Sprintf("127.0.0.1:%d", freePort(t))}}, "connection refused"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			core, logs := observer.New(zap.InfoLevel)
+			s := tc.store
+			s.Timeout, s.OnError, s.logger = caddy.Duration(300*time.Millisecond), "open", zap.New(core)
+			s.checkAtStart()
+			entries := logs.All()
+			if len(entries) != 1 || entries[0].Message != unreachableAtStart {
+				t.Fatalf("logged %v, want one warning %q", entries, unreachableAtStart)
+			}
+			if reason := entries[0].ContextMap()["reason"]; !strings.Contains(fmt.Sprint(reason), tc.want) {
+				t.Fatalf("reason %q (error %v), want it to contain %q", reason, entries[0].ContextMap()["error"], tc.want)
+			}
+			if line := fmt.Sprint(entries[0].ContextMap()); strings.Contains(line, secret) {
+				t.Fatalf("the warning shows the password: %s", line)
+			}
+		})
+	}
+	t.Run("right password", func(t *testing.T) {
+		core, logs := observer.New(zap.InfoLevel)
+		s := Store{Address: []string{protected}, Password: secret, Timeout: caddy.Duration(time.Second), logger: zap.New(core)}
+		s.checkAtStart()
+		if logs.Len() != 0 {
+			t.Fatalf("logged %v with the right password, want nothing", logs.All())
+		}
+	})
+}
+
+// Run-time failures name their cause in the outage's log line, as the
+// startup check does.
+func TestOutageLogNamesTheCause(t *testing.T) {
+	addr := startRedisWith(t, "--requirepass", secret)
+	s := newStore(t, store(addr, func(s *Store) { s.Password = "wrong-" + secret }))
+	logs := observeLogs(s.book)
+	limits := &limiter.Limits{Max: []int64{5}}
+	z, _ := zoneOf(s, "cause", limits)
+	z.Acquire(context.Background(), request(limits, "k"), limiter.WaitOptions{})
+	got := logs.FilterMessage("redis store unreachable").All()
+	if len(got) != 1 || !strings.Contains(fmt.Sprint(got[0].ContextMap()["reason"]), "authentication failed: wrong username or password") {
+		t.Fatalf("outage log %v, want one naming the wrong password", got)
+	}
+}

@@ -1,0 +1,44 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
+)
+
+// Issue 17 §4: caddy_inflight_store_errors_total{op="release"} rose with
+// no log line to explain it (an outage is logged once, by the operation
+// that found it), and no line named the zone. The first failure of each
+// operation in an outage is logged, naming its zones and the reason.
+func TestEveryFailedOperationIsExplained(t *testing.T) {
+	addr, cli := startRedis(t)
+	p := newFaultProxy(t, addr)
+	s := newStore(t, store(p.addr, func(s *Store) { s.Timeout = caddy.Duration(200_000_000) }))
+	logs := observeLogs(s.book)
+	limits := &limiter.Limits{Max: []int64{5}}
+	z, _ := zoneOf(s, "billing/0123abcd", limits)
+	warmUp(t, z, limits, cli)
+	held := request(limits, "k")
+	mustAdmit(t, z, held, "acquire")
+
+	p.setDown(true)
+	z.Acquire(context.Background(), request(limits, "k"), limiter.WaitOptions{}) // the outage starts: logged
+	z.Release(held)                                                              // its Redis side fails too
+	eventually(t, "the failed release logged", func() bool {
+		return logs.FilterMessage("redis store operation failed").FilterField(zap.String("op", "release")).Len() == 1
+	})
+	for _, e := range append(logs.FilterMessage("redis store unreachable").All(), logs.FilterMessage("redis store operation failed").All()...) {
+		m := e.ContextMap()
+		if fmt.Sprint(m["zones"]) != "[billing]" || m["reason"] == nil {
+			t.Errorf("%s (op %v): zones %v, reason %v; want zones [billing] and a reason", e.Message, m["op"], m["zones"], m["reason"])
+		}
+	}
+	if n := logs.FilterMessage("redis store unreachable").Len(); n != 1 {
+		t.Errorf("the outage logged as unreachable %d times, want once", n)
+	}
+}
