@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -142,10 +143,15 @@ func stateOf(z *zone) ZoneState {
 		}
 		st.TopKeys = topN(anon, topKeys)
 	}
+	now := time.Now()
+	z.sweepKeyWaits(now)
 	st.TopWaiting = []keyWaiting{}
 	if z.waiting() > 0 {
 		w := z.waitingKeys()
 		st.TopWaiting = w[:min(topKeys, len(w))]
+	}
+	for i, kw := range st.TopWaiting {
+		st.TopWaiting[i].Wait = z.series.recentWait(kw.Limit, kw.Key, now)
 	}
 	extendState(&st, z)
 	return st

@@ -300,6 +300,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	if o := res.Outcome; (o == limiter.Admitted && res.Waited > 0) || o == limiter.Timeout || o == limiter.Aborted {
 		h.waited[o].Observe(res.Waited.Seconds())
+		if h.PerKeyMetrics {
+			h.zone.series.waited(h, a, o, res.Waited, time.Now())
+		}
 	}
 	switch {
 	case res.Outcome == limiter.Admitted:
@@ -509,7 +512,7 @@ func (h *Handler) initMetrics() {
 		}
 		h.rejected[reason] = append(cs, teeCounter{rejectedTotal.WithLabelValues(h.label, totalName, reason), n})
 	}
-	for _, o := range []limiter.Outcome{limiter.Admitted, limiter.Timeout, limiter.Aborted} {
+	for _, o := range waitOutcomes {
 		h.waited[o] = teeObserver{waitSeconds.WithLabelValues(h.label, outcomeLabel(o)), &h.zone.stats.waits}
 	}
 }
