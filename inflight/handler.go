@@ -141,9 +141,13 @@ type Handler struct {
 
 	// PerKeyMetrics exports `caddy_inflight_key_requests{zone,limit,key}`,
 	// one series per key in flight, the key as a short SHA-256 hash (its
-	// raw value with PlainKeys). A series is removed when its key's count
-	// reaches zero; beyond 1000 series per zone the rest are counted under
-	// key `_overflow`. Off by default.
+	// raw value with PlainKeys), `caddy_inflight_key_waiting` and the
+	// histogram `caddy_inflight_key_wait_seconds{zone,limit,key,outcome}`
+	// of the time each key's requests waited. A key's requests series is
+	// removed when its count reaches zero, its wait series when it has held
+	// no slot, had no waiter and ended no wait for 5 minutes; beyond 1000
+	// keys per zone the rest are counted under key `_overflow`. Off by
+	// default.
 	PerKeyMetrics bool `json:"per_key_metrics,omitempty"`
 
 	// StoreRaw keeps the counts in a store shared by a fleet of Caddy

@@ -70,6 +70,16 @@ func TestExampleDashboardPanelsHaveData(t *testing.T) {
 	<-second
 	<-third
 
+	// The docs' figure: 10 series per key and outcome (one key, whose one
+	// wait that ended was admitted).
+	keyWait := 0
+	for _, part := range []string{"_bucket", "_sum", "_count"} {
+		keyWait += len(exported["caddy_inflight_key_wait_seconds"+part])
+	}
+	if keyWait != 10 {
+		t.Errorf("%d series of caddy_inflight_key_wait_seconds for one key and outcome, want the 10 docs/observability.md states", keyWait)
+	}
+
 	queried := 0
 	for _, v := range dash.Templating.List {
 		if m := labelValues.FindStringSubmatch(v.Query); m != nil {
