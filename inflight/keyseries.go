@@ -169,12 +169,30 @@ func (k *keySeries) sweep(zone string, now time.Time, waiting map[seriesKey]bool
 		if s.held > 0 || s.waits == nil || waiting[sk] || now.Sub(s.waits.idle) < keyWaitIdle {
 			continue
 		}
-		for _, o := range waitOutcomes {
-			if s.waits.outcomes&(1<<o) != 0 {
-				keyWaitSeconds.DeleteLabelValues(zone, sk.limit, sk.key, outcomeLabel(o))
-			}
-		}
+		s.deleteWaits(zone, sk)
 		delete(k.keys, sk)
+	}
+}
+
+// forget removes the wait series of a zone that is dropped (it has
+// nothing in flight or waiting).
+func (k *keySeries) forget(zone string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for sk, s := range k.keys {
+		s.deleteWaits(zone, sk)
+	}
+	k.keys = nil
+}
+
+func (s *keyStats) deleteWaits(zone string, sk seriesKey) {
+	if s.waits == nil {
+		return
+	}
+	for _, o := range waitOutcomes {
+		if s.waits.outcomes&(1<<o) != 0 {
+			keyWaitSeconds.DeleteLabelValues(zone, sk.limit, sk.key, outcomeLabel(o))
+		}
 	}
 }
 
