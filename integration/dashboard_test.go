@@ -66,6 +66,24 @@ func TestExampleDashboardPanelsHaveData(t *testing.T) {
 		get(context.Background(), c, fmt.Sprintf("http://127.0.0.1:%d/", adaptive))
 	}
 	exported := scrape(adminGet(t, "/metrics"))
+	// The live page's numbers: the key still waiting shows its wait that
+	// ended.
+	var state struct {
+		Zones []struct {
+			Zone       string
+			TopWaiting []struct{ Wait *struct{ Count int } } `json:"top_waiting"`
+		}
+	}
+	if err := json.Unmarshal([]byte(adminGet(t, "/inflight/")), &state); err != nil {
+		t.Fatal(err)
+	}
+	shown := false
+	for _, z := range state.Zones {
+		shown = shown || (z.Zone == "dash" && len(z.TopWaiting) == 1 && z.TopWaiting[0].Wait != nil && z.TopWaiting[0].Wait.Count == 1)
+	}
+	if !shown {
+		t.Errorf("GET /inflight/: %+v; want zone dash's one waiting key with one recent wait", state.Zones)
+	}
 	b.open()
 	<-second
 	<-third
