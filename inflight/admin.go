@@ -89,7 +89,8 @@ type ZoneState struct {
 	// hash of each key.
 	TopKeys []keyHeld `json:"top_keys"`
 	// TopWaiting are the keys with the most requests waiting, shown as
-	// TopKeys shows keys.
+	// TopKeys shows keys; with per_key_metrics, each with the percentiles
+	// of its waits that ended recently.
 	TopWaiting []keyWaiting `json:"top_waiting"`
 }
 
