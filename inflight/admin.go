@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -88,7 +89,8 @@ type ZoneState struct {
 	// hash of each key.
 	TopKeys []keyHeld `json:"top_keys"`
 	// TopWaiting are the keys with the most requests waiting, shown as
-	// TopKeys shows keys.
+	// TopKeys shows keys; with per_key_metrics, each with the percentiles
+	// of its waits that ended recently.
 	TopWaiting []keyWaiting `json:"top_waiting"`
 }
 
@@ -142,10 +144,15 @@ func stateOf(z *zone) ZoneState {
 		}
 		st.TopKeys = topN(anon, topKeys)
 	}
+	now := time.Now()
+	z.sweepKeyWaits(now)
 	st.TopWaiting = []keyWaiting{}
 	if z.waiting() > 0 {
 		w := z.waitingKeys()
 		st.TopWaiting = w[:min(topKeys, len(w))]
+	}
+	for i, kw := range st.TopWaiting {
+		st.TopWaiting[i].Wait = z.series.recentWait(kw.Limit, kw.Key, now)
 	}
 	extendState(&st, z)
 	return st

@@ -141,9 +141,13 @@ type Handler struct {
 
 	// PerKeyMetrics exports `caddy_inflight_key_requests{zone,limit,key}`,
 	// one series per key in flight, the key as a short SHA-256 hash (its
-	// raw value with PlainKeys). A series is removed when its key's count
-	// reaches zero; beyond 1000 series per zone the rest are counted under
-	// key `_overflow`. Off by default.
+	// raw value with PlainKeys), `caddy_inflight_key_waiting` and the
+	// histogram `caddy_inflight_key_wait_seconds{zone,limit,key,outcome}`
+	// of the time each key's requests waited. A key's requests series is
+	// removed when its count reaches zero, its wait series when it has held
+	// no slot, had no waiter and ended no wait for 5 minutes; beyond 1000
+	// keys per zone the rest are counted under key `_overflow`. Off by
+	// default.
 	PerKeyMetrics bool `json:"per_key_metrics,omitempty"`
 
 	// StoreRaw keeps the counts in a store shared by a fleet of Caddy
@@ -300,6 +304,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	if o := res.Outcome; (o == limiter.Admitted && res.Waited > 0) || o == limiter.Timeout || o == limiter.Aborted {
 		h.waited[o].Observe(res.Waited.Seconds())
+		if h.PerKeyMetrics {
+			h.zone.series.waited(h, a, o, res.Waited, time.Now())
+		}
 	}
 	switch {
 	case res.Outcome == limiter.Admitted:
@@ -509,7 +516,7 @@ func (h *Handler) initMetrics() {
 		}
 		h.rejected[reason] = append(cs, teeCounter{rejectedTotal.WithLabelValues(h.label, totalName, reason), n})
 	}
-	for _, o := range []limiter.Outcome{limiter.Admitted, limiter.Timeout, limiter.Aborted} {
+	for _, o := range waitOutcomes {
 		h.waited[o] = teeObserver{waitSeconds.WithLabelValues(h.label, outcomeLabel(o)), &h.zone.stats.waits}
 	}
 }

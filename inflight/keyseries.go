@@ -2,56 +2,116 @@ package inflight
 
 import (
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
 
-// maxKeySeries bounds the per-key series of one zone; keys beyond it are
-// counted together under overflowKey, so label cardinality stays bounded
-// whatever clients send.
+// maxKeySeries bounds the keys of one zone in per-key series; keys beyond
+// it are counted together under overflowKey, so label cardinality stays
+// bounded whatever clients send.
 const (
 	maxKeySeries = 1000
 	overflowKey  = "_overflow"
 )
 
-var keyRequests = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-	Namespace: "caddy",
-	Subsystem: "inflight",
-	Name:      "key_requests",
-	Help:      "Slots held now per key (hashed unless plain_keys), for handlers with per_key_metrics; at most 1000 keys per zone, the rest under key _overflow.",
-}, []string{"zone", "limit", "key"})
+// keyWaitIdle is how long a key's wait series outlive its last wait once
+// it holds no slot and has no request waiting: long enough for a few
+// scrapes to see its last wait, short enough that keys come and go.
+const keyWaitIdle = 5 * time.Minute
 
-// keySeries tracks the per-key series of a zone, removing each when its
-// count reaches zero.
+// keyWaitBuckets are the per-key wait histogram's upper bounds, in
+// seconds: a coarse subset of waitBuckets, as every key multiplies them.
+var keyWaitBuckets = []float64{.01, .05, .25, 1, 5, 30, 120}
+
+var (
+	keyRequests = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: "caddy",
+		Subsystem: "inflight",
+		Name:      "key_requests",
+		Help:      "Slots held now per key (hashed unless plain_keys), for handlers with per_key_metrics; at most 1000 keys per zone, the rest under key _overflow.",
+	}, []string{"zone", "limit", "key"})
+
+	keyWaitSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: "caddy",
+		Subsystem: "inflight",
+		Name:      "key_wait_seconds",
+		Help:      "Time requests spent waiting for an inflight slot per key (hashed unless plain_keys) and outcome (admitted, timeout, aborted), for handlers with per_key_metrics; at most 1000 keys per zone, the rest under key _overflow; a key's series go 5 minutes after its last wait once it holds no slot and has no request waiting.",
+		Buckets:   keyWaitBuckets,
+	}, []string{"zone", "limit", "key", "outcome"})
+)
+
+// keySeries tracks the per-key series of a zone: the slots each key holds
+// (its series removed when the count reaches zero) and its requests' waits
+// (removed by sweep once idle).
 type keySeries struct {
-	mu     sync.Mutex
-	counts map[seriesKey]int
+	mu   sync.Mutex
+	keys map[seriesKey]*keyStats
 }
 
 type seriesKey struct{ limit, key string }
 
+type keyStats struct {
+	held  int
+	waits *keyWaits // nil until one of its waits ends
+}
+
+// keyWaits are a key's waits that ended.
+type keyWaits struct {
+	outcomes uint8     // a bit per limiter.Outcome with a series
+	idle     time.Time // since when it has held no slot and ended no wait
+	recent   waitWindow
+}
+
+// keyLabel is how h's per-key series show key.
+func (h *Handler) keyLabel(key string) string {
+	if h.PlainKeys {
+		return labelValue(key)
+	}
+	return redact(key)
+}
+
+// entry returns the stats of a key, or the overflow's when the zone has
+// maxKeySeries keys already, and the series key they are counted under.
+// mu must be held.
+func (k *keySeries) entry(limit, label string) (seriesKey, *keyStats) {
+	if k.keys == nil {
+		k.keys = map[seriesKey]*keyStats{}
+	}
+	sk := seriesKey{limit, label}
+	s, ok := k.keys[sk]
+	if ok {
+		return sk, s
+	}
+	if len(k.keys) >= maxKeySeries {
+		sk.key = overflowKey
+		if s = k.keys[sk]; s != nil {
+			return sk, s
+		}
+	}
+	s = new(keyStats)
+	k.keys[sk] = s
+	return sk, s
+}
+
 // admit adds a's keys, recording in a.labels the label each was counted
-// under.
+// under (already there if it waited).
 func (k *keySeries) admit(h *Handler, a *admission) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if k.counts == nil {
-		k.counts = map[seriesKey]int{}
-	}
 	for d, key := range a.req.Keys {
 		if key == "" {
 			continue
 		}
-		label := redact(key)
-		if h.PlainKeys {
-			label = labelValue(key)
+		label := a.labels[d]
+		if label == "" {
+			label = h.keyLabel(key)
 		}
-		sk := seriesKey{h.Limits[d].Name, label}
-		if _, ok := k.counts[sk]; !ok && len(k.counts) >= maxKeySeries {
-			sk.key = overflowKey
-		}
+		sk, s := k.entry(h.Limits[d].Name, label)
 		a.labels[d] = sk.key
-		k.counts[sk]++
+		s.held++
 		keyRequests.WithLabelValues(h.label, sk.limit, sk.key).Inc()
 	}
 }
@@ -65,22 +125,102 @@ func (k *keySeries) release(h *Handler, a *admission) {
 			continue
 		}
 		sk := seriesKey{h.Limits[d].Name, label}
-		if k.counts[sk]--; k.counts[sk] > 0 {
+		s := k.keys[sk]
+		if s.held--; s.held > 0 {
 			keyRequests.WithLabelValues(h.label, sk.limit, sk.key).Dec()
 			continue
 		}
-		delete(k.counts, sk)
 		keyRequests.DeleteLabelValues(h.label, sk.limit, sk.key)
+		if s.waits == nil {
+			delete(k.keys, sk)
+			continue
+		}
+		s.waits.idle = time.Now()
 	}
+}
+
+// waited records, under each of a's keys, how long its request waited and
+// how the wait ended, and records in a.labels the label of each key.
+func (k *keySeries) waited(h *Handler, a *admission, o limiter.Outcome, took time.Duration, now time.Time) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for d, key := range a.req.Keys {
+		if key == "" {
+			continue
+		}
+		sk, s := k.entry(h.Limits[d].Name, h.keyLabel(key))
+		a.labels[d] = sk.key
+		if s.waits == nil {
+			s.waits = new(keyWaits)
+		}
+		s.waits.outcomes |= 1 << o
+		s.waits.idle = now
+		s.waits.recent.observe(now, took.Seconds())
+		keyWaitSeconds.WithLabelValues(h.label, sk.limit, sk.key, outcomeLabel(o)).Observe(took.Seconds())
+	}
+}
+
+// sweep removes the wait series of keys that have held no slot and ended
+// no wait for keyWaitIdle, unless they have requests waiting.
+func (k *keySeries) sweep(zone string, now time.Time, waiting map[seriesKey]bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for sk, s := range k.keys {
+		if s.held > 0 || s.waits == nil || waiting[sk] || now.Sub(s.waits.idle) < keyWaitIdle {
+			continue
+		}
+		s.deleteWaits(zone, sk)
+		delete(k.keys, sk)
+	}
+}
+
+// forget removes the wait series of a zone that is dropped (it has
+// nothing in flight or waiting).
+func (k *keySeries) forget(zone string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for sk, s := range k.keys {
+		s.deleteWaits(zone, sk)
+	}
+	k.keys = nil
+}
+
+func (s *keyStats) deleteWaits(zone string, sk seriesKey) {
+	if s.waits == nil {
+		return
+	}
+	for _, o := range waitOutcomes {
+		if s.waits.outcomes&(1<<o) != 0 {
+			keyWaitSeconds.DeleteLabelValues(zone, sk.limit, sk.key, outcomeLabel(o))
+		}
+	}
+}
+
+// recentWait sums up a key's waits that ended in the last one to two
+// minutes, or returns nil if it has none.
+func (k *keySeries) recentWait(limit, key string, now time.Time) *WaitState {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	s := k.keys[seriesKey{limit, key}]
+	if s == nil || s.waits == nil {
+		return nil
+	}
+	st := s.waits.recent.state(now)
+	if st.Count == 0 {
+		return nil
+	}
+	return &st
 }
 
 // top returns up to n series with the most slots, for the admin API.
 func (k *keySeries) top(n int) []keyHeld {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	out := make([]keyHeld, 0, len(k.counts))
-	for sk, c := range k.counts {
-		out = append(out, keyHeld{Limit: sk.limit, Key: sk.key, Held: int64(c)})
+	out := make([]keyHeld, 0, len(k.keys))
+	for sk, s := range k.keys {
+		if s.held > 0 {
+			out = append(out, keyHeld{Limit: sk.limit, Key: sk.key, Held: int64(s.held)})
+		}
 	}
 	return topN(out, n)
 }

@@ -3,8 +3,11 @@ package inflight
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
 
 func TestKeySeriesAreCappedAndRemovedAtZero(t *testing.T) {
@@ -26,8 +29,8 @@ func TestKeySeriesAreCappedAndRemovedAtZero(t *testing.T) {
 	for _, a := range admitted {
 		ks.release(h, a)
 	}
-	if n := testutil.CollectAndCount(keyRequests); n != 0 || len(ks.counts) != 0 {
-		t.Fatalf("%d series and %d tracked keys left after release, want none", n, len(ks.counts))
+	if n := testutil.CollectAndCount(keyRequests); n != 0 || len(ks.keys) != 0 {
+		t.Fatalf("%d series and %d tracked keys left after release, want none", n, len(ks.keys))
 	}
 }
 
@@ -57,5 +60,57 @@ func TestPlainKeySeriesAreOneToOne(t *testing.T) {
 	}
 	if n := testutil.CollectAndCount(keyRequests); n != 0 {
 		t.Fatalf("%d series left after release, want none", n)
+	}
+}
+
+// TestKeyWaitSeriesAreCappedAndSweptWhenIdle: the waits of 1,005 keys give
+// 1,000 series and one overflow of 5 (its keys' labels recorded for their
+// release); they outlive the keys' slots, and go once the keys have been
+// idle for keyWaitIdle, except a key still holding a slot and one with a
+// request waiting.
+func TestKeyWaitSeriesAreCappedAndSweptWhenIdle(t *testing.T) {
+	h := &Handler{Zone: "wait-test", label: "wait-test", Limits: []Limit{{Name: "tenant"}}, PerKeyMetrics: true}
+	var ks keySeries
+	start := time.Now()
+	var admitted []*admission
+	for i := range maxKeySeries + 5 {
+		a := newAdmission(1)
+		a.req.Keys[0] = fmt.Sprint("tenant-", i)
+		ks.waited(h, a, limiter.Admitted, 300*time.Millisecond, start)
+		ks.admit(h, a)
+		admitted = append(admitted, a)
+	}
+	if n := testutil.CollectAndCount(keyWaitSeconds); n != maxKeySeries+1 {
+		t.Fatalf("%d wait histograms for %d keys, want %d and one overflow", n, len(admitted), maxKeySeries)
+	}
+	if st := ks.recentWait("tenant", overflowKey, start); st == nil || st.Count != 5 {
+		t.Fatalf("overflow's recent waits: %+v, want 5", st)
+	}
+	if got := testutil.ToFloat64(keyRequests.WithLabelValues("wait-test", "tenant", overflowKey)); got != 5 {
+		t.Fatalf("overflow slots = %v, want 5: a waited key is counted under the label of its wait", got)
+	}
+	if st := ks.recentWait("tenant", redact("tenant-0"), start); st == nil || st.Count != 1 || st.P50 != 0.375 {
+		t.Fatalf("tenant-0's recent waits: %+v, want one, p50 0.375 s (half way into the 0.25–0.5 s bucket)", st)
+	}
+	holding := admitted[0]
+	for _, a := range admitted[1:] {
+		ks.release(h, a)
+	}
+	if n := testutil.CollectAndCount(keyRequests); n != 1 {
+		t.Fatalf("%d slot series left, want tenant-0's", n)
+	}
+	waiting := map[seriesKey]bool{{"tenant", redact("tenant-1")}: true}
+	ks.sweep(h.label, time.Now().Add(keyWaitIdle-time.Second), waiting)
+	if n := testutil.CollectAndCount(keyWaitSeconds); n != maxKeySeries+1 {
+		t.Fatalf("%d wait histograms before the keys were idle for %v, want all %d", n, keyWaitIdle, maxKeySeries+1)
+	}
+	ks.sweep(h.label, time.Now().Add(keyWaitIdle+time.Second), waiting)
+	if n := testutil.CollectAndCount(keyWaitSeconds); n != 2 || len(ks.keys) != 2 {
+		t.Fatalf("%d wait histograms and %d keys left once idle, want 2: the key holding a slot and the one waiting", n, len(ks.keys))
+	}
+	ks.release(h, holding)
+	ks.sweep(h.label, time.Now().Add(keyWaitIdle+time.Second), nil)
+	if n := testutil.CollectAndCount(keyWaitSeconds); n != 0 || len(ks.keys) != 0 {
+		t.Fatalf("%d wait histograms and %d keys left, want none", n, len(ks.keys))
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -38,6 +39,9 @@ type keyWaiting struct {
 	Limit   string `json:"limit"`
 	Key     string `json:"key"`
 	Waiting int64  `json:"waiting"`
+	// Wait sums up the key's waits that ended in the last one to two
+	// minutes, with per_key_metrics; absent if none did.
+	Wait *WaitState `json:"wait,omitempty"`
 }
 
 // waitingKeys returns the zone's keys with requests waiting, in this
@@ -74,6 +78,18 @@ func (z *zone) waitingKeys() []keyWaiting {
 		}
 	}
 	return out
+}
+
+// sweepKeyWaits removes the wait series of the zone's keys that have been
+// idle for keyWaitIdle (see keySeries.sweep).
+func (z *zone) sweepKeyWaits(now time.Time) {
+	waiting := map[seriesKey]bool{}
+	if z.keyDisplay.Load() != keysAnonymous && z.waiting() > 0 {
+		for _, kw := range z.waitingKeys() {
+			waiting[seriesKey{kw.Limit, kw.Key}] = true
+		}
+	}
+	z.series.sweep(z.label, now, waiting)
 }
 
 // allWaitingKeys returns the keys of dimension d with requests waiting in

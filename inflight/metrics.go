@@ -2,6 +2,7 @@ package inflight
 
 import (
 	"errors"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -69,7 +70,9 @@ func (stateCollector) Collect(ch chan<- prometheus.Metric) {
 	waiting := map[string]int64{}
 	keyWaiting := map[[3]string]int64{}
 	adaptive := map[string]*limiter.Adaptive{}
+	now := time.Now()
 	eachZone(func(z *zone, retired bool) {
+		z.sweepKeyWaits(now)
 		if a := z.adaptive.current(); a != nil && !retired && adaptive[z.label] == nil {
 			adaptive[z.label] = a
 		}
@@ -100,7 +103,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{rejectedTotal, waitSeconds, keyRequests, storeErrors, storeSeconds, stateCollector{}} {
+	for _, c := range []prometheus.Collector{rejectedTotal, waitSeconds, keyRequests, keyWaitSeconds, storeErrors, storeSeconds, stateCollector{}} {
 		if err := reg.Register(c); err != nil {
 			if _, ok := errors.AsType[prometheus.AlreadyRegisteredError](err); !ok {
 				return err
@@ -133,6 +136,9 @@ func reasonFor(o limiter.Outcome) string {
 	}
 	return reasonFull
 }
+
+// waitOutcomes are the ends of a wait, as the wait histograms count them.
+var waitOutcomes = [...]limiter.Outcome{limiter.Admitted, limiter.Timeout, limiter.Aborted}
 
 // outcomeLabel names a wait's end in the wait histogram.
 func outcomeLabel(o limiter.Outcome) string {

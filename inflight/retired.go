@@ -17,14 +17,16 @@ var retired = struct {
 // still in flight keep a pointer to the zone and release into it safely. A
 // zone with nothing in flight is dropped at once, and so are retired zones
 // that have drained since: reloads that rename zones, with nobody reading
-// metrics, must not pile up old zones.
+// metrics, must not pile up old zones, nor their per-key wait series.
 func (z *zone) Destruct() error {
 	retired.Lock()
 	defer retired.Unlock()
 	forgetIdle()
 	if !z.idle() {
 		retired.m[z.id] = z
+		return nil
 	}
+	z.series.forget(z.label)
 	return nil
 }
 
@@ -35,6 +37,7 @@ func forgetIdle() []*zone {
 	for id, z := range retired.m {
 		if z.idle() {
 			delete(retired.m, id)
+			z.series.forget(z.label)
 			continue
 		}
 		busy = append(busy, z)

@@ -3,12 +3,10 @@ package integration
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -206,53 +204,5 @@ func adminDo(t *testing.T, method, path, body string) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 {
 		t.Fatalf("%s %s: %d %s", method, path, resp.StatusCode, msg)
-	}
-}
-
-// TestExampleDashboardQueriesExportedMetrics checks that every metric the
-// Grafana dashboard queries is one the module exports.
-func TestExampleDashboardQueriesExportedMetrics(t *testing.T) {
-	raw, err := os.ReadFile("../examples/grafana-dashboard.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var dash struct {
-		Panels []struct {
-			Title   string
-			Targets []struct{ Expr string }
-		}
-	}
-	if err := json.Unmarshal(raw, &dash); err != nil {
-		t.Fatal(err)
-	}
-	// Make every series exist: a zone with per-key metrics, a request in
-	// flight and one waiting.
-	b := newBackend(t)
-	cfg, url := site(t, b, "\tinflight 1 {\n\t\tzone dash\n\t\twait 10s\n\t\tmetrics per_key\n\t}")
-	load(t, cfg)
-	c := client("127.0.0.1")
-	done := hold(t, b, context.Background(), c, url+"/hold")
-	waiter := make(chan result, 1)
-	go func() { waiter <- get(context.Background(), c, url+"/") }()
-	eventually(t, "a request waits", func() bool { return metric(t, "caddy_inflight_waiting", `zone="dash"`) == 1 })
-	exported := adminGet(t, "/metrics")
-	b.open()
-	<-done
-	<-waiter
-
-	names := regexp.MustCompile(`caddy_inflight_[a-z_]+`)
-	queried := 0
-	for _, p := range dash.Panels {
-		for _, target := range p.Targets {
-			for _, name := range names.FindAllString(target.Expr, -1) {
-				queried++
-				if !strings.Contains(exported, "\n"+name+"{") {
-					t.Errorf("panel %q queries %s, which the module does not export", p.Title, name)
-				}
-			}
-		}
-	}
-	if queried < 6 {
-		t.Fatalf("only %d metric references found in the dashboard", queried)
 	}
 }

@@ -111,3 +111,27 @@ func routeServer(b *testing.B, directives string) (*caddyhttp.Server, *http.Requ
 	req.RemoteAddr = "198.51.100.7:40000"
 	return app.(*caddyhttp.App).Servers["srv0"], req, &discard{h: http.Header{}}
 }
+
+// BenchmarkWaitRouteQueued serves requests from many goroutines through
+// `inflight 1` with `wait`, so that nearly every request waits for the one
+// slot: the wait path, without and with per-key metrics (which add, per
+// wait, a key's label, a lock and an observation in its histogram).
+func BenchmarkWaitRouteQueued(b *testing.B) {
+	for _, tc := range []struct{ name, metrics string }{
+		{"per_key_off", ""},
+		{"per_key_on", "\t\tmetrics per_key\n"},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			srv, req, _ := routeServer(b, "\tinflight 1 {\n\t\twait 30s\n"+tc.metrics+"\t}\n")
+			b.ReportAllocs()
+			b.SetParallelism(4)
+			b.RunParallel(func(pb *testing.PB) {
+				r, w := req.Clone(req.Context()), &discard{h: http.Header{}}
+				for pb.Next() {
+					clear(w.h)
+					srv.ServeHTTP(w, r)
+				}
+			})
+		})
+	}
+}

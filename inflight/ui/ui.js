@@ -148,11 +148,17 @@
       [row([td(a.limit, 'adaptive-limit'), td(ms(a.baseline_seconds), 'adaptive-baseline'), td(ms(a.sample_seconds))])]);
   }
 
+  // keysTable lists keys; keys that waited (with metrics per_key) add the
+  // p50 and p99 of their recent waits.
   function keysTable(keys, field, head) {
-    return table(['limit', head, field], keys.map((k) => {
+    const waits = keys.some((k) => k.wait);
+    const cols = ['limit', head, field].concat(waits ? ['wait p50', 'wait p99'] : []);
+    return table(cols, keys.map((k) => {
       const key = td(k.key, '', 'key');
       key.title = k.key;
-      return row([td(k.limit), key, td(k[field])]);
+      const cells = [td(k.limit), key, td(k[field])];
+      if (waits) cells.push(td(k.wait ? ms(k.wait.p50) : '—', 'key-p50'), td(k.wait ? ms(k.wait.p99) : '—', 'key-p99'));
+      return row(cells);
     }), 'none');
   }
 

@@ -96,9 +96,14 @@ func (b *backend) open() {
 // send starts a request and returns its status on the channel when it ends
 // (-1 if it failed).
 func send(url string, header ...string) <-chan int {
+	return sendCtx(context.Background(), url, header...)
+}
+
+// sendCtx is send with a context, whose end makes the client leave.
+func sendCtx(ctx context.Context, url string, header ...string) <-chan int {
 	done := make(chan int, 1)
 	go func() {
-		req, _ := http.NewRequest(http.MethodGet, url, nil)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		for i := 0; i+1 < len(header); i += 2 {
 			req.Header.Set(header[i], header[i+1])
 		}

@@ -155,9 +155,11 @@ func TestLivePage(t *testing.T) {
 	shows("api", "held-total", "4")
 	shows("api", "held-tenant", "4")
 	shows("api", "keys-tenant", "2")
-	for range 3 {
+	for range 2 {
 		ends = append(ends, send(site+"/hold", "X-Tenant", "b"))
 	}
+	ctx3, leave := context.WithCancel(context.Background())
+	left := sendCtx(ctx3, site+"/hold", "X-Tenant", "b")
 	shows("api", "waiting", "3")
 	for range 2 {
 		if status := <-send(site+"/hold", "X-Tenant", "c"); status != http.StatusTooManyRequests {
@@ -182,6 +184,16 @@ func TestLivePage(t *testing.T) {
 	if !escaped.Shown || escaped.Images != 0 || escaped.Title == "pwned" {
 		t.Fatalf("the key %s: shown as text %v, img elements %d, title %q", evilKey, escaped.Shown, escaped.Images, escaped.Title)
 	}
+
+	// The third waiter of b leaves: b, still waiting, shows the p50 and p99
+	// of its waits that ended (per_key metrics are on).
+	leave()
+	<-left
+	shows("api", "waiting", "2")
+	eventually(t, within, "the waiting key shows its wait percentiles", func() bool {
+		p50, p99 := field("api", "key-p50"), field("api", "key-p99")
+		return strings.HasSuffix(p50, "s") && strings.HasSuffix(p99, "s")
+	})
 
 	// A few seconds of history for the charts, then the picture.
 	time.Sleep(3 * time.Second) // not a verdict: only for the screenshot's charts
