@@ -140,9 +140,7 @@ func newBook(s *Store, id string) *book {
 		work:     make(chan struct{}, 1),
 		renewNow: make(chan struct{}, 1),
 	}
-	if s.tlsConfig != nil {
-		b.options.Dialer = dialTLS(s.tlsConfig, timeout)
-	}
+	b.options.Dialer = dialer(s.tlsConfig, timeout)
 	b.open()
 	return b
 }
