@@ -176,14 +176,16 @@ func (tl *timeline) overIn(from, to time.Time) time.Duration {
 	return d
 }
 
-// overWindow is how long after heal the fleet still admitted over the
-// caps: when the last request that took the backend over them arrived (0
-// if none did after heal). Requests admitted in excess then run to their
-// end; the store cannot take them back.
-func (tl *timeline) overWindow(heal time.Time) time.Duration {
+// overWindow is how long after heal (and before until) the fleet still
+// admitted over the caps: when the last request that took the backend over
+// them arrived (0 if none did after heal). Requests admitted in excess then
+// run to their end; the store cannot take them back.
+func (tl *timeline) overWindow(heal, until time.Time) time.Duration {
 	var w time.Duration
 	for _, s := range tl.over {
-		w = max(w, s.lastAdmitted.Sub(heal))
+		if s.lastAdmitted.Before(until) {
+			w = max(w, s.lastAdmitted.Sub(heal))
+		}
 	}
 	return w
 }
@@ -215,11 +217,11 @@ next:
 	return out
 }
 
-// lostWindow is how long after heal a refusal was last undeserved: 0 if
-// none was.
-func (tl *timeline) lostWindow(refusals []outcome, heal time.Time) time.Duration {
+// lostWindow is how long after heal (and before until) a refusal was last
+// undeserved: 0 if none was.
+func (tl *timeline) lostWindow(refusals []outcome, heal, until time.Time) time.Duration {
 	var w time.Duration
-	for _, r := range tl.undeserved(refusals, heal, time.Now()) {
+	for _, r := range tl.undeserved(refusals, heal, until) {
 		w = max(w, r.done.Sub(heal))
 	}
 	return w
@@ -276,8 +278,11 @@ func TestFaultChecker(t *testing.T) {
 	if got := tl.overIn(at(0), at(2000)); got != 700*time.Millisecond {
 		t.Errorf("over-admission for %v, want 700ms (the 5 ms overlap ignored)", got)
 	}
-	if got := tl.overWindow(at(250)); got != 50*time.Millisecond {
+	if got := tl.overWindow(at(250), at(2000)); got != 50*time.Millisecond {
 		t.Errorf("over-admission window after +250ms: %v, want 50ms (the last admission over the cap at +300ms)", got)
+	}
+	if got := tl.overWindow(at(250), at(300)); got != 0 {
+		t.Errorf("over-admission window from +250ms until +300ms: %v, want 0 (the admission at +300ms is after it)", got)
 	}
 	refusals := []outcome{
 		{key: "a", sent: at(500), done: at(501), status: 429},   // a over its cap: deserved

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -39,31 +40,62 @@ func TestFaultsCluster(t *testing.T) {
 	printTable(t, []windows{e.check("Redis Cluster (3 masters), FLUSHALL on each", began, healed, e.renewalBound(), false)})
 }
 
-// TestFaultsSentinel kills the master under Sentinel: the fleet keeps
-// working through the failover, logs it as one outage each way, and is
-// exact again within a renewal interval of the new master's promotion.
+// TestFaultsSentinel kills the master under Sentinel three times, each
+// time the one the sentinels promoted last: the fleet keeps working through
+// each failover, logs it as one outage each way, and is exact again within
+// a renewal interval of the new master's promotion.
 func TestFaultsSentinel(t *testing.T) {
 	s := startSentinels(t)
 	sentinels := strings.Join(s.sentinels, " ")
 	e := startFaultFleet(t, faultSite{masterName: "faults", onError: "open"}, tenantCaps, sentinels, sentinels, sentinels)
-	began, promoted := e.run(e.renewalBound(), func(e *faultEnv) time.Time {
-		killed := time.Now()
-		s.master.stop() // SIGKILL
-		waitLong(t, "Sentinel promotes the replica", func() bool { return s.masterAddr(t) == s.replica.addr })
-		t.Logf("the replica was promoted %v after the master was killed", time.Since(killed).Round(10*time.Millisecond))
-		return time.Now()
+	// One failover by default; three in the long run. Three in one run
+	// found the flapping (go-redis's dial breaker, caught deterministically
+	// by TestFirstCallAfterManyFailedDials), but on a busy machine the
+	// sentinels sometimes fail the new master back to the old one after
+	// the third, a second failover this test did not cause (docs/fleet.md).
+	failovers := 1
+	if os.Getenv("INFLIGHT_FAULTS_LONG") != "" {
+		failovers = 3
+	}
+	cycles := e.repeat(failovers, e.renewalBound(), func(e *faultEnv) time.Time {
+		return s.failover(t)
 	})
-	printTable(t, []windows{e.check("Sentinel: master SIGKILLed, replica promoted", began, promoted, e.renewalBound(), true)})
-	e.wantOutages(1)
+	printTable(t, []windows{e.checkCycles(fmt.Sprintf("Sentinel: master SIGKILLed, replica promoted, %d times", failovers), cycles, e.renewalBound(), true)})
+	e.wantOutages(failovers)
 }
 
-// TestFaultsTLSRestart restarts a Redis that speaks only TLS, with
-// requests waiting: the restart is one outage, logged once each way, and
-// costs what a plain restart does. go-redis does not check pooled TLS
+// failover kills the master once the sentinels can promote its replica,
+// waits until they did, and returns then; the old master comes back as the
+// new one's replica.
+func (s *sentinelSetup) failover(t *testing.T) (promoted time.Time) {
+	t.Helper()
+	c := redis.NewSentinelClient(&redis.Options{Addr: s.sentinels[0]})
+	defer c.Close()
+	waitLong(t, "the sentinels see the replica up and in sync", func() bool {
+		replicas, _ := c.Replicas(context.Background(), "faults").Result()
+		return s.replica.field(t, "info replication", "master_link_status") == "up" &&
+			len(replicas) > 0 && slices.ContainsFunc(replicas, func(r map[string]string) bool {
+			return r["port"] == strconv.Itoa(s.replica.port) && r["flags"] == "slave"
+		})
+	})
+	killed := time.Now()
+	s.master.stop() // SIGKILL
+	waitLong(t, "Sentinel promotes the replica", func() bool { return s.masterAddr(t) == s.replica.addr })
+	promoted = time.Now()
+	t.Logf("the replica was promoted %v after the master was killed", promoted.Sub(killed).Round(10*time.Millisecond))
+	s.master.args = []string{"--replicaof", "127.0.0.1", strconv.Itoa(s.replica.port)}
+	s.master.start(t)
+	s.master, s.replica = s.replica, s.master
+	return promoted
+}
+
+// TestFaultsTLSRestart restarts a Redis that speaks only TLS three times,
+// with requests waiting: each restart is one outage, logged once each way,
+// and costs what a plain restart does. go-redis does not check pooled TLS
 // connections before reuse as it checks plain TCP ones: each connection
-// pooled before the restart failed its next call with EOF, which was
-// logged as a new outage, and refused (on_error closed) or admitted
-// locally (open) after Redis answered again.
+// pooled before a restart failed its next call with EOF, which was logged
+// as a new outage, cut the back-off short, refused (on_error closed) or
+// admitted locally (open) after Redis answered again.
 func TestFaultsTLSRestart(t *testing.T) {
 	pki := newTestPKI(t)
 	for _, onError := range []string{"closed", "open"} {
@@ -72,14 +104,15 @@ func TestFaultsTLSRestart(t *testing.T) {
 			r := startRedisWith(t, port, tlsOnly(port, pki, "no")...)
 			site := faultSite{onError: onError, tls: []string{"tls_ca " + pki.ca, "tls_server_name redis.test"}}
 			e := startFaultFleet(t, site, tenantCaps, r.addr, r.addr, r.addr)
-			began, healed := e.run(e.renewalBound(), func(e *faultEnv) time.Time {
+			const restarts = 3
+			cycles := e.repeat(restarts, e.renewalBound(), func(e *faultEnv) time.Time {
 				r.stop()
 				time.Sleep(e.timing.fault)
 				r.start(t)
 				return time.Now()
 			})
-			printTable(t, []windows{e.check("TLS: restart with empty data (down 1 s), on_error "+onError, began, healed, e.renewalBound(), true)})
-			e.wantOutages(1)
+			printTable(t, []windows{e.checkCycles("TLS: restart with empty data (down 1 s), 3 times, on_error "+onError, cycles, e.renewalBound(), true)})
+			e.wantOutages(restarts)
 		})
 	}
 }

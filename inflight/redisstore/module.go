@@ -162,9 +162,7 @@ func (s *Store) redisOptions() *redis.UniversalOptions {
 		// them (with checkedTLS, a read that could block).
 		Protocol: 2,
 	}
-	if s.tlsConfig != nil {
-		opts.Dialer = dialTLS(s.tlsConfig, timeout)
-	}
+	opts.Dialer = dialer(s.tlsConfig, timeout) // see dial.go: go-redis's dial breaker
 	return opts
 }
 

@@ -1,15 +1,12 @@
 package redisstore
 
 import (
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"syscall"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 )
@@ -84,24 +81,6 @@ func (t *TLS) config(repl *caddy.Replacer) (*tls.Config, []byte, error) {
 		material = append(append(material, certPEM...), keyPEM...)
 	}
 	return cfg, material, nil
-}
-
-// dialTLS returns go-redis's dialer for TLS: it dials and hands over the
-// connection as checkedTLS, so that go-redis checks an idle one before reuse
-// as it checks plain TCP (it skips crypto/tls connections). Without that,
-// after Redis restarts, every connection pooled before hands the next call
-// an EOF, each logged as a new outage.
-func dialTLS(cfg *tls.Config, timeout time.Duration) func(ctx context.Context, network, addr string) (net.Conn, error) {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		ctx, cancel := context.WithTimeout(ctx, timeout)
-		defer cancel()
-		d := tls.Dialer{NetDialer: &net.Dialer{KeepAlive: 15 * time.Second}, Config: cfg}
-		c, err := d.DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return checkedTLS{c.(*tls.Conn)}, nil
-	}
 }
 
 // checkedTLS is a TLS connection whose TCP socket go-redis's pool can
