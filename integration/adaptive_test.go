@@ -257,8 +257,13 @@ func TestAdaptiveApplicationErrors(t *testing.T) {
 	ratio := adaptive.throughput / fixed.throughput
 	t.Logf("c=%d S=%v, %d clients and 2 of a 500 path, %v each: total %d: %v; total adaptive: %v, limit median %.0f (%.0f to %.0f); ratio %.2f",
 		c, service, 3*c/2, duration, c, fixed, adaptive, limits[len(limits)/2], limits[0], limits[len(limits)-1], ratio)
-	if ratio < 0.9 {
-		t.Errorf("throughput beside clients of a 500 path: total adaptive %.3f, total %d %.3f of c/S: ratio %.2f, want at least 0.9", adaptive.throughput, c, fixed.throughput, ratio)
+	// The controller's verdict is the limit: 500s must not take it below
+	// the backend's capacity (before: 1 to 2). Throughput is the user's
+	// view, but end to end on a busy machine it moves with the CPU the two
+	// runs got (0.96–1.33 quiet, 0.85 with three suites at once; 0.26
+	// before); the simulation holds it to 0.9 in virtual time.
+	if limits[len(limits)/2] < c || ratio < 0.75 {
+		t.Errorf("beside clients of a 500 path: limit median %.0f (want at least c = %d); throughput total adaptive %.3f, total %d %.3f of c/S: ratio %.2f, want at least 0.75", limits[len(limits)/2], c, adaptive.throughput, c, fixed.throughput, ratio)
 	}
 }
 

@@ -348,7 +348,9 @@ func TestStalledWaitingBodyTimesOut(t *testing.T) {
 // stays queued until its wait ends and counts as a timeout.
 func TestBodyAboveBufferWaitsAsBefore(t *testing.T) {
 	b := newHashBackend(t)
-	addr := bodySite(t, b, "", "wait 1s\n\t\twait_body_buffer 1KiB")
+	// wait 3s: still waiting 300ms after its client left even on a busy
+	// machine, and over within eventually's 5s.
+	addr := bodySite(t, b, "", "wait 3s\n\t\twait_body_buffer 1KiB")
 	holder := holdSlot(t, b, addr)
 	timeoutsBefore := bodyWaits(t, "timeout")
 	body := randomBody(t, 8<<10)

@@ -124,11 +124,16 @@ func TestAnotherPluginsGoRedisLoggerIsKept(t *testing.T) {
 // name.
 func TestOtherClientsGoRedisLinesStayTheirs(t *testing.T) {
 	stderr := captureStderr(t)
-	other := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", freePort(t)), DialerRetries: 1})
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	other := redis.NewClient(&redis.Options{Addr: addr, DialerRetries: 1})
 	defer other.Close()
 	other.Ping(context.Background())
 	eventually(t, "go-redis logs the failed dial", func() bool { return strings.Contains(stderr(), "failed to dial") })
-	if strings.Contains(stderr(), `"logger":"redis"`) {
-		t.Fatalf("another client's go-redis line went to Caddy's log:\n%s", stderr())
+	// Only this client's lines: a store of an earlier test may still be
+	// logging through Caddy's logger while it winds down.
+	for _, l := range strings.Split(stderr(), "\n") {
+		if strings.Contains(l, addr) && strings.Contains(l, `"logger":"redis"`) {
+			t.Fatalf("another client's go-redis line went to Caddy's log:\n%s", l)
+		}
 	}
 }
