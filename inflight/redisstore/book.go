@@ -4,12 +4,16 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
+	"io"
 	"maps"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -520,6 +524,13 @@ func (b *book) pipeline(op string, zones []string, fill func(context.Context, re
 	defer cancel()
 	start := time.Now()
 	cmds, err := b.client.Pipelined(ctx, func(p redis.Pipeliner) error { return fill(ctx, p) })
+	// Renewals and releases can run again. One that met a pooled connection
+	// Redis or the network had closed (go-redis drops it) tries the next
+	// one, a few times: that is not an outage (seen: a release after Redis
+	// answered again logged a second outage).
+	for try := 1; try < 3 && staleConnection(err); try++ {
+		cmds, err = b.client.Pipelined(ctx, func(p redis.Pipeliner) error { return fill(ctx, p) })
+	}
 	if err == nil {
 		for _, c := range cmds {
 			if c.Err() != nil {
@@ -624,4 +635,11 @@ func randomID() string {
 	var b [6]byte
 	rand.Read(b[:])
 	return hex.EncodeToString(b[:])
+}
+
+// staleConnection reports whether err is a connection that was closed
+// under the call (EOF, reset, broken pipe), rather than Redis failing to
+// answer or to be reached.
+func staleConnection(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed)
 }
