@@ -121,8 +121,9 @@ type Handler struct {
 	// Default: the request's priority class weight (high 2, normal 1, low
 	// 0.5). A value outside the range counts as the nearest bound, and one
 	// that is not a positive number as 1; each is logged once per value. A
-	// fixed weight (no placeholder) outside the range is refused at load. It must come from something the operator controls (a map of
-	// an authenticated identity), never from a value the client chooses.
+	// fixed weight (no placeholder) outside the range is refused at load.
+	// It must come from something the operator controls (a map of an
+	// authenticated identity), never from a value the client chooses.
 	Weight string `json:"weight,omitempty"`
 
 	// MaxWaitingPerKey bounds the requests waiting with one key (of the Fair
