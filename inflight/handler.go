@@ -530,9 +530,9 @@ type admission struct {
 	watch  bodyWatch
 	// measured wraps the response writer, with total_adaptive.
 	measured measuredWriter
-	// Fill a 256-byte size class, whose objects start on cache lines:
+	// Fill a 320-byte size class, whose objects start on cache lines:
 	// requests admitted on different cores then never write one line.
-	_ [256 - unsafe.Sizeof(limiter.Request{}) - unsafe.Sizeof([]string(nil)) - unsafe.Sizeof(bodyWatch{}) - unsafe.Sizeof(measuredWriter{})]byte
+	_ [320 - unsafe.Sizeof(limiter.Request{}) - unsafe.Sizeof([]string(nil)) - unsafe.Sizeof(bodyWatch{}) - unsafe.Sizeof(measuredWriter{})]byte
 }
 
 func newAdmission(dims int) *admission {

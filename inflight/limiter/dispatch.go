@@ -29,7 +29,7 @@ func (z *Zone) dispatch() {
 			continue // a newcomer that read pending == 0 took the room: the next round files f
 		}
 		if f.fair {
-			z.charge(f)
+			z.charge(f, f.head.req.taken)
 		}
 		z.grant(f.head)
 		if f.n == 0 {

@@ -3,9 +3,10 @@ package limiter
 import "time"
 
 // Fair sharing is start-time fair queuing over the keys of one dimension,
-// each slot granted from the queue counting as one unit of work. A key's
-// tag is the virtual time at which the work it was granted so far ends:
-// each grant adds 1/weight. vtime is the start tag of the latest grant. A
+// each grant from the queue counting as the units it takes: shares are
+// shares of units (unit-seconds, as the requests hold them). A key's tag
+// is the virtual time at which the work it was granted so far ends: each
+// grant adds units/weight. vtime is the start tag of the latest grant. A
 // waiting key's start tag is max(its tag, vtime): a key that was idle or
 // light starts at the present, never in the past, so it can neither hoard
 // credit nor be starved, and the freed slot goes to the waiter whose key has
@@ -19,13 +20,15 @@ import "time"
 // worth moving (10 slots at weights 2 : 1 : 0.5 stay at 5 : 3 : 2 for good,
 // not 5.7 : 2.9 : 1.4); counting grants carries the fractions over time.
 //
-// Weights are bounded (MinWeight to MaxWeight): a tag grows by at most
-// 1/MinWeight a grant, and virtual time is rebased to 0 (every tag moved
-// back with it) before it reaches rebaseAt, so a grant's 1/weight is never
-// lost to rounding and no weight can make a tag infinite or NaN.
+// Weights are bounded (MinWeight to MaxWeight) and units by MaxCost: a tag
+// grows by at most MaxCost/MinWeight a grant, and virtual time is rebased
+// to 0 (every tag moved back with it) before it reaches rebaseAt, so a
+// grant of one unit at MaxWeight is never lost to rounding near vtime and
+// no weight can make a tag infinite or NaN.
 //
 // Invariants, with mu held: tags holds keys whose tag may exceed vtime (a
-// tag at or below it reads the same as none), each by at most 1/MinWeight;
+// tag at or below it reads the same as none), each by at most
+// MaxCost/MinWeight;
 // vtime never decreases but by a rebase, which moves every tag back as
 // much; tags is pruned when it outgrows the flows.
 
@@ -60,15 +63,15 @@ func (c *virtualClock) start(key uint64) float64 {
 	return max(c.vtime, c.tags[key])
 }
 
-// charge records a grant to key at weight w (within the bounds), keeping
-// about keep tags.
-func (c *virtualClock) charge(key uint64, w float64, keep int) {
+// charge records a grant of units to key at weight w (within the
+// bounds), keeping about keep tags.
+func (c *virtualClock) charge(key uint64, units int64, w float64, keep int) {
 	if c.tags == nil {
 		c.tags = map[uint64]float64{}
 	}
 	start := c.start(key)
 	c.vtime = start
-	c.tags[key] = start + 1/w
+	c.tags[key] = start + float64(units)/w
 	if len(c.tags) > keep || c.vtime >= rebaseAt {
 		c.rebase()
 	}
@@ -90,8 +93,10 @@ func (c *virtualClock) rebase() {
 // startTag returns the virtual time at which f's key starts its next unit.
 func (z *Zone) startTag(f *flow) float64 { return z.vclock.start(f.fairKey) }
 
-// charge records a grant to f's key.
-func (z *Zone) charge(f *flow) { z.vclock.charge(f.fairKey, f.weight, 2*len(z.byID)+64) }
+// charge records a grant of units to f's key.
+func (z *Zone) charge(f *flow, units int64) {
+	z.vclock.charge(f.fairKey, units, f.weight, 2*len(z.byID)+64)
+}
 
 // before reports whether f's head goes before g's at time now. Fair flows
 // sharing a dimension go by their keys' start tags; ties, and flows not

@@ -7,7 +7,7 @@ import (
 )
 
 // A flow is the waiters that have exactly the same constraints: the same
-// Limits, keys and per-request maxes, and the same class, weight and
+// Limits, keys, per-request maxes and cost, and the same class, weight and
 // fairness. So if its oldest waiter (its head) does not fit, none of them
 // does, and the head is the best of them in every queue order: a flow is
 // tried through its head alone, however many wait in it.
@@ -234,6 +234,7 @@ func (z *Zone) flowID(req *Request, c Class, wt float64, fair bool, keyDim int) 
 	put(uint64(uintptr(unsafe.Pointer(req.Limits))))
 	put(uint64(c) | uint64(keyDim)<<8 | uint64(boolBit(fair))<<40)
 	put(math.Float64bits(wt))
+	put(uint64(req.cost()))
 	for d, k := range req.Keys {
 		put(uint64(len(k)))
 		h.WriteString(k)
@@ -247,7 +248,7 @@ func (z *Zone) flowID(req *Request, c Class, wt float64, fair bool, keyDim int) 
 // holds reports whether req with these options belongs to f.
 func (f *flow) holds(req *Request, c Class, wt float64, fair bool, keyDim int) bool {
 	r := f.head.req
-	if r.Limits != req.Limits || f.class != c || f.weight != wt || f.fair != fair || f.keyDim != keyDim || len(r.Keys) != len(req.Keys) {
+	if r.Limits != req.Limits || r.cost() != req.cost() || f.class != c || f.weight != wt || f.fair != fair || f.keyDim != keyDim || len(r.Keys) != len(req.Keys) {
 		return false
 	}
 	for d := range r.Keys {

@@ -18,10 +18,12 @@ type Shares struct {
 }
 
 // FairItem is one waiter to order: its key in the fair dimension, its
-// weight (0: its class weight) and its place in the queue.
+// weight (0: its class weight), its units (0: 1) and its place in the
+// queue.
 type FairItem struct {
 	Key    string
 	Weight float64
+	Units  int64
 	Place  Place
 }
 
@@ -58,8 +60,8 @@ func (s *Shares) Order(items []FairItem, now time.Time) []int {
 	for len(queues) > 0 {
 		q := queues[0]
 		out = append(out, q.idx[0])
+		q.tag += float64(max(items[q.idx[0]].Units, 1)) / q.weight
 		q.idx = q.idx[1:]
-		q.tag += 1 / q.weight
 		if len(q.idx) == 0 {
 			heap.Pop(&queues)
 		} else {
@@ -69,10 +71,10 @@ func (s *Shares) Order(items []FairItem, now time.Time) []int {
 	return out
 }
 
-// Charge records that it was granted a slot.
+// Charge records that it was granted its units.
 func (s *Shares) Charge(it FairItem) {
 	s.init()
-	s.vclock.charge(maphash.String(s.seed, it.Key), weightOf(it), 1024)
+	s.vclock.charge(maphash.String(s.seed, it.Key), max(it.Units, 1), weightOf(it), 1024)
 }
 
 func (s *Shares) init() {

@@ -1,6 +1,7 @@
 package limiter
 
-// table counts requests in flight per key hash within one shard. The first
+// table counts the units in flight per key hash within one shard (a
+// request of cost c holds c units of its key). The first
 // keys live inline, on the shard's own cache lines, so the common case
 // (few keys in flight per shard) touches no memory outside the shard; the
 // rest overflow to a map.
@@ -8,13 +9,15 @@ package limiter
 // Invariants: inline[:n] hold distinct hashes, each with a count above
 // zero; more holds the other hashes with a count above zero; no hash is in
 // both. more is nil until the inline entries are all in use, and gives
-// its memory back as keys leave (see shrink).
+// its memory back as keys leave (see shrink). held is the sum of the
+// counts, and requests the requests that hold them.
 type table struct {
-	n      int32
-	peak   int32 // largest len(more) since it was made
-	held   int64 // sum of all counts, for metrics
-	more   map[uint64]int64
-	inline [inlineKeys]entry
+	n        int32
+	peak     int32 // largest len(more) since it was made
+	held     int64 // sum of all counts (units), for metrics
+	requests int64 // requests holding them, for metrics
+	more     map[uint64]int64
+	inline   [inlineKeys]entry
 }
 
 type entry struct {
@@ -22,10 +25,10 @@ type entry struct {
 	count int64
 }
 
-// inlineKeys fills a shard to two cache lines.
-const inlineKeys = 6
+// inlineKeys fills a shard to two cache lines, with its counts.
+const inlineKeys = 5
 
-// count returns the requests in flight for hash.
+// count returns the units in flight for hash.
 func (t *table) count(hash uint64) int64 {
 	for i := range t.n {
 		if t.inline[i].hash == hash {
@@ -38,41 +41,44 @@ func (t *table) count(hash uint64) int64 {
 	return t.more[hash]
 }
 
-// increment adds one to hash's count and reports whether hash is a new key.
-func (t *table) increment(hash uint64) (added bool) {
-	t.held++
+// increment adds a request of units to hash's count and reports whether
+// hash is a new key.
+func (t *table) increment(hash uint64, units int64) (added bool) {
+	t.held += units
+	t.requests++
 	for i := range t.n {
 		if t.inline[i].hash == hash {
-			t.inline[i].count++
+			t.inline[i].count += units
 			return false
 		}
 	}
 	if t.more != nil {
 		if n, ok := t.more[hash]; ok {
-			t.more[hash] = n + 1
+			t.more[hash] = n + units
 			return false
 		}
 	}
 	if t.n < inlineKeys {
-		t.inline[t.n] = entry{hash: hash, count: 1}
+		t.inline[t.n] = entry{hash: hash, count: units}
 		t.n++
 		return true
 	}
 	if t.more == nil {
 		t.more = make(map[uint64]int64)
 	}
-	t.more[hash] = 1
+	t.more[hash] = units
 	t.peak = max(t.peak, int32(len(t.more)))
 	return true
 }
 
-// decrement takes one from hash's count and reports whether that removed
-// the key.
-func (t *table) decrement(hash uint64) (removed bool) {
+// decrement takes a request of units from hash's count and reports
+// whether that removed the key.
+func (t *table) decrement(hash uint64, units int64) (removed bool) {
 	for i := range t.n {
 		if e := &t.inline[i]; e.hash == hash {
-			t.held--
-			if e.count--; e.count == 0 {
+			t.held -= units
+			t.requests--
+			if e.count -= units; e.count == 0 {
 				t.n--
 				*e = t.inline[t.n]
 				t.inline[t.n] = entry{}
@@ -85,9 +91,10 @@ func (t *table) decrement(hash uint64) (removed bool) {
 	if !ok {
 		return false // never held: nothing to give back
 	}
-	t.held--
-	if n > 1 {
-		t.more[hash] = n - 1
+	t.held -= units
+	t.requests--
+	if n > units {
+		t.more[hash] = n - units
 		return false
 	}
 	delete(t.more, hash)
@@ -117,7 +124,7 @@ func (t *table) shrink() {
 	}
 }
 
-// keys returns how many keys have requests in flight.
+// keys returns how many keys have units in flight.
 func (t *table) keys() int { return int(t.n) + len(t.more) }
 
 // appendCounts appends every key in flight to out.

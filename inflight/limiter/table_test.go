@@ -16,11 +16,11 @@ func TestTableMatchesAMap(t *testing.T) {
 	for step := range 200_000 {
 		h := uint64(rng.IntN(40)) // few enough keys to collide, more than inline
 		if rng.IntN(2) == 0 {
-			tb.increment(h)
+			tb.increment(h, 1)
 			ref[h]++
 			held++
 		} else {
-			tb.decrement(h)
+			tb.decrement(h, 1)
 			if ref[h] > 0 {
 				held--
 				if ref[h]--; ref[h] == 0 {

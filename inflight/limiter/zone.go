@@ -5,10 +5,19 @@
 // table from key to count, plus an optional zone-wide total. A key is kept
 // as a 64-bit hash with a secret per-zone seed: it costs the same memory
 // however long it is, and the request's string is not retained. A Request names one
-// key per dimension; it is admitted only if every dimension and the total have
-// room, and then it holds one slot in each until Release.
+// key per dimension and a cost; it is admitted only if every dimension and
+// the total have room for its units, and then it holds them in each until
+// Release. Caps and counts are in units: a request of cost c takes c units,
+// one by default.
 //
 // Invariants:
+//   - Cost conservation: a request takes the same units (its cost, clamped
+//     to the smallest cap it is checked against, see units) in every
+//     dimension and the total, all at once, and Release gives back exactly
+//     those units: the units are recorded in the Request at admission, so a
+//     reload that changes the caps meanwhile changes nothing given back. A
+//     cost above a cap is clamped to that cap, so a request is never
+//     refused for its size alone: it is admitted alone once the cap is free.
 //   - Each dimension's keys are spread over numShards shards, each with its
 //     own lock and table on cache lines of their own. A count is changed
 //     only with its shard's lock held; a table entry exists only while its
@@ -18,9 +27,10 @@
 //     is read, and nothing is written unless everything fits. A refused
 //     request never changes a count, so it can never cause a neighbour to
 //     be refused.
-//   - The total is an atomic counter, raised only after the keyed dimensions
-//     have been checked under their locks, by compare-and-swap against its
-//     max; it never exceeds the max it was checked against.
+//   - The total is an atomic counter of units and requests (see totalWord),
+//     raised only after the keyed dimensions have been checked under their
+//     locks, by compare-and-swap against its max; it never exceeds the max
+//     it was checked against.
 //   - Once any Limits with MaxKeys has been used, each dimension also counts
 //     its keys (keys.n): the count changes only under the lock of the shard
 //     whose table gained or lost the key, and counting starts with every
@@ -65,6 +75,17 @@ const (
 	inlineDims = 8
 )
 
+// MaxCost is the largest cost a request can have, and the largest cap: the
+// total counts units in the low bits of one word (see totalWord).
+const MaxCost = 1<<unitBits - 1
+
+// The total's word: units in the low unitBits bits, requests above them
+// (up to 2^23 in flight at once in one zone).
+const (
+	unitBits = 40
+	oneReq   = 1 << unitBits
+)
+
 // Limits are the caps one handler applies to the requests it admits. The
 // zone reads them on every admission, so a reload that installs new Limits
 // takes effect at once.
@@ -89,14 +110,17 @@ type Limits struct {
 	retired atomic.Bool
 }
 
-// Request is one admission. Keys and Max must stay unchanged from Acquire
-// until Release.
+// Request is one admission. Keys, Max and Cost must stay unchanged from
+// Acquire until Release.
 type Request struct {
 	// Keys holds one key per dimension; "" means the dimension does not
 	// apply to this request (it is neither checked nor counted).
 	Keys []string
 	// Max holds per-request caps for dimensions whose Limits.Max is 0.
 	Max []int64
+	// Cost is the units the request takes in every dimension and the
+	// total, up to MaxCost; 0 (or less) means 1.
+	Cost int64
 	// Limits are the caps of the handler that admits the request.
 	Limits *Limits
 	// Lease identifies the slots a shared store granted, for its Release.
@@ -106,7 +130,15 @@ type Request struct {
 	// need not hash again; valid while held is set.
 	hashes [inlineDims]uint64
 	held   bool
+	// taken is the units the request holds, set at admission.
+	taken int64
 }
+
+// Units returns the units req holds while admitted: its cost, clamped.
+func (req *Request) Units() int64 { return req.taken }
+
+// cost is req's cost within 1 to MaxCost.
+func (req *Request) cost() int64 { return min(max(req.Cost, 1), MaxCost) }
 
 // hash returns the hash of req's key in dimension d, from admission if it
 // kept it.
@@ -134,7 +166,7 @@ type Zone struct {
 	keysMu   sync.Mutex // starts counting
 	newKeys  sync.Mutex // serialises admissions of new keys under MaxKeys
 	_        [cacheLine]byte
-	total    atomic.Int64
+	total    atomic.Int64 // see totalWord
 	_        [cacheLine - 8]byte
 
 	// latest are the Limits of the newest handler provisioned for this zone;
@@ -232,25 +264,25 @@ func (z *Zone) tryNow(req *Request) (Outcome, int) {
 	return z.tryAcquire(req, true)
 }
 
-// Hold counts req in every dimension without checking any cap: for
-// requests a shared store admitted, so that local counts (metrics, and the
-// caps enforced locally while the store is unreachable) include them.
-func (z *Zone) Hold(req *Request) {
+// Hold counts units of req in every dimension without checking any cap:
+// for requests a shared store admitted, so that local counts (metrics, and
+// the caps enforced locally while the store is unreachable) include them.
+func (z *Zone) Hold(req *Request, units int64) {
 	for d, key := range req.Keys {
 		if key == "" {
 			continue
 		}
 		s, h := z.shardFor(d, key)
 		s.mu.Lock()
-		if s.increment(h) && z.counting.Load() {
+		if s.increment(h, units) && z.counting.Load() {
 			z.keys[d].n.Add(1)
 		}
 		s.mu.Unlock()
 		req.keep(d, h)
 	}
-	req.held = true
+	req.held, req.taken = true, units
 	if z.hasTotal {
-		z.total.Add(1)
+		z.total.Add(units + oneReq)
 	}
 }
 
@@ -273,9 +305,13 @@ func (z *Zone) Release(req *Request) {
 	}
 }
 
-// giveBack takes req's slots off the counts and, if collect is set (mu
+// giveBack takes req's units off the counts and, if collect is set (mu
 // held), makes the flows filed under them candidates.
 func (z *Zone) giveBack(req *Request, collect bool) {
+	units := req.taken
+	if !req.held { // a copy of the admitted request: its cost, unclamped
+		units = req.cost()
+	}
 	for d, key := range req.Keys {
 		if key == "" {
 			continue
@@ -283,7 +319,7 @@ func (z *Zone) giveBack(req *Request, collect bool) {
 		h := z.hash(req, d)
 		s := z.shardOf(d, h)
 		s.mu.Lock()
-		gone := s.decrement(h)
+		gone := s.decrement(h, units)
 		if gone && z.counting.Load() {
 			z.keys[d].n.Add(-1)
 		}
@@ -297,7 +333,7 @@ func (z *Zone) giveBack(req *Request, collect bool) {
 	}
 	req.held = false
 	if z.hasTotal {
-		z.total.Add(-1)
+		z.total.Add(-(units + oneReq))
 		if collect {
 			z.takeFiled(blocker{total: true})
 		}
@@ -321,19 +357,35 @@ func (z *Zone) candidatesFor(req *Request) {
 	}
 }
 
-// Held returns the slots held in dimension d (TotalDim: the total).
+// Held returns the units held in dimension d (TotalDim: the total).
 func (z *Zone) Held(d int) int64 {
+	units, _ := z.Load(d)
+	return units
+}
+
+// Load returns the units held in dimension d (TotalDim: the total), and the
+// requests holding them.
+func (z *Zone) Load(d int) (units, requests int64) {
 	if d == TotalDim {
-		return z.total.Load()
+		w := z.total.Load()
+		return w & MaxCost, w >> unitBits
 	}
-	var n int64
 	for i := range numShards {
 		s := &z.shards[d*numShards+i]
 		s.mu.Lock()
-		n += s.held
+		units += s.held
+		requests += s.requests
 		s.mu.Unlock()
 	}
-	return n
+	return units, requests
+}
+
+// KeyUnits returns the units key holds in dimension d.
+func (z *Zone) KeyUnits(d int, key string) int64 {
+	s, h := z.shardFor(d, key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.count(h)
 }
 
 // Keys returns how many keys of dimension d have requests in flight.
@@ -349,10 +401,11 @@ func (z *Zone) Keys(d int) int {
 }
 
 // tryAcquire checks every dimension of req under its shard lock and, if all
-// fit and commit is set, takes one slot in each. It returns Admitted, or
+// fit and commit is set, takes req's units in each. It returns Admitted, or
 // Full or KeysFull with the refusing dimension.
 func (z *Zone) tryAcquire(req *Request, commit bool) (Outcome, int) {
 	lim := z.limitsFor(req)
+	units := z.units(lim, req)
 	if lim.MaxKeys > 0 && !z.counting.Load() {
 		z.startCounting()
 	}
@@ -378,7 +431,7 @@ func (z *Zone) tryAcquire(req *Request, commit bool) (Outcome, int) {
 			continue
 		}
 		n := sl.shard.count(sl.hash)
-		if n >= capFor(lim, req, d) {
+		if n+units > capFor(lim, req, d) {
 			outcome, refusedBy = Full, d
 			break
 		}
@@ -393,7 +446,7 @@ func (z *Zone) tryAcquire(req *Request, commit bool) (Outcome, int) {
 			}
 		}
 	}
-	if outcome == Admitted && z.hasTotal && !z.takeTotal(totalCap(lim), commit) {
+	if outcome == Admitted && z.hasTotal && !z.takeTotal(totalCap(lim), units, commit) {
 		outcome, refusedBy = Full, TotalDim
 	}
 	admit := outcome == Admitted && commit
@@ -403,7 +456,7 @@ func (z *Zone) tryAcquire(req *Request, commit bool) (Outcome, int) {
 			continue
 		}
 		if admit {
-			if sl.shard.increment(sl.hash) && countKeys {
+			if sl.shard.increment(sl.hash, units) && countKeys {
 				z.keys[d].n.Add(1)
 			}
 			req.keep(d, sl.hash)
@@ -414,9 +467,24 @@ func (z *Zone) tryAcquire(req *Request, commit bool) (Outcome, int) {
 		z.newKeys.Unlock()
 	}
 	if admit {
-		req.held = true
+		req.held, req.taken = true, units
 	}
 	return outcome, refusedBy
+}
+
+// units returns the units req takes under lim: its cost, clamped to the
+// smallest cap it is checked against (see the invariants).
+func (z *Zone) units(lim *Limits, req *Request) int64 {
+	u := req.cost()
+	for d, key := range req.Keys {
+		if key != "" {
+			u = min(u, capFor(lim, req, d))
+		}
+	}
+	if c := totalCap(lim); z.hasTotal && c > 0 {
+		u = min(u, c)
+	}
+	return max(u, 1)
 }
 
 // startCounting makes the zone count each dimension's keys, from the keys
@@ -443,15 +511,15 @@ func (z *Zone) startCounting() {
 	}
 }
 
-// takeTotal raises the total by one if it is below max (0: no max). Without
-// commit it only reports whether it would.
-func (z *Zone) takeTotal(max int64, commit bool) bool {
+// takeTotal raises the total by a request of units if they fit under max
+// (0: no max). Without commit it only reports whether it would.
+func (z *Zone) takeTotal(max, units int64, commit bool) bool {
 	for {
-		n := z.total.Load()
-		if max > 0 && n >= max {
+		w := z.total.Load()
+		if max > 0 && w&MaxCost+units > max {
 			return false
 		}
-		if !commit || z.total.CompareAndSwap(n, n+1) {
+		if !commit || z.total.CompareAndSwap(w, w+units+oneReq) {
 			return true
 		}
 	}
@@ -522,13 +590,13 @@ func (z *Zone) shardOf(d int, h uint64) *shard {
 	return &z.shards[d*numShards+int(h>>32)&(numShards-1)]
 }
 
-// KeyCount is a key's hash and its requests in flight.
+// KeyCount is a key's hash and its units in flight.
 type KeyCount struct {
 	Hash  uint64
 	Count int64
 }
 
-// TopKeys returns up to n keys of dimension d with the most requests in
+// TopKeys returns up to n keys of dimension d with the most units in
 // flight, most first.
 func (z *Zone) TopKeys(d, n int) []KeyCount {
 	var all []KeyCount

@@ -174,7 +174,7 @@ func (z *redisZone) admit(reqs []*limiter.Request, waits []bool) ([]verdict, err
 			reqs[i].Lease = members[j]
 			z.book.hold(members[j], z.tag, sets[j])
 			if !counted[i] {
-				z.local.Hold(reqs[i])
+				z.local.Hold(reqs[i], 1)
 			}
 		case counted[i]:
 			z.local.Release(reqs[i])
