@@ -166,6 +166,20 @@ type Handler struct {
 	// Default: 65536 (64 KiB).
 	WaitBodyBuffer int `json:"wait_body_buffer,omitempty"`
 
+	// Cost is how many units a request takes from every limit and the
+	// total: a positive integer, or a placeholder that resolves to one per
+	// request (such as a header set by an authenticating handler before
+	// this one, or a `map` output). With it, every max and the total count
+	// units, not requests: `limit tenant {tenant} 32000` with a cost in
+	// tokens means 32,000 tokens in flight per tenant. A cost above a cap
+	// counts as that cap: the request is admitted alone once the cap is
+	// free. A value that does not resolve to a positive integer is
+	// answered with 500, logged once per value. `{http.inflight.cost}`
+	// holds the request's cost. Default: 1. It must not come from a value
+	// the client chooses: a client that declares a small cost takes more
+	// than its share.
+	Cost string `json:"cost,omitempty"`
+
 	// PlainKeys shows raw keys instead of hashes in per-key metrics and in
 	// the admin API. Keys may be secrets (API keys, cookies): turn this on
 	// only where metrics are private.
@@ -184,6 +198,7 @@ type Handler struct {
 	maxes      []valueFunc // nil where the max is fixed
 	priority   valueFunc
 	weight     valueFunc // nil without fair
+	cost       func(*http.Request) (int64, error) // nil: every request costs 1
 	retryAfter string
 	waitOpt    limiter.WaitOptions
 	rejected   map[string][]prometheus.Counter // reason -> per dimension, total last
@@ -214,6 +229,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.compile()
 	if err := h.compileFair(); err != nil {
+		return fmt.Errorf("inflight: %w", err)
+	}
+	if err := h.compileCost(); err != nil {
 		return fmt.Errorf("inflight: %w", err)
 	}
 
@@ -282,6 +300,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		a.req.Max[i] = max
 	}
 	a.req.Limits = h.limits
+	if h.cost != nil {
+		cost, err := h.cost(r)
+		if err != nil {
+			return err
+		}
+		a.req.Cost = cost
+		replacer(r).Set("http.inflight.cost", cost)
+	}
 	opt := h.waitOpt
 	if h.priority != nil {
 		opt.Class = limiter.ParseClass(h.priority(r))
@@ -550,7 +576,7 @@ func (h *Handler) recycle(a *admission) {
 	clear(a.req.Keys)
 	clear(a.req.Max)
 	clear(a.labels)
-	a.req.Limits, a.req.Lease = nil, ""
+	a.req.Limits, a.req.Lease, a.req.Cost = nil, "", 0
 	a.watch.r, a.watch.body = nil, nil
 	a.measured = measuredWriter{}
 	h.admissions.Put(a)

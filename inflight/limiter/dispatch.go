@@ -1,47 +1,59 @@
 package limiter
 
-// dispatch tries the candidate flows (z.cands) and admits their waiters
-// while any fits, the best first; a flow that does not fit is filed under
-// what blocks it now. mu must be held.
-//
-// Each round tries every candidate's head once and either admits one
-// waiter or has filed every candidate, so a release costs the flows it
-// could unblock, once per waiter it admits and once more.
+// dispatch serves the blockers a release or a change of caps gave room in
+// (z.freed), in turn. mu must be held.
 func (z *Zone) dispatch() {
-	cands := z.cands
-	for len(cands) > 0 {
-		fit := cands[:0]
-		for _, f := range cands {
-			o, d := z.tryAcquire(f.head.req, false)
-			if o != Admitted {
-				z.file(f, z.blockerOf(f.head.req, o, d))
-				continue
+	for i := 0; i < len(z.freed); i++ {
+		z.serve(z.freed[i])
+	}
+	z.freed = z.freed[:0]
+}
+
+// serve admits the flows filed under b while the best of them fits, and
+// holds b's room for the best when it does not.
+//
+// The best flow is taken out and tried: admitted, one waiter is granted its
+// units and the flow is filed again (it may be best again); refused by
+// another blocker, it is filed there and the next best is tried; refused
+// by b itself, it is filed again and serving stops. Flows filed under a
+// blocker hold its room: a newcomer, or a flow served from elsewhere, that
+// needs b is refused while any flow is filed under b (see tryAcquire). So
+// a request that needs many units is not passed by a stream of small ones:
+// once it is the best waiting on b, the units b frees stay free until it
+// fits, for about the service time of the requests holding b. Flows held
+// by other blockers are not held up.
+//
+// Each try admits a waiter, moves a flow to another blocker, or ends the
+// serving: a release costs O(log flows) per waiter it admits or flow it
+// moves, not the number of waiters.
+func (z *Zone) serve(b blocker) {
+	for {
+		fl := z.filingOf(b)
+		if fl == nil {
+			return
+		}
+		f := z.first(fl, z.clock.Now())
+		z.unfile(f)
+		o, d := z.tryAcquire(f.head.req, reservedExcept(b))
+		if o != Admitted {
+			nb := z.blockerOf(f.head.req, o, d)
+			z.file(f, nb)
+			if nb == b {
+				return
 			}
-			fit = append(fit, f)
-		}
-		cands = fit
-		if len(cands) == 0 {
-			break
-		}
-		i := z.best(cands)
-		f := cands[i]
-		if o, _ := z.tryAcquire(f.head.req, true); o != Admitted {
-			continue // a newcomer that read pending == 0 took the room: the next round files f
+			continue
 		}
 		if f.fair {
 			z.charge(f, f.head.req.taken)
 		}
 		z.grant(f.head)
-		if f.n == 0 {
-			cands[i] = cands[len(cands)-1]
-			cands = cands[:len(cands)-1]
+		if f.n > 0 {
+			z.file(f, b)
 		}
 	}
-	clear(z.cands[:cap(z.cands)])
-	z.cands = z.cands[:0]
 }
 
-// grant hands w the slots it was just admitted to, and wakes it.
+// grant hands w the units it was just admitted to, and wakes it.
 func (z *Zone) grant(w *waiter) {
 	z.dequeue(w)
 	z.pending.Add(-1)
@@ -49,17 +61,24 @@ func (z *Zone) grant(w *waiter) {
 	close(w.ready)
 }
 
-// best returns the index of the flow whose head goes first.
-func (z *Zone) best(cands []*flow) int {
-	b := 0
-	if len(cands) == 1 {
-		return b
-	}
-	now := z.clock.Now()
-	for i := 1; i < len(cands); i++ {
-		if z.before(cands[i], cands[b], now) {
-			b = i
-		}
-	}
-	return b
+// reservation says which blockers' room a try respects: with on, a blocker
+// with flows filed under it refuses every request but those served from it
+// (except).
+type reservation struct {
+	on     bool
+	except blocker
+	any    bool // except is set
+}
+
+// reservedAll respects every blocker's waiters: a newcomer's try while
+// requests wait.
+var reservedAll = reservation{on: true}
+
+// reservedExcept respects every blocker's waiters but b's, whose best flow
+// is being served.
+func reservedExcept(b blocker) reservation { return reservation{on: true, except: b, any: true} }
+
+// holds reports whether b's room is held for flows filed under it.
+func (z *Zone) holds(r reservation, b blocker) bool {
+	return r.on && !(r.any && r.except == b) && z.filed(b)
 }

@@ -56,6 +56,14 @@ func ClampWeight(w float64) float64 {
 type virtualClock struct {
 	vtime float64
 	tags  map[uint64]float64
+	base  float64 // virtual time moved back by rebases, in all
+}
+
+// place returns key's tag on a scale that rebases do not move back, for
+// ordering waiters: it never decreases. A key whose start tag is smaller
+// than another's has a smaller place (start tags are max(vtime, tag)).
+func (c *virtualClock) place(key uint64) float64 {
+	return c.base + c.tags[key]
 }
 
 // start returns the virtual time at which key starts its next unit.
@@ -87,6 +95,7 @@ func (c *virtualClock) rebase() {
 			c.tags[k] = tag - c.vtime
 		}
 	}
+	c.base += c.vtime
 	c.vtime = 0
 }
 

@@ -23,10 +23,13 @@ type flow struct {
 	n          int
 
 	// filed is the blocker the flow is filed under, if isFiled (it is not
-	// while dispatch tries it); prev and next link the flows filed there.
-	filed      blocker
-	isFiled    bool
-	prev, next *flow
+	// while serve tries it), in lane at index idx; place orders a fair
+	// flow in its lane (see filing.go).
+	filed   blocker
+	isFiled bool
+	lane    *lane
+	idx     int
+	place   float64
 }
 
 // blocker names a constraint that can keep a flow waiting: a key at its
@@ -52,12 +55,12 @@ func keysBlocker(d int) blocker {
 // is filed under. Guarded by the queue's mu.
 type flows struct {
 	byID    map[uint64]*flow
-	blocked map[uint64]*flow // non-total blocker -> first flow filed under it
-	onTotal *flow            // first flow filed under the total
+	blocked map[uint64]*filing // non-total blocker -> the flows filed under it
+	onTotal *filing            // the flows filed under the total
 	// perKey counts waiters per key of their KeyDim, for MaxWaitingPerKey.
 	perKey map[uint64]int
-	// cands are the flows being tried by dispatch.
-	cands []*flow
+	// freed are the blockers a release gave room in, for dispatch to serve.
+	freed []blocker
 	// Fair sharing's virtual time (see fair.go).
 	vclock virtualClock
 }
@@ -100,11 +103,10 @@ func (z *Zone) enqueue(w *waiter, opt WaitOptions, b blocker) {
 			f.fairKey = z.keyOf(w.req, f.keyDim)
 		}
 		if z.byID == nil {
-			z.byID, z.blocked, z.perKey = map[uint64]*flow{}, map[uint64]*flow{}, map[uint64]int{}
+			z.byID, z.blocked, z.perKey = map[uint64]*flow{}, map[uint64]*filing{}, map[uint64]int{}
 		}
 		f.collide = z.byID[id]
 		z.byID[id] = f
-		z.file(f, b)
 	}
 	w.flow = f
 	w.prev, w.next = f.tail, nil
@@ -114,16 +116,21 @@ func (z *Zone) enqueue(w *waiter, opt WaitOptions, b blocker) {
 		f.tail.next = w
 	}
 	f.tail = w
-	f.n++
+	if f.n++; f.n == 1 {
+		z.file(f, b)
+	}
 	if w.perKey != 0 {
 		z.perKey[w.perKey]++
 	}
 }
 
 // dequeue takes w out of its flow, and drops the flow once empty. A flow
-// being tried (in cands) is not filed; dispatch drops it itself.
-func (z *Zone) dequeue(w *waiter) {
+// being tried is not filed; serve files it again if it still has waiters.
+// It returns the blocker whose filing lost the flow, if it did: room held
+// there for the flow may now go to others.
+func (z *Zone) dequeue(w *waiter) (blocker, bool) {
 	f := w.flow
+	wasHead := f.head == w
 	if w.prev == nil {
 		f.head = w.next
 	} else {
@@ -143,9 +150,13 @@ func (z *Zone) dequeue(w *waiter) {
 		}
 	}
 	if f.n > 0 {
-		return
+		if wasHead {
+			z.headLeft(f)
+		}
+		return blocker{}, false
 	}
-	if f.isFiled {
+	left, wasFiled := f.filed, f.isFiled
+	if wasFiled {
 		z.unfile(f)
 	}
 	switch first := z.byID[f.id]; {
@@ -159,65 +170,7 @@ func (z *Zone) dequeue(w *waiter) {
 	default:
 		delete(z.byID, f.id)
 	}
-}
-
-// file puts f under blocker b.
-func (z *Zone) file(f *flow, b blocker) {
-	f.filed, f.isFiled, f.prev = b, true, nil
-	if b.total {
-		f.next, z.onTotal = z.onTotal, f
-	} else {
-		f.next = z.blocked[b.key]
-		z.blocked[b.key] = f
-	}
-	if f.next != nil {
-		f.next.prev = f
-	}
-}
-
-// unfile takes f from under its blocker.
-func (z *Zone) unfile(f *flow) {
-	switch {
-	case f.prev != nil:
-		f.prev.next = f.next
-	case f.filed.total:
-		z.onTotal = f.next
-	case f.next == nil:
-		delete(z.blocked, f.filed.key)
-	default:
-		z.blocked[f.filed.key] = f.next
-	}
-	if f.next != nil {
-		f.next.prev = f.prev
-	}
-	f.isFiled, f.prev, f.next = false, nil, nil
-}
-
-// takeFiled moves every flow filed under b to the candidates.
-func (z *Zone) takeFiled(b blocker) {
-	var f *flow
-	if b.total {
-		f, z.onTotal = z.onTotal, nil
-	} else {
-		if f = z.blocked[b.key]; f == nil {
-			return
-		}
-		delete(z.blocked, b.key)
-	}
-	for f != nil {
-		next := f.next
-		f.isFiled, f.prev, f.next = false, nil, nil
-		z.cands = append(z.cands, f)
-		f = next
-	}
-}
-
-// takeAll moves every flow to the candidates, for a change of caps.
-func (z *Zone) takeAll() {
-	z.takeFiled(blocker{total: true})
-	for key := range z.blocked {
-		z.takeFiled(blocker{key: key})
-	}
+	return left, wasFiled
 }
 
 // flowID hashes the constraints that make a flow.

@@ -167,14 +167,14 @@ func (z *Zone) Acquire(ctx context.Context, req *Request, opt WaitOptions) Resul
 		return Result{Outcome: o, Dim: d}
 	}
 	if z.pending.Load() == 0 {
-		if o, _ := z.tryAcquire(req, true); o == Admitted {
+		if o, _ := z.tryAcquire(req, reservation{}); o == Admitted {
 			return Result{Outcome: Admitted}
 		}
 	}
 
 	z.mu.Lock()
 	z.pending.Add(1)
-	o, d := z.tryAcquire(req, true)
+	o, d := z.tryAcquire(req, reservedAll)
 	if o == Admitted {
 		z.pending.Add(-1)
 		z.mu.Unlock()
@@ -219,12 +219,15 @@ func (z *Zone) Acquire(ctx context.Context, req *Request, opt WaitOptions) Resul
 		}
 		return Result{Outcome: Admitted, Waited: waited}
 	}
-	z.dequeue(w)
+	if left, ok := z.dequeue(w); ok { // the room held there for its flow is free
+		z.freed = append(z.freed, left)
+	}
 	z.pending.Add(-1)
 	o, d = Full, 0
 	if outcome == Timeout {
-		o, d = z.tryAcquire(req, true)
+		o, d = z.tryAcquire(req, reservedAll)
 	}
+	z.dispatch()
 	z.mu.Unlock()
 	if o == Admitted {
 		return Result{Outcome: Admitted, Waited: waited}

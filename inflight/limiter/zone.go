@@ -48,7 +48,11 @@
 //     order, newKeys.
 //   - While any request is queued, admissions and releases go through the
 //     queue lock, so a freed slot reaches the waiters it can unblock before
-//     any newcomer sees it (see queue.go).
+//     any newcomer sees it (see queue.go), and a blocker with waiters filed
+//     under it holds its room for them: no newcomer takes units there
+//     (see serve). So no request waits for ever behind smaller ones: the
+//     best waiter on a blocker is admitted once the requests holding it
+//     have given back enough.
 package limiter
 
 import (
@@ -223,8 +227,7 @@ func (z *Zone) Kick() {
 		return
 	}
 	z.mu.Lock()
-	z.takeFiled(blocker{total: true})
-	z.dispatch()
+	z.serve(blocker{total: true})
 	z.mu.Unlock()
 }
 
@@ -236,13 +239,16 @@ func (z *Zone) Retire(l *Limits) {
 	z.retryAll()
 }
 
-// retryAll tries every waiting flow again, after the caps changed.
+// retryAll serves every blocker again, after the caps changed.
 func (z *Zone) retryAll() {
 	if z.pending.Load() == 0 {
 		return
 	}
 	z.mu.Lock()
-	z.takeAll()
+	z.freed = append(z.freed, blocker{total: true})
+	for key := range z.blocked {
+		z.freed = append(z.freed, blocker{key: key})
+	}
 	z.dispatch()
 	z.mu.Unlock()
 }
@@ -260,8 +266,9 @@ func (z *Zone) tryNow(req *Request) (Outcome, int) {
 	if z.pending.Load() > 0 {
 		z.mu.Lock() // slots are given back under mu: waiters go first
 		defer z.mu.Unlock()
+		return z.tryAcquire(req, reservedAll)
 	}
-	return z.tryAcquire(req, true)
+	return z.tryAcquire(req, reservation{})
 }
 
 // Hold counts units of req in every dimension without checking any cap:
@@ -306,7 +313,7 @@ func (z *Zone) Release(req *Request) {
 }
 
 // giveBack takes req's units off the counts and, if collect is set (mu
-// held), makes the flows filed under them candidates.
+// held), records the blockers they free for dispatch.
 func (z *Zone) giveBack(req *Request, collect bool) {
 	units := req.taken
 	if !req.held { // a copy of the admitted request: its cost, unclamped
@@ -325,9 +332,9 @@ func (z *Zone) giveBack(req *Request, collect bool) {
 		}
 		s.mu.Unlock()
 		if collect && len(z.blocked) > 0 {
-			z.takeFiled(keyBlocker(d, h))
+			z.freed = append(z.freed, keyBlocker(d, h))
 			if gone {
-				z.takeFiled(keysBlocker(d))
+				z.freed = append(z.freed, keysBlocker(d))
 			}
 		}
 	}
@@ -335,25 +342,24 @@ func (z *Zone) giveBack(req *Request, collect bool) {
 	if z.hasTotal {
 		z.total.Add(-(units + oneReq))
 		if collect {
-			z.takeFiled(blocker{total: true})
+			z.freed = append(z.freed, blocker{total: true})
 		}
 	}
 }
 
-// candidatesFor makes the flows that req's released slots may unblock
-// candidates, when they were given back without mu. Its keys' shards may
-// have lost a key as well.
+// candidatesFor records the blockers req's released units may free, when
+// they were given back without mu. Its keys' shards may have lost a key as
+// well.
 func (z *Zone) candidatesFor(req *Request) {
 	for d, key := range req.Keys {
 		if key == "" || len(z.blocked) == 0 {
 			continue
 		}
 		h := maphash.String(z.seed, key)
-		z.takeFiled(keyBlocker(d, h))
-		z.takeFiled(keysBlocker(d))
+		z.freed = append(z.freed, keyBlocker(d, h), keysBlocker(d))
 	}
 	if z.hasTotal {
-		z.takeFiled(blocker{total: true})
+		z.freed = append(z.freed, blocker{total: true})
 	}
 }
 
@@ -401,9 +407,10 @@ func (z *Zone) Keys(d int) int {
 }
 
 // tryAcquire checks every dimension of req under its shard lock and, if all
-// fit and commit is set, takes req's units in each. It returns Admitted, or
-// Full or KeysFull with the refusing dimension.
-func (z *Zone) tryAcquire(req *Request, commit bool) (Outcome, int) {
+// fit, takes req's units in each. It returns Admitted, or Full or KeysFull
+// with the refusing dimension. With r on (mu held), a blocker whose room is
+// held for the flows filed under it refuses as if full.
+func (z *Zone) tryAcquire(req *Request, r reservation) (Outcome, int) {
 	lim := z.limitsFor(req)
 	units := z.units(lim, req)
 	if lim.MaxKeys > 0 && !z.counting.Load() {
@@ -431,25 +438,25 @@ func (z *Zone) tryAcquire(req *Request, commit bool) (Outcome, int) {
 			continue
 		}
 		n := sl.shard.count(sl.hash)
-		if n+units > capFor(lim, req, d) {
+		if n+units > capFor(lim, req, d) || z.holds(r, keyBlocker(d, sl.hash)) {
 			outcome, refusedBy = Full, d
 			break
 		}
 		if n == 0 && lim.MaxKeys > 0 {
-			if commit && !counted {
+			if !counted {
 				z.newKeys.Lock()
 				counted = true
 			}
-			if z.keys[d].n.Load() >= lim.MaxKeys {
+			if z.keys[d].n.Load() >= lim.MaxKeys || z.holds(r, keysBlocker(d)) {
 				outcome, refusedBy = KeysFull, d
 				break
 			}
 		}
 	}
-	if outcome == Admitted && z.hasTotal && !z.takeTotal(totalCap(lim), units, commit) {
+	if outcome == Admitted && z.hasTotal && (z.holds(r, blocker{total: true}) || !z.takeTotal(totalCap(lim), units)) {
 		outcome, refusedBy = Full, TotalDim
 	}
-	admit := outcome == Admitted && commit
+	admit := outcome == Admitted
 	countKeys := admit && z.counting.Load()
 	for d, sl := range locked {
 		if sl.shard == nil {
@@ -512,14 +519,14 @@ func (z *Zone) startCounting() {
 }
 
 // takeTotal raises the total by a request of units if they fit under max
-// (0: no max). Without commit it only reports whether it would.
-func (z *Zone) takeTotal(max, units int64, commit bool) bool {
+// (0: no max).
+func (z *Zone) takeTotal(max, units int64) bool {
 	for {
 		w := z.total.Load()
 		if max > 0 && w&MaxCost+units > max {
 			return false
 		}
-		if !commit || z.total.CompareAndSwap(w, w+units+oneReq) {
+		if z.total.CompareAndSwap(w, w+units+oneReq) {
 			return true
 		}
 	}

@@ -1,0 +1,52 @@
+package inflight
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
+)
+
+// compileCost checks a fixed cost and compiles a placeholder one; h.cost
+// stays nil when every request costs 1.
+func (h *Handler) compileCost() error {
+	if h.Cost == "" {
+		return nil
+	}
+	if !strings.Contains(h.Cost, "{") {
+		n, err := strconv.ParseInt(h.Cost, 10, 64)
+		if err != nil || n <= 0 || n > limiter.MaxCost {
+			return fmt.Errorf("cost %q is not allowed: want a positive integer up to %d, or a placeholder such as {http.request.header.X-Cost}", h.Cost, int64(limiter.MaxCost))
+		}
+		h.cost = func(*http.Request) (int64, error) { return n, nil }
+		return nil
+	}
+	eval := compileTemplate(h.Cost)
+	h.cost = func(r *http.Request) (int64, error) { return h.parseCost(eval(r)) }
+	return nil
+}
+
+// parseCost reads a placeholder cost. A value that is not a positive
+// integer is a configuration error on the operator's side, as a bad max
+// is: 500, logged once per distinct value. One above limiter.MaxCost counts
+// as MaxCost (the engine clamps it to the caps anyway).
+func (h *Handler) parseCost(v string) (int64, error) {
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil && strings.Trim(v, "0123456789") == "" && v != "" {
+		n, err = limiter.MaxCost, nil // out of int64's range: a huge cost
+	}
+	if err == nil && n > 0 {
+		return min(n, limiter.MaxCost), nil
+	}
+	seen := h.logBadValue("cost", v, func(seen string) {
+		h.logger.Error("cost placeholder did not resolve to a positive integer; answering 500",
+			zap.String("cost", h.Cost), zap.String("value", seen))
+	})
+	return 0, caddyhttp.Error(http.StatusInternalServerError,
+		fmt.Errorf("inflight: cost %s resolved to a value that is not a positive integer (%s)", h.Cost, seen))
+}

@@ -1,0 +1,195 @@
+package limiter
+
+import (
+	"context"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+func costly(lim *Limits, cost int64, keys ...string) *Request {
+	r := req(lim, keys...)
+	r.Cost = cost
+	return r
+}
+
+// TestCostMixedSharesCap: requests of costs 1 to 40 share a key's cap of
+// 100 units and a total of 150 under contention: no cap is ever exceeded in
+// units, and every count is back at zero afterwards.
+func TestCostMixedSharesCap(t *testing.T) {
+	z := NewZone(1, true, nil)
+	lim := &Limits{Max: []int64{100}, Total: 150}
+	var held [2]atomic.Int64 // key "a", total
+	var peak [2]atomic.Int64
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 1))
+			for range 3000 {
+				key := []string{"a", "b"}[rng.IntN(2)]
+				r := costly(lim, 1+rng.Int64N(40), key)
+				if ok, _ := z.TryAcquire(r); !ok {
+					continue
+				}
+				if r.Units() != r.Cost {
+					t.Errorf("cost %d took %d units", r.Cost, r.Units())
+				}
+				if key == "a" {
+					notePeak(&peak[0], held[0].Add(r.Units()))
+				}
+				notePeak(&peak[1], held[1].Add(r.Units()))
+				if key == "a" {
+					held[0].Add(-r.Units())
+				}
+				held[1].Add(-r.Units())
+				z.Release(r)
+			}
+		})
+	}
+	wg.Wait()
+	if peak[0].Load() > 100 || peak[1].Load() > 150 {
+		t.Fatalf("peak units: key %d (cap 100), total %d (cap 150)", peak[0].Load(), peak[1].Load())
+	}
+	for _, d := range []int{0, TotalDim} {
+		if u, n := z.Load(d); u != 0 || n != 0 {
+			t.Fatalf("dimension %d: %d units, %d requests left", d, u, n)
+		}
+	}
+	t.Logf("peak units: key a %d of 100, total %d of 150", peak[0].Load(), peak[1].Load())
+}
+
+// TestCostAboveCapAdmittedAlone: a cost above the smallest cap counts as
+// that cap: refused while anything holds it, admitted once it is free, and
+// what it gives back is what it took, even after a reload lowered the cap.
+func TestCostAboveCapAdmittedAlone(t *testing.T) {
+	z := NewZone(1, true, nil)
+	lim := &Limits{Max: []int64{10}, Total: 100}
+	small := costly(lim, 1, "a")
+	mustAdmit(t, z, small)
+	big := costly(lim, 1_000_000, "a")
+	mustRefuse(t, z, big, 0)
+	z.Release(small)
+	mustAdmit(t, z, big)
+	if big.Units() != 10 {
+		t.Fatalf("cost 1e6 under a cap of 10 took %d units, want 10", big.Units())
+	}
+	if u, n := z.Load(TotalDim); u != 10 || n != 1 {
+		t.Fatalf("total holds %d units of %d requests, want 10 of 1", u, n)
+	}
+	lower := &Limits{Max: []int64{4}, Total: 100}
+	z.Adopt(lower)
+	z.Retire(lim)
+	z.Release(big)
+	for _, d := range []int{0, TotalDim} {
+		if u, n := z.Load(d); u != 0 || n != 0 {
+			t.Fatalf("after release across a reload, dimension %d: %d units, %d requests", d, u, n)
+		}
+	}
+	huge := costly(lower, math.MaxInt64, "b")
+	mustAdmit(t, z, huge)
+	if huge.Units() != 4 {
+		t.Fatalf("cost MaxInt64 took %d units, want the cap 4", huge.Units())
+	}
+	z.Release(huge)
+}
+
+// TestBigWaiterNotStarved: under a steady stream of requests of cost 1
+// (20 clients, each always waiting for the next), a waiter of cost 10 on a
+// total of 10 is admitted once the waiters ahead of it and the requests
+// holding the total are through (about two service times of 0.9-1.09 s),
+// not when its wait runs out: freed units are held for it.
+func TestBigWaiterNotStarved(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		z := NewZone(1, true, nil)
+		lim := &Limits{Max: []int64{1000}, Total: 10}
+		opt := WaitOptions{Wait: time.Hour}
+		ctx, stop := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		for c := range 20 {
+			wg.Go(func() {
+				for ctx.Err() == nil {
+					r := costly(lim, 1, "small")
+					if z.Acquire(ctx, r, opt).Outcome != Admitted {
+						return
+					}
+					time.Sleep(time.Duration(900+10*c) * time.Millisecond) // staggered releases
+					z.Release(r)
+				}
+			})
+		}
+		time.Sleep(10 * time.Second)
+		big := costly(lim, 10, "big")
+		res := z.Acquire(context.Background(), big, opt)
+		if res.Outcome == Admitted {
+			z.Release(big)
+		}
+		stop()
+		wg.Wait()
+		if res.Outcome != Admitted || res.Waited > 2200*time.Millisecond {
+			t.Fatalf("big request: outcome %d after %s, want admitted within two service times (2.2s)", res.Outcome, res.Waited)
+		}
+		t.Logf("cost-10 request admitted after %s among 20 clients of cost 1", res.Waited)
+	})
+}
+
+// TestBigWaiterHoldsOnlyItsConstraint: a big waiter held by its key's cap
+// does not hold back waiters of other keys, nor newcomers of other keys.
+func TestBigWaiterHoldsOnlyItsConstraint(t *testing.T) {
+	z := NewZone(1, true, newFakeClock())
+	lim := &Limits{Max: []int64{10}, Total: 100}
+	holdA := costly(lim, 5, "a")
+	mustAdmit(t, z, holdA)
+	ctx := context.Background()
+	opt := WaitOptions{Wait: time.Hour}
+	bigA := enqueue(t, ctx, z, "bigA", costly(lim, 10, "a"), opt)
+	mustRefuse(t, z, costly(lim, 1, "a"), 0) // a's room is held for bigA
+	mustAdmit(t, z, costly(lim, 9, "b"))     // b's is not
+	z.Release(holdA)
+	if r := <-bigA.res; r.Outcome != Admitted {
+		t.Fatalf("bigA outcome %d, want admitted", r.Outcome)
+	}
+}
+
+// TestFairSharesInUnits: two tenants of weights 2 and 1 whose requests
+// cost 3 and 1 units share a total of 12 units in proportion to their
+// weights in unit-seconds, within 5%.
+func TestFairSharesInUnits(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		z := NewZone(1, true, nil)
+		lim := &Limits{Max: []int64{1000}, Total: 12}
+		tenants := []struct {
+			key    string
+			weight float64
+			cost   int64
+		}{{"a", 2, 3}, {"b", 1, 1}}
+		var mu sync.Mutex
+		var unitSeconds [2]float64
+		start := time.Now()
+		var wg sync.WaitGroup
+		for i, tn := range tenants {
+			for range 16 {
+				wg.Go(func() {
+					for time.Since(start) < 2000*time.Second {
+						r := costly(lim, tn.cost, tn.key)
+						z.Acquire(context.Background(), r, WaitOptions{Wait: time.Hour, Fair: true, Weight: tn.weight})
+						time.Sleep(time.Second)
+						mu.Lock()
+						unitSeconds[i] += float64(r.Units())
+						mu.Unlock()
+						z.Release(r)
+					}
+				})
+			}
+		}
+		wg.Wait()
+		share := unitSeconds[0] / (unitSeconds[0] + unitSeconds[1])
+		if math.Abs(share/(2.0/3)-1) > 0.05 {
+			t.Fatalf("tenant a (weight 2, cost 3) has %.4f of the unit-seconds, want 2/3 ± 5%%", share)
+		}
+		t.Logf("unit-second shares %.4f / %.4f (want 2/3, 1/3)", share, 1-share)
+	})
+}
