@@ -30,7 +30,9 @@ import "time"
 // tag at or below it reads the same as none), each by at most
 // MaxCost/MinWeight;
 // vtime never decreases but by a rebase, which moves every tag back as
-// much; tags is pruned when it outgrows the flows.
+// much and drops the tags at or below it; a rebase comes once tags has
+// doubled since the last one (amortised O(1) a grant, for a queue and for
+// a shared store's dispatcher alike), or vtime reached rebaseAt.
 
 // Bounds of a fair share's weight: a weight outside them counts as the
 // nearest bound.
@@ -57,7 +59,12 @@ type virtualClock struct {
 	vtime float64
 	tags  map[uint64]float64
 	base  float64 // virtual time moved back by rebases, in all
+	// rebaseAbove is the number of tags above which the next grant rebases.
+	rebaseAbove int
 }
+
+// minRebaseAbove is the fewest tags that make a grant rebase.
+const minRebaseAbove = 64
 
 // place returns key's tag on a scale that rebases do not move back, for
 // ordering waiters: it never decreases. A key whose start tag is smaller
@@ -72,16 +79,17 @@ func (c *virtualClock) start(key uint64) float64 {
 }
 
 // charge records a grant of units to key at weight w (within the
-// bounds), keeping about keep tags.
-func (c *virtualClock) charge(key uint64, units int64, w float64, keep int) {
+// bounds).
+func (c *virtualClock) charge(key uint64, units int64, w float64) {
 	if c.tags == nil {
 		c.tags = map[uint64]float64{}
 	}
 	start := c.start(key)
 	c.vtime = start
 	c.tags[key] = start + float64(units)/w
-	if len(c.tags) > keep || c.vtime >= rebaseAt {
+	if len(c.tags) > max(c.rebaseAbove, minRebaseAbove) || c.vtime >= rebaseAt {
 		c.rebase()
+		c.rebaseAbove = 2 * len(c.tags)
 	}
 }
 
@@ -104,7 +112,7 @@ func (z *Zone) startTag(f *flow) float64 { return z.vclock.start(f.fairKey) }
 
 // charge records a grant of units to f's key.
 func (z *Zone) charge(f *flow, units int64) {
-	z.vclock.charge(f.fairKey, units, f.weight, 2*len(z.byID)+64)
+	z.vclock.charge(f.fairKey, units, f.weight)
 }
 
 // before reports whether f's head goes before g's at time now. Fair flows

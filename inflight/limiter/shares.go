@@ -74,7 +74,7 @@ func (s *Shares) Order(items []FairItem, now time.Time) []int {
 // Charge records that it was granted its units.
 func (s *Shares) Charge(it FairItem) {
 	s.init()
-	s.vclock.charge(maphash.String(s.seed, it.Key), max(it.Units, 1), weightOf(it), 1024)
+	s.vclock.charge(maphash.String(s.seed, it.Key), max(it.Units, 1), weightOf(it))
 }
 
 func (s *Shares) init() {
