@@ -197,7 +197,7 @@ type Handler struct {
 	keys       []valueFunc
 	maxes      []valueFunc // nil where the max is fixed
 	priority   valueFunc
-	weight     valueFunc // nil without fair
+	weight     valueFunc                          // nil without fair
 	cost       func(*http.Request) (int64, error) // nil: every request costs 1
 	retryAfter string
 	waitOpt    limiter.WaitOptions
