@@ -32,7 +32,7 @@ func init() {
 }
 
 // subdirectives lists the block's options, for error messages.
-const subdirectives = "limit, total, zone, status, retry_after, dry_run, replicas, wait, max_waiting, priority, max_keys, metrics, store, fair, weight, max_waiting_per_key, wait_body_buffer"
+const subdirectives = "limit, total, cost, zone, status, retry_after, dry_run, replicas, wait, max_waiting, priority, max_keys, metrics, store, fair, weight, max_waiting_per_key, wait_body_buffer"
 
 // parse reads the inflight directive into the handler's JSON:
 //
@@ -46,6 +46,12 @@ const subdirectives = "limit, total, zone, status, retry_after, dry_run, replica
 //			tolerance <fraction>         #   slowdown before it shrinks (0.2)
 //			window    <duration>         #   shortest time between changes (250ms)
 //			overload_status <codes...>   #   statuses that mean overload (429 502 503 504)
+//		}]
+//		cost        <n>|<placeholder>    # units a request takes from every cap (1)
+//		cost        tokens [{            # units: an LLM request's tokens, estimated
+//			bytes_per_token <n>          #   body bytes per token (4)
+//			default_output  <n>          #   output tokens when the body names none (1024)
+//			max_body        <size>       #   body read at most (1MiB)
 //		}]
 //		zone        <name>               # share counters with handlers naming it
 //		status      <code>               # refusal status, 400-599 (429)
@@ -96,6 +102,8 @@ func parse(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 			err = parseLimit(h, hd, shorthand)
 		case "total":
 			err = parseTotal(h, hd)
+		case "cost":
+			err = parseCost(h, hd)
 		case "zone":
 			hd.Zone, err = zoneName(h)
 		case "status":
