@@ -54,9 +54,9 @@ func (z *Zone) serve(b blocker) {
 }
 
 // grant hands w the units it was just admitted to, and wakes it.
-func (z *Zone) grant(w *waiter) {
-	z.dequeue(w)
-	z.pending.Add(-1)
+func (q *queue) grant(w *waiter) {
+	q.dequeue(w)
+	q.pending.Add(-1)
 	w.granted = true
 	close(w.ready)
 }
@@ -79,6 +79,6 @@ var reservedAll = reservation{on: true}
 func reservedExcept(b blocker) reservation { return reservation{on: true, except: b, any: true} }
 
 // holds reports whether b's room is held for flows filed under it.
-func (z *Zone) holds(r reservation, b blocker) bool {
-	return r.on && !(r.any && r.except == b) && z.filed(b)
+func (q *queue) holds(r reservation, b blocker) bool {
+	return r.on && !(r.any && r.except == b) && q.filed(b)
 }

@@ -108,22 +108,22 @@ func (c *virtualClock) rebase() {
 }
 
 // startTag returns the virtual time at which f's key starts its next unit.
-func (z *Zone) startTag(f *flow) float64 { return z.vclock.start(f.fairKey) }
+func (q *queue) startTag(f *flow) float64 { return q.vclock.start(f.fairKey) }
 
 // charge records a grant of units to f's key.
-func (z *Zone) charge(f *flow, units int64) {
-	z.vclock.charge(f.fairKey, units, f.weight)
+func (q *queue) charge(f *flow, units int64) {
+	q.vclock.charge(f.fairKey, units, f.weight)
 }
 
 // before reports whether f's head goes before g's at time now. Fair flows
 // sharing a dimension go by their keys' start tags; ties, and flows not
 // comparable so, go by the queue order, with a fair flow's score using its
 // own weight.
-func (z *Zone) before(f, g *flow, now time.Time) bool {
+func (q *queue) before(f, g *flow, now time.Time) bool {
 	if !f.fair || !g.fair || f.keyDim != g.keyDim {
 		return f.head.Before(g.head.Place, now)
 	}
-	if sf, sg := z.startTag(f), z.startTag(g); sf != sg {
+	if sf, sg := q.startTag(f), q.startTag(g); sf != sg {
 		return sf < sg
 	}
 	if sf, sg := f.score(now), g.score(now); sf != sg {

@@ -76,26 +76,26 @@ func (fl *filing) laneFor(f *flow) *lane {
 }
 
 // filingOf returns the filing of b, or nil if nothing is filed there.
-func (z *Zone) filingOf(b blocker) *filing {
+func (q *queue) filingOf(b blocker) *filing {
 	if b.total {
-		return z.onTotal
+		return q.onTotal
 	}
-	return z.blocked[b.key]
+	return q.blocked[b.key]
 }
 
 // file puts f under blocker b.
-func (z *Zone) file(f *flow, b blocker) {
-	fl := z.filingOf(b)
+func (q *queue) file(f *flow, b blocker) {
+	fl := q.filingOf(b)
 	if fl == nil {
 		fl = &filing{}
 		if b.total {
-			z.onTotal = fl
+			q.onTotal = fl
 		} else {
-			z.blocked[b.key] = fl
+			q.blocked[b.key] = fl
 		}
 	}
 	if f.fair {
-		f.place = z.vclock.place(f.fairKey)
+		f.place = q.vclock.place(f.fairKey)
 	}
 	f.filed, f.isFiled, f.lane = b, true, fl.laneFor(f)
 	heap.Push(f.lane, f)
@@ -103,14 +103,14 @@ func (z *Zone) file(f *flow, b blocker) {
 }
 
 // unfile takes f from under its blocker.
-func (z *Zone) unfile(f *flow) {
+func (q *queue) unfile(f *flow) {
 	heap.Remove(f.lane, f.idx)
-	fl := z.filingOf(f.filed)
+	fl := q.filingOf(f.filed)
 	if fl.n--; fl.n == 0 {
 		if f.filed.total {
-			z.onTotal = nil
+			q.onTotal = nil
 		} else {
-			delete(z.blocked, f.filed.key)
+			delete(q.blocked, f.filed.key)
 		}
 	}
 	f.isFiled, f.lane = false, nil
@@ -118,14 +118,14 @@ func (z *Zone) unfile(f *flow) {
 
 // headLeft keeps f's place in its lane after its head left it (a waiter
 // that gave up): its next waiter arrived later.
-func (z *Zone) headLeft(f *flow) {
+func (q *queue) headLeft(f *flow) {
 	if f.isFiled {
 		heap.Fix(f.lane, f.idx)
 	}
 }
 
 // first returns the best flow filed in fl at time now.
-func (z *Zone) first(fl *filing, now time.Time) *flow {
+func (q *queue) first(fl *filing, now time.Time) *flow {
 	var best *flow
 	for _, l := range fl.lanes {
 		if len(l.flows) == 0 {
@@ -133,14 +133,14 @@ func (z *Zone) first(fl *filing, now time.Time) *flow {
 		}
 		for l.fair { // bring stale places up to date; they only grow
 			f := l.flows[0]
-			p := z.vclock.place(f.fairKey)
+			p := q.vclock.place(f.fairKey)
 			if p <= f.place {
 				break
 			}
 			f.place = p
 			heap.Fix(l, 0)
 		}
-		if f := l.flows[0]; best == nil || z.before(f, best, now) {
+		if f := l.flows[0]; best == nil || q.before(f, best, now) {
 			best = f
 		}
 	}
@@ -149,4 +149,4 @@ func (z *Zone) first(fl *filing, now time.Time) *flow {
 
 // filed reports whether any flow is filed under b: its room is held for
 // them (see serve).
-func (z *Zone) filed(b blocker) bool { return z.filingOf(b) != nil }
+func (q *queue) filed(b blocker) bool { return q.filingOf(b) != nil }

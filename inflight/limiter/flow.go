@@ -66,14 +66,14 @@ type flows struct {
 }
 
 // blockerOf returns what refused req: outcome o on dimension d.
-func (z *Zone) blockerOf(req *Request, o Outcome, d int) blocker {
+func (q *queue) blockerOf(req *Request, o Outcome, d int) blocker {
 	switch {
 	case d == TotalDim:
 		return blocker{total: true}
 	case o == KeysFull:
 		return keysBlocker(d)
 	}
-	return keyBlocker(d, maphash.String(z.seed, req.Keys[d]))
+	return keyBlocker(d, maphash.String(q.seed, req.Keys[d]))
 }
 
 // classWeight is a waiter's share when no weight is given.
@@ -91,22 +91,22 @@ func shareOf(w float64, c Class) float64 {
 // enqueue adds w, refused by b, to its flow, making and filing the flow if
 // it is new. An existing flow stays filed where it is: its blocker is full
 // too (the invariant), and w cannot fit before it does.
-func (z *Zone) enqueue(w *waiter, opt WaitOptions, b blocker) {
+func (q *queue) enqueue(w *waiter, opt WaitOptions, b blocker) {
 	wt := shareOf(opt.Weight, opt.Class)
-	id := z.flowID(w.req, opt.Class, wt, opt.Fair, opt.KeyDim)
+	id := q.flowID(w.req, opt.Class, wt, opt.Fair, opt.KeyDim)
 	var f *flow
-	for f = z.byID[id]; f != nil && !f.holds(w.req, opt.Class, wt, opt.Fair, opt.KeyDim); f = f.collide {
+	for f = q.byID[id]; f != nil && !f.holds(w.req, opt.Class, wt, opt.Fair, opt.KeyDim); f = f.collide {
 	}
 	if f == nil {
 		f = &flow{id: id, class: opt.Class, weight: wt, fair: opt.Fair, keyDim: opt.KeyDim}
 		if f.fair {
-			f.fairKey = z.keyOf(w.req, f.keyDim)
+			f.fairKey = q.keyOf(w.req, f.keyDim)
 		}
-		if z.byID == nil {
-			z.byID, z.blocked, z.perKey = map[uint64]*flow{}, map[uint64]*filing{}, map[uint64]int{}
+		if q.byID == nil {
+			q.byID, q.blocked, q.perKey = map[uint64]*flow{}, map[uint64]*filing{}, map[uint64]int{}
 		}
-		f.collide = z.byID[id]
-		z.byID[id] = f
+		f.collide = q.byID[id]
+		q.byID[id] = f
 	}
 	w.flow = f
 	w.prev, w.next = f.tail, nil
@@ -117,10 +117,10 @@ func (z *Zone) enqueue(w *waiter, opt WaitOptions, b blocker) {
 	}
 	f.tail = w
 	if f.n++; f.n == 1 {
-		z.file(f, b)
+		q.file(f, b)
 	}
 	if w.perKey != 0 {
-		z.perKey[w.perKey]++
+		q.perKey[w.perKey]++
 	}
 }
 
@@ -128,7 +128,7 @@ func (z *Zone) enqueue(w *waiter, opt WaitOptions, b blocker) {
 // being tried is not filed; serve files it again if it still has waiters.
 // It returns the blocker whose filing lost the flow, if it did: room held
 // there for the flow may now go to others.
-func (z *Zone) dequeue(w *waiter) (blocker, bool) {
+func (q *queue) dequeue(w *waiter) (blocker, bool) {
 	f := w.flow
 	wasHead := f.head == w
 	if w.prev == nil {
@@ -143,40 +143,40 @@ func (z *Zone) dequeue(w *waiter) (blocker, bool) {
 	}
 	w.prev, w.next = nil, nil
 	f.n--
-	z.queued.Add(-1)
+	q.queued.Add(-1)
 	if w.perKey != 0 {
-		if z.perKey[w.perKey]--; z.perKey[w.perKey] == 0 {
-			delete(z.perKey, w.perKey)
+		if q.perKey[w.perKey]--; q.perKey[w.perKey] == 0 {
+			delete(q.perKey, w.perKey)
 		}
 	}
 	if f.n > 0 {
 		if wasHead {
-			z.headLeft(f)
+			q.headLeft(f)
 		}
 		return blocker{}, false
 	}
 	left, wasFiled := f.filed, f.isFiled
 	if wasFiled {
-		z.unfile(f)
+		q.unfile(f)
 	}
-	switch first := z.byID[f.id]; {
+	switch first := q.byID[f.id]; {
 	case first != f:
 		for first.collide != f {
 			first = first.collide
 		}
 		first.collide = f.collide
 	case f.collide != nil:
-		z.byID[f.id] = f.collide
+		q.byID[f.id] = f.collide
 	default:
-		delete(z.byID, f.id)
+		delete(q.byID, f.id)
 	}
 	return left, wasFiled
 }
 
 // flowID hashes the constraints that make a flow.
-func (z *Zone) flowID(req *Request, c Class, wt float64, fair bool, keyDim int) uint64 {
+func (q *queue) flowID(req *Request, c Class, wt float64, fair bool, keyDim int) uint64 {
 	var h maphash.Hash
-	h.SetSeed(z.seed)
+	h.SetSeed(q.seed)
 	var buf [8]byte
 	put := func(v uint64) {
 		for i := range buf {
@@ -229,21 +229,21 @@ func boolBit(b bool) uint8 {
 // perKeyRoom returns the per-key waiting count req would join, and whether
 // it is at opt.MaxWaitingPerKey. 0: req is not counted (no bound, or no key
 // in the dimension).
-func (z *Zone) perKeyRoom(req *Request, opt WaitOptions) (uint64, bool) {
+func (q *queue) perKeyRoom(req *Request, opt WaitOptions) (uint64, bool) {
 	if opt.MaxWaitingPerKey <= 0 {
 		return 0, false
 	}
-	k := z.keyOf(req, opt.KeyDim)
-	return k, k != 0 && z.perKey[k] >= opt.MaxWaitingPerKey
+	k := q.keyOf(req, opt.KeyDim)
+	return k, k != 0 && q.perKey[k] >= opt.MaxWaitingPerKey
 }
 
 // keyOf identifies req's key in dimension d across the zone (never 0); 0
 // if req has no key there.
-func (z *Zone) keyOf(req *Request, d int) uint64 {
+func (q *queue) keyOf(req *Request, d int) uint64 {
 	if d >= len(req.Keys) || req.Keys[d] == "" {
 		return 0
 	}
-	return keyBlocker(d, maphash.String(z.seed, req.Keys[d])).key | 1
+	return keyBlocker(d, maphash.String(q.seed, req.Keys[d])).key | 1
 }
 
 // KeyWaiting is a key, its hash (as KeyCount has it) and its requests
@@ -256,11 +256,11 @@ type KeyWaiting struct {
 
 // WaitingKeys returns the keys of dimension d with requests waiting, and
 // how many wait for each. It walks the flows, not the waiters.
-func (z *Zone) WaitingKeys(d int) []KeyWaiting {
-	z.mu.Lock()
-	defer z.mu.Unlock()
-	t := z.keyTally()
-	for _, f := range z.byID {
+func (q *queue) WaitingKeys(d int) []KeyWaiting {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	t := q.keyTally()
+	for _, f := range q.byID {
 		for ; f != nil; f = f.collide {
 			t.add(f.head.req, d, int64(f.n))
 		}
@@ -271,8 +271,8 @@ func (z *Zone) WaitingKeys(d int) []KeyWaiting {
 // WaitingKeysOf returns, as WaitingKeys does, the keys of dimension d of
 // requests waiting outside the zone (in a shared store's queue), hashed
 // as the zone hashes them.
-func (z *Zone) WaitingKeysOf(d int, waiting []*Request) []KeyWaiting {
-	t := z.keyTally()
+func (q *queue) WaitingKeysOf(d int, waiting []*Request) []KeyWaiting {
+	t := q.keyTally()
 	for _, req := range waiting {
 		t.add(req, d, 1)
 	}
@@ -286,8 +286,8 @@ type keyTally struct {
 	out  []KeyWaiting
 }
 
-func (z *Zone) keyTally() *keyTally {
-	return &keyTally{seed: z.seed, idx: map[uint64]int{}}
+func (q *queue) keyTally() *keyTally {
+	return &keyTally{seed: q.seed, idx: map[uint64]int{}}
 }
 
 // add counts n requests like req under its key of dimension d, if it has

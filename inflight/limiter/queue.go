@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"hash/maphash"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -112,6 +113,7 @@ type WaitOptions struct {
 //     request raises pending before its own attempt, which then sees the
 //     freed slot.
 type queue struct {
+	seed    maphash.Seed // of the zone's key hashes
 	clock   Clock
 	mu      sync.Mutex
 	pending atomic.Int64
@@ -156,7 +158,7 @@ type waiter struct {
 }
 
 // Waiting returns how many requests are queued now.
-func (z *Zone) Waiting() int64 { return z.queued.Load() }
+func (q *queue) Waiting() int64 { return q.queued.Load() }
 
 // Acquire admits req, waiting up to opt.Wait for room. A request that waits
 // uses no goroutine of its own beyond the caller's: a Release hands it the

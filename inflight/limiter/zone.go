@@ -163,7 +163,6 @@ func (req *Request) keep(d int, h uint64) {
 // Zone counts requests in flight for a fixed list of dimensions.
 type Zone struct {
 	hasTotal bool
-	seed     maphash.Seed
 	shards   []shard // dims × numShards, dimension-major
 	counting atomic.Bool
 	keys     []keyCount // per dimension, once counting
@@ -205,8 +204,8 @@ func NewZone(dims int, hasTotal bool, clock Clock) *Zone {
 	if clock == nil {
 		clock = realClock{}
 	}
-	z := &Zone{hasTotal: hasTotal, seed: maphash.MakeSeed(), shards: make([]shard, dims*numShards), keys: make([]keyCount, dims)}
-	z.clock = clock
+	z := &Zone{hasTotal: hasTotal, shards: make([]shard, dims*numShards), keys: make([]keyCount, dims)}
+	z.clock, z.seed = clock, maphash.MakeSeed()
 	return z
 }
 
