@@ -1,0 +1,189 @@
+package inflight
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+)
+
+// Defaults of TokensCost.
+const (
+	DefaultBytesPerToken = 4
+	DefaultOutputTokens  = 1024
+	DefaultMaxBody       = 1 << 20
+)
+
+// maxMaxBody bounds max_body: the body's first max_body bytes are held in
+// memory by every request in flight.
+const maxMaxBody = 1 << 30
+
+// TokensCost estimates a request's cost in tokens from its body, an OpenAI-
+// or Anthropic-style JSON request (chat completions, responses, messages):
+//
+//	cost = ceil(body bytes / bytes_per_token) + output
+//
+// where output is the largest of the top-level JSON fields `max_tokens`,
+// `max_completion_tokens` and `max_output_tokens` whose value is a
+// non-negative integer (1024.0 and 1e3 count; 1.5, negative numbers,
+// strings, null and fields inside nested objects are ignored; a key given
+// twice counts with its largest value), or `default_output` when the body
+// has none of them. A body that is not a JSON object (not JSON, an array, a
+// string) counts its bytes plus `default_output`; no body (GET) counts
+// `default_output` alone. A count beyond 2^63-1 (99999999999999999999,
+// 1e30), and a sum beyond it, count as 2^63-1: nothing wraps around.
+//
+// The body is read, up to `max_body` bytes, before the request is admitted,
+// and handed on to the next handler byte for byte. A body longer than
+// `max_body` is not read whole: its first `max_body` bytes are read and no
+// more, the byte count is its Content-Length, and the output is
+// `default_output`, since its JSON was not read; set `max_body` above the
+// largest prompt you accept. A body longer than `max_body` without a
+// Content-Length (chunked) counts as 2^63-1 tokens, which the engine clamps
+// to the cap: it is admitted alone. To tell a body of unknown
+// length that ends at `max_body` from a longer one, `max_body` + 1 bytes are
+// read.
+//
+// Memory: each request in flight holds the bytes read (at most `max_body`,
+// exactly the Content-Length when it is below) until the next handler has
+// read them, so at most requests in flight × `max_body`.
+type TokensCost struct {
+	// BytesPerToken is how many body bytes count as one input token.
+	// Default: 4.
+	BytesPerToken int64 `json:"bytes_per_token,omitempty"`
+
+	// DefaultOutput is the output tokens counted for a body that gives
+	// none of max_tokens, max_completion_tokens, max_output_tokens.
+	// Default: 1024.
+	DefaultOutput int64 `json:"default_output,omitempty"`
+
+	// MaxBody is the most bytes of a body read to estimate its cost; a
+	// longer body counts its Content-Length and DefaultOutput. Up to 1 GiB.
+	// Default: 1 MiB (1048576).
+	MaxBody int64 `json:"max_body,omitempty"`
+}
+
+func (t *TokensCost) setDefaults() {
+	if t.BytesPerToken == 0 {
+		t.BytesPerToken = DefaultBytesPerToken
+	}
+	if t.DefaultOutput == 0 {
+		t.DefaultOutput = DefaultOutputTokens
+	}
+	if t.MaxBody == 0 {
+		t.MaxBody = DefaultMaxBody
+	}
+}
+
+func (t *TokensCost) validate() error {
+	switch {
+	case t.BytesPerToken < 0:
+		return fmt.Errorf("inflight: cost tokens: bytes_per_token %d is not allowed: want a positive integer (0 for the default, %d)", t.BytesPerToken, DefaultBytesPerToken)
+	case t.DefaultOutput < 0:
+		return fmt.Errorf("inflight: cost tokens: default_output %d is not allowed: want a positive integer (0 for the default, %d)", t.DefaultOutput, DefaultOutputTokens)
+	case t.MaxBody < 0 || t.MaxBody > maxMaxBody:
+		return fmt.Errorf("inflight: cost tokens: max_body %d is not allowed: want 1 to %d bytes (0 for the default, %d): the bytes read are held in memory", t.MaxBody, maxMaxBody, DefaultMaxBody)
+	}
+	return nil
+}
+
+// estimate reads r's body (at most MaxBody bytes, MaxBody+1 when its length
+// is unknown), puts it back so that the next handler reads it byte for
+// byte, and returns the estimate. A read error (the client left mid-body, a
+// request_body max_size exceeded) is returned wrapped; the body then
+// returns the bytes read, then that error.
+//
+// The bytes read are in a buffer of their own, exactly the Content-Length
+// when it is below MaxBody, and not pooled: r.Body holds it until the next
+// handler has read it, and no point in the handler knows when that is
+// (http.RoundTripper may read and close a request body in a goroutine of
+// its own even after RoundTrip returned), so a buffer put back in a pool
+// could still be read. r.Body drops it once it is read.
+func (t *TokensCost) estimate(r *http.Request) (int64, error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return t.DefaultOutput, nil
+	}
+	length := r.ContentLength
+	limit, size := t.MaxBody+1, min(firstAheadBuffer, t.MaxBody+1) // one byte more shows where it ends
+	if length >= 0 {
+		limit = min(length, t.MaxBody)
+		size = limit
+	}
+	read, err := readPrefix(r.Body, size, limit)
+	r.Body = &replayBody{ReadCloser: r.Body, read: read, err: err}
+	switch {
+	case err != nil && err != io.EOF:
+		return 0, fmt.Errorf("inflight: cost tokens: reading the body: %w", err)
+	case length > t.MaxBody:
+		return addTokens(t.inputTokens(length), t.DefaultOutput), nil
+	case int64(len(read)) > t.MaxBody:
+		return math.MaxInt64, nil
+	}
+	output, ok := requestedOutput(read)
+	if !ok {
+		output = t.DefaultOutput
+	}
+	return addTokens(t.inputTokens(int64(len(read))), output), nil
+}
+
+// inputTokens is ceil(n / BytesPerToken), without overflow.
+func (t *TokensCost) inputTokens(n int64) int64 {
+	tokens := n / t.BytesPerToken
+	if n%t.BytesPerToken != 0 {
+		tokens++
+	}
+	return tokens
+}
+
+// addTokens adds two non-negative counts, saturating at math.MaxInt64.
+func addTokens(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+// readPrefix reads body until its end or limit bytes, into a buffer of size
+// bytes first, doubled as the body comes. It returns io.EOF if the body
+// ended before limit.
+func readPrefix(body io.Reader, size, limit int64) ([]byte, error) {
+	buf := make([]byte, 0, size)
+	for int64(len(buf)) < limit {
+		if len(buf) == cap(buf) {
+			grown := make([]byte, len(buf), min(2*int64(cap(buf)), limit))
+			copy(grown, buf)
+			buf = grown
+		}
+		n, err := body.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err != nil {
+			return buf, err
+		}
+	}
+	return buf, nil
+}
+
+// replayBody is a request body whose first bytes were read before the next
+// handler: it returns them, then the rest of the body. Close closes the
+// request's own body.
+type replayBody struct {
+	io.ReadCloser        // the request's own body
+	read          []byte // read before, not yet returned
+	err           error  // what ended reading before, if the body did not go on: io.EOF or a read error
+}
+
+// Read returns the bytes read before, then the rest of the body.
+func (b *replayBody) Read(p []byte) (int, error) {
+	if len(b.read) > 0 {
+		n := copy(p, b.read)
+		b.read = b.read[n:]
+		if len(b.read) == 0 {
+			b.read = nil // give the buffer back as soon as it is passed on
+		}
+		return n, nil
+	}
+	if b.err != nil {
+		return 0, b.err
+	}
+	return b.ReadCloser.Read(p)
+}
