@@ -1,6 +1,7 @@
 package inflight
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -15,6 +16,17 @@ import (
 // compileCost checks a fixed cost and compiles a placeholder one; h.cost
 // stays nil when every request costs 1.
 func (h *Handler) compileCost() error {
+	if h.Cost != "" && h.CostTokens != nil {
+		return fmt.Errorf("cost %q and cost tokens are not allowed together: want one of them", h.Cost)
+	}
+	if t := h.CostTokens; t != nil {
+		t.setDefaults()
+		if err := t.validate(); err != nil {
+			return err
+		}
+		h.cost = func(r *http.Request) (int64, error) { return estimateTokens(t, r) }
+		return nil
+	}
 	if h.Cost == "" {
 		return nil
 	}
@@ -49,4 +61,19 @@ func (h *Handler) parseCost(v string) (int64, error) {
 	})
 	return 0, caddyhttp.Error(http.StatusInternalServerError,
 		fmt.Errorf("inflight: cost %s resolved to a value that is not a positive integer (%s)", h.Cost, seen))
+}
+
+// estimateTokens is t's estimate of r's cost. A body that cannot be read
+// is the client's doing: 499 when it left mid-body, 413 over a
+// request_body limit.
+func estimateTokens(t *TokensCost, r *http.Request) (int64, error) {
+	n, err := t.estimate(r)
+	if err == nil {
+		return n, nil
+	}
+	var tooLarge *http.MaxBytesError
+	if errors.As(err, &tooLarge) {
+		return 0, caddyhttp.Error(http.StatusRequestEntityTooLarge, err)
+	}
+	return 0, caddyhttp.Error(499, err)
 }

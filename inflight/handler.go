@@ -180,6 +180,12 @@ type Handler struct {
 	// than its share.
 	Cost string `json:"cost,omitempty"`
 
+	// CostTokens estimates each request's cost in tokens from its body,
+	// for OpenAI- and Anthropic-style JSON APIs (see TokensCost); not with
+	// Cost. A body that cannot be read (the client left) is answered with
+	// 499 and takes nothing.
+	CostTokens *TokensCost `json:"cost_tokens,omitempty"`
+
 	// PlainKeys shows raw keys instead of hashes in per-key metrics and in
 	// the admin API. Keys may be secrets (API keys, cookies): turn this on
 	// only where metrics are private.
