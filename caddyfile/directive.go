@@ -32,7 +32,7 @@ func init() {
 }
 
 // subdirectives lists the block's options, for error messages.
-const subdirectives = "limit, total, cost, zone, status, retry_after, dry_run, replicas, wait, max_waiting, priority, max_keys, metrics, store, fair, weight, max_waiting_per_key, wait_body_buffer"
+const subdirectives = "limit, total, cost, zone, status, retry_after, dry_run, replicas, wait, max_waiting, priority, max_keys, metrics, store, fair, weight, max_waiting_per_key, wait_body_buffer, limit_headers"
 
 // parse reads the inflight directive into the handler's JSON:
 //
@@ -67,6 +67,7 @@ const subdirectives = "limit, total, cost, zone, status, retry_after, dry_run, r
 //		weight      <placeholder>        # a key's share under fair (class weight)
 //		max_keys    <n>                  # bound on keys in flight per limit
 //		metrics     per_key [plain]      # per-key series (hashed keys, or raw)
+//		limit_headers <limit...>         # RateLimit fields: each limit's level for the client
 //		store       redis { ... }        # counts shared by a fleet, in Redis
 //	}
 //
@@ -141,6 +142,8 @@ func parse(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 			err = parseMetrics(h, hd)
 		case "store":
 			err = parseStore(h, hd)
+		case "limit_headers":
+			err = parseLimitHeaders(h, hd)
 		default:
 			return nil, h.Errf("inflight: unknown subdirective %q: want one of %s", opt, subdirectives)
 		}
@@ -154,7 +157,37 @@ func parse(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 	if hd.Fair != "" && !slices.ContainsFunc(hd.Limits, func(l inflight.Limit) bool { return l.Name == hd.Fair }) {
 		return nil, h.Errf("inflight: fair %q is not allowed: want the name of one of this block's limits", hd.Fair)
 	}
+	if err := checkLimitHeaders(h, hd); err != nil {
+		return nil, err
+	}
 	return hd, nil
+}
+
+// parseLimitHeaders reads `limit_headers <limit>...`.
+func parseLimitHeaders(h httpcaddyfile.Helper, hd *inflight.Handler) error {
+	hd.LimitHeaders = h.RemainingArgs()
+	if len(hd.LimitHeaders) == 0 {
+		return h.Err("inflight: limit_headers: want the names of one or more of this block's limits, or total")
+	}
+	return nil
+}
+
+// checkLimitHeaders refuses a name in limit_headers that is neither a limit
+// of the block nor its total.
+func checkLimitHeaders(h httpcaddyfile.Helper, hd *inflight.Handler) error {
+	allowed := make([]string, 0, len(hd.Limits)+1)
+	for _, l := range hd.Limits {
+		allowed = append(allowed, l.Name)
+	}
+	if hd.Total > 0 || hd.TotalAdaptive != nil {
+		allowed = append(allowed, "total")
+	}
+	for _, name := range hd.LimitHeaders {
+		if !slices.Contains(allowed, name) {
+			return h.Errf("inflight: limit_headers %q is not allowed: want the names of this block's limits %q", name, allowed)
+		}
+	}
+	return nil
 }
 
 // parseLimit reads `limit <name> <key> <max>`; shorthand tells that the

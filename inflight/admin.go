@@ -22,10 +22,11 @@ func init() {
 const topKeys = 10
 
 // AdminAPI serves the live state of every zone at `GET /inflight/` on
-// Caddy's admin endpoint: per zone, its limits with the slots held and keys
-// in flight against their caps, the total, the requests waiting, refusals
-// by reason, recent wait percentiles, the adaptive limit, the store's
-// health, and the keys holding the most slots. It answers "who is holding
+// Caddy's admin endpoint: per zone, its limits with the requests and units
+// held and keys in flight against their caps, the total, the requests and
+// units waiting, the costs admitted, refusals by reason, recent wait
+// percentiles, the adaptive limit, the store's health, and the keys
+// holding the most units. It answers "who is holding
 // my backend right now?". `GET /inflight/ui` is the same state as a live
 // page (see UI).
 type AdminAPI struct{}
@@ -63,11 +64,19 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 type ZoneState struct {
 	Zone   string       `json:"zone"`
 	Limits []LimitState `json:"limits"`
-	Total  *int64       `json:"total,omitempty"`
-	// TotalMax is the total's cap: the fixed total, or the adaptive
-	// total's current limit (absent in dry_run).
+	// Total is the requests in flight in the zone, with a total cap, and
+	// TotalUnits the units they hold.
+	Total      *int64 `json:"total,omitempty"`
+	TotalUnits *int64 `json:"total_units,omitempty"`
+	// TotalMax is the total's cap in units: the fixed total, or the
+	// adaptive total's current limit (absent in dry_run).
 	TotalMax *int64 `json:"total_max,omitempty"`
-	Waiting  int64  `json:"waiting"`
+	// Waiting is the requests waiting, and WaitingUnits the units they
+	// ask for.
+	Waiting      int64 `json:"waiting"`
+	WaitingUnits int64 `json:"waiting_units"`
+	// Cost sums up the costs of the requests the zone admitted.
+	Cost CostState `json:"cost"`
 	// Refused counts the zone's refusals by reason (full, timeout,
 	// queue_full, keys_full, store_error, dry_run) since it was made;
 	// reasons with none are left out.
@@ -83,7 +92,8 @@ type ZoneState struct {
 	// reload renamed it or changed its limits) while requests it admitted
 	// or queued are still running; it is listed until they end.
 	Retired bool `json:"retired,omitempty"`
-	// TopKeys are the keys holding the most slots. With per_key_metrics
+	// TopKeys are the keys holding the most units (held: their units).
+	// With per_key_metrics
 	// they are the hashes logs and metrics show (raw with plain_keys);
 	// otherwise anonymous (#-prefixed), as the engine keeps only a keyed
 	// hash of each key.
@@ -97,9 +107,12 @@ type ZoneState struct {
 // LimitState is one limit of a zone.
 type LimitState struct {
 	Name string `json:"name"`
-	Held int64  `json:"held"`
-	Keys int    `json:"keys"`
-	// Max is the limit's cap per key as configured (each of n replicas
+	// Held is the requests in flight, summed over keys, and Units the
+	// units they hold (a request holds its cost, 1 by default).
+	Held  int64 `json:"held"`
+	Units int64 `json:"units"`
+	Keys  int   `json:"keys"`
+	// Max is the limit's cap per key in units as configured (each of n replicas
 	// enforces ceil(max/n) alone); absent when each request brings its
 	// own (a placeholder).
 	Max int64 `json:"max,omitempty"`
@@ -108,7 +121,7 @@ type LimitState struct {
 type keyHeld struct {
 	Limit string `json:"limit"`
 	Key   string `json:"key"`
-	Held  int64  `json:"held"`
+	Held  int64  `json:"held"` // units
 }
 
 // serveState writes every zone's state as JSON.
@@ -126,13 +139,14 @@ func serveState(w http.ResponseWriter) error {
 }
 
 func stateOf(z *zone) ZoneState {
-	st := ZoneState{Zone: z.label, Waiting: z.waiting(), Limits: []LimitState{}}
+	st := ZoneState{Zone: z.label, Waiting: z.waiting(), WaitingUnits: z.units.waiting.Load(), Cost: z.units.state(), Limits: []LimitState{}}
 	for d, name := range z.limits {
-		st.Limits = append(st.Limits, LimitState{Name: name, Held: z.Held(d), Keys: z.Keys(d)})
+		units, requests := z.Load(d)
+		st.Limits = append(st.Limits, LimitState{Name: name, Held: requests, Units: units, Keys: z.Keys(d)})
 	}
 	if z.HasTotal() {
-		t := z.Held(limiter.TotalDim)
-		st.Total = &t
+		units, requests := z.Load(limiter.TotalDim)
+		st.Total, st.TotalUnits = &requests, &units
 	}
 	st.TopKeys = z.series.top(topKeys)
 	if len(st.TopKeys) == 0 {
@@ -158,7 +172,7 @@ func stateOf(z *zone) ZoneState {
 	return st
 }
 
-// topN sorts keys by slots held, most first, and keeps n.
+// topN sorts keys by units held, most first, and keeps n.
 func topN(keys []keyHeld, n int) []keyHeld {
 	slices.SortFunc(keys, func(a, b keyHeld) int { return cmp.Compare(b.Held, a.Held) })
 	if keys == nil {

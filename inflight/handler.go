@@ -191,6 +191,20 @@ type Handler struct {
 	// only where metrics are private.
 	PlainKeys bool `json:"plain_keys,omitempty"`
 
+	// LimitHeaders names the limits (and `total`) whose level each client
+	// sees, on admitted responses and refusals alike, in the fields of the
+	// IETF draft "RateLimit header fields for HTTP": `RateLimit-Policy`
+	// gives each named limit's cap for the request's key as its quota `q`
+	// (the max, or the request's own from a placeholder, split by
+	// replicas; `qu="concurrent-requests"`), and `RateLimit` the units the
+	// key has left as `r` (the cap less the units its requests hold, this
+	// one included once admitted; never below 0); one list member per
+	// limit, named after the limit, without its key. A request whose key
+	// for a limit is empty gets no member for it. With a shared store
+	// nothing is sent: this instance's counts are not the fleet's.
+	// Default: none.
+	LimitHeaders []string `json:"limit_headers,omitempty"`
+
 	ctx        caddy.Context
 	logger     *zap.Logger
 	events     *caddyevents.App
@@ -209,6 +223,8 @@ type Handler struct {
 	waitOpt    limiter.WaitOptions
 	rejected   map[string][]prometheus.Counter // reason -> per dimension, total last
 	waited     [limiter.Aborted + 1]prometheus.Observer
+	costs      costObserver
+	levels     []int // dimensions of LimitHeaders; nil: none, or a shared store
 	admissions sync.Pool
 	badValues  sync.Map // bad placeholder values already logged
 	badLogs    atomic.Int32
@@ -238,6 +254,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("inflight: %w", err)
 	}
 	if err := h.compileCost(); err != nil {
+		return fmt.Errorf("inflight: %w", err)
+	}
+	if err := h.compileLimitHeaders(); err != nil {
 		return fmt.Errorf("inflight: %w", err)
 	}
 
@@ -322,12 +341,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		opt.Weight = h.resolveWeight(r)
 	}
 
-	if opt.Wait > 0 && mustWatchBody(r) {
-		a.watch.r, a.watch.limit = r, h.WaitBodyBuffer
-		opt.Queued = a.watch.queued
+	if opt.Wait > 0 {
+		a.waiting.zone, opt.Queued = &h.zone.units, a.onQueued
+		if mustWatchBody(r) {
+			a.watch.r, a.watch.limit = r, h.WaitBodyBuffer
+		}
 	}
 
 	res := h.store.Acquire(r.Context(), &a.req, opt)
+	a.waiting.end()
+	h.sendLevels(w, a, res)
 	if wb := a.watch.body; wb != nil { // it waited: its body was read ahead
 		wb.stop.Store(true)
 		defer wb.end(w)
@@ -344,6 +367,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	switch {
 	case res.Outcome == limiter.Admitted:
 		defer h.store.Release(&a.req)
+		h.costs.observe(a.req.Units())
 		if h.PerKeyMetrics {
 			h.zone.series.admit(h, a)
 			defer h.zone.series.release(h, a)
@@ -552,6 +576,7 @@ func (h *Handler) initMetrics() {
 	for _, o := range waitOutcomes {
 		h.waited[o] = teeObserver{waitSeconds.WithLabelValues(h.label, outcomeLabel(o)), &h.zone.stats.waits}
 	}
+	h.costs = costObserver{requestCost.WithLabelValues(h.label), &h.zone.units}
 }
 
 // admission is the per-request state, pooled so that admitting a request
@@ -562,9 +587,11 @@ type admission struct {
 	watch  bodyWatch
 	// measured wraps the response writer, with total_adaptive.
 	measured measuredWriter
+	waiting  waitUnits
+	onQueued func() // queued, bound once so that passing it allocates nothing
 	// Fill a 320-byte size class, whose objects start on cache lines:
 	// requests admitted on different cores then never write one line.
-	_ [320 - unsafe.Sizeof(limiter.Request{}) - unsafe.Sizeof([]string(nil)) - unsafe.Sizeof(bodyWatch{}) - unsafe.Sizeof(measuredWriter{})]byte
+	_ [320 - unsafe.Sizeof(limiter.Request{}) - unsafe.Sizeof([]string(nil)) - unsafe.Sizeof(bodyWatch{}) - unsafe.Sizeof(measuredWriter{}) - unsafe.Sizeof(waitUnits{}) - unsafe.Sizeof(func() {})]byte
 }
 
 func newAdmission(dims int) *admission {
@@ -572,7 +599,7 @@ func newAdmission(dims int) *admission {
 		req:    limiter.Request{Keys: make([]string, dims), Max: make([]int64, dims)},
 		labels: make([]string, dims),
 	}
-	a.watch.queued = a.watch.start
+	a.onQueued = a.queued
 	return a
 }
 
@@ -584,6 +611,7 @@ func (h *Handler) recycle(a *admission) {
 	clear(a.labels)
 	a.req.Limits, a.req.Lease, a.req.Cost = nil, "", 0
 	a.watch.r, a.watch.body = nil, nil
+	a.waiting.zone = nil
 	a.measured = measuredWriter{}
 	h.admissions.Put(a)
 }

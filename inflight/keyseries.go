@@ -55,6 +55,7 @@ type seriesKey struct{ limit, key string }
 
 type keyStats struct {
 	held  int
+	units int64     // held by its requests, for the admin API's top keys
 	waits *keyWaits // nil until one of its waits ends
 }
 
@@ -112,6 +113,7 @@ func (k *keySeries) admit(h *Handler, a *admission) {
 		sk, s := k.entry(h.Limits[d].Name, label)
 		a.labels[d] = sk.key
 		s.held++
+		s.units += a.req.Units()
 		keyRequests.WithLabelValues(h.label, sk.limit, sk.key).Inc()
 	}
 }
@@ -126,6 +128,7 @@ func (k *keySeries) release(h *Handler, a *admission) {
 		}
 		sk := seriesKey{h.Limits[d].Name, label}
 		s := k.keys[sk]
+		s.units -= a.req.Units()
 		if s.held--; s.held > 0 {
 			keyRequests.WithLabelValues(h.label, sk.limit, sk.key).Dec()
 			continue
@@ -212,14 +215,14 @@ func (k *keySeries) recentWait(limit, key string, now time.Time) *WaitState {
 	return &st
 }
 
-// top returns up to n series with the most slots, for the admin API.
+// top returns up to n series with the most units, for the admin API.
 func (k *keySeries) top(n int) []keyHeld {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	out := make([]keyHeld, 0, len(k.keys))
 	for sk, s := range k.keys {
 		if s.held > 0 {
-			out = append(out, keyHeld{Limit: sk.limit, Key: sk.key, Held: int64(s.held)})
+			out = append(out, keyHeld{Limit: sk.limit, Key: sk.key, Held: s.units})
 		}
 	}
 	return topN(out, n)

@@ -43,7 +43,7 @@ var (
 	}, []string{"store", "zone", "op"})
 
 	requestsDesc = prometheus.NewDesc("caddy_inflight_requests",
-		"Slots held now by requests in flight, summed over keys, by zone and limit (total: the zone-wide total).",
+		"Requests in flight now, summed over keys, by zone and limit (total: the zone-wide total); see caddy_inflight_units for the units they hold.",
 		[]string{"zone", "limit"}, nil)
 
 	waitingDesc = prometheus.NewDesc("caddy_inflight_waiting",
@@ -57,7 +57,9 @@ type stateCollector struct{}
 
 func (stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- requestsDesc
+	ch <- unitsDesc
 	ch <- waitingDesc
+	ch <- waitingUnitsDesc
 	ch <- keyWaitingDesc
 	for _, d := range adaptiveDescs {
 		ch <- d
@@ -66,8 +68,9 @@ func (stateCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (stateCollector) Collect(ch chan<- prometheus.Metric) {
 	type series struct{ zone, limit string }
-	held := map[series]int64{}
-	waiting := map[string]int64{}
+	type load struct{ units, requests int64 }
+	held := map[series]load{}
+	waiting := map[string]load{}
 	keyWaiting := map[[3]string]int64{}
 	adaptive := map[string]*limiter.Adaptive{}
 	now := time.Now()
@@ -76,20 +79,28 @@ func (stateCollector) Collect(ch chan<- prometheus.Metric) {
 		if a := z.adaptive.current(); a != nil && !retired && adaptive[z.label] == nil {
 			adaptive[z.label] = a
 		}
+		add := func(name string, d int) {
+			units, requests := z.Load(d)
+			s := held[series{z.label, name}]
+			held[series{z.label, name}] = load{s.units + units, s.requests + requests}
+		}
 		for d, name := range z.limits {
-			held[series{z.label, name}] += z.Held(d)
+			add(name, d)
 		}
 		if z.HasTotal() {
-			held[series{z.label, totalName}] += z.Held(limiter.TotalDim)
+			add(totalName, limiter.TotalDim)
 		}
-		waiting[z.label] += z.waiting()
+		w := waiting[z.label]
+		waiting[z.label] = load{w.units + z.units.waiting.Load(), w.requests + z.waiting()}
 		addKeyWaiting(keyWaiting, z)
 	})
 	for s, n := range held {
-		ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.GaugeValue, float64(n), s.zone, s.limit)
+		ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.GaugeValue, float64(n.requests), s.zone, s.limit)
+		ch <- prometheus.MustNewConstMetric(unitsDesc, prometheus.GaugeValue, float64(n.units), s.zone, s.limit)
 	}
 	for label, n := range waiting {
-		ch <- prometheus.MustNewConstMetric(waitingDesc, prometheus.GaugeValue, float64(n), label)
+		ch <- prometheus.MustNewConstMetric(waitingDesc, prometheus.GaugeValue, float64(n.requests), label)
+		ch <- prometheus.MustNewConstMetric(waitingUnitsDesc, prometheus.GaugeValue, float64(n.units), label)
 	}
 	sendKeyWaiting(ch, keyWaiting)
 	for label, a := range adaptive {
@@ -103,7 +114,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{rejectedTotal, waitSeconds, keyRequests, keyWaitSeconds, storeErrors, storeSeconds, stateCollector{}} {
+	for _, c := range []prometheus.Collector{rejectedTotal, waitSeconds, requestCost, keyRequests, keyWaitSeconds, storeErrors, storeSeconds, stateCollector{}} {
 		if err := reg.Register(c); err != nil {
 			if _, ok := errors.AsType[prometheus.AlreadyRegisteredError](err); !ok {
 				return err

@@ -32,10 +32,9 @@ func mustWatchBody(r *http.Request) bool {
 // bodyWatch is the part of a request's admission that watches its client
 // while it waits.
 type bodyWatch struct {
-	r      *http.Request
-	limit  int       // bound on the bytes read ahead
-	body   *waitBody // set once the request is queued
-	queued func()    // start, bound once per admission so that passing it allocates nothing
+	r     *http.Request
+	limit int       // bound on the bytes read ahead
+	body  *waitBody // set once the request is queued
 }
 
 // start reads the request's body ahead while it waits.

@@ -29,6 +29,9 @@ func (h *Handler) warnIneffective() {
 	if h.MaxKeys != 0 && len(h.Limits) == 0 {
 		warn("max_keys", "there is no keyed limit, only total")
 	}
+	if len(h.LimitHeaders) > 0 && h.StoreRaw != nil {
+		warn("limit_headers", "with a store this instance's counts are not the fleet's, so no level is sent")
+	}
 	if h.PlainKeys && !h.PerKeyMetrics {
 		warn("plain_keys", "per_key_metrics is off; the admin API shows anonymous keys")
 	}

@@ -34,6 +34,7 @@ type zone struct {
 	// view and stats are what the admin API shows besides the counts.
 	view  atomic.Pointer[zoneView]
 	stats zoneStats
+	units unitStats
 }
 
 // waiting returns the requests waiting in this zone, in this process and

@@ -115,23 +115,38 @@
     return el('figure', '', el('figcaption', '', el('span', '', title), el('span', '', 'now ' + fmt(last) + ' · max ' + fmt(top))), svg);
   }
 
+  // weighed tells whether the zone's requests cost more than one unit:
+  // only then are units shown beside the requests (caps, fills and the
+  // busiest keys are in units either way).
+  function weighed(z) {
+    const c = z.cost || { count: 0, sum: 0 };
+    return c.sum !== c.count || z.waiting_units !== z.waiting || (z.total_units !== undefined && z.total_units !== z.total) ||
+      z.limits.some((l) => l.units !== l.held);
+  }
+
   function capsTable(z) {
+    const units = weighed(z);
     const busiest = {};
     for (const k of z.top_keys) busiest[k.limit] = Math.max(busiest[k.limit] || 0, k.held);
     const rows = z.limits.map((l) => row([
-      td(l.name), td(l.held, 'held-' + l.name), td(l.max ? l.max + ' /key' : 'per request'),
+      td(l.name), td(l.held, 'held-' + l.name), ...(units ? [td(l.units, 'units-' + l.name)] : []), td(l.max ? l.max + ' /key' : 'per request'),
       el('td', '', bar(busiest[l.name] || 0, l.max, 'busiest key')), td(l.keys, 'keys-' + l.name),
     ]));
     if (z.total !== undefined) {
-      rows.push(row([td('total'), td(z.total, 'held-total'), td(z.total_max || '—'), el('td', '', bar(z.total, z.total_max)), td('')]));
+      const used = z.total_units !== undefined ? z.total_units : z.total;
+      rows.push(row([td('total'), td(z.total, 'held-total'), ...(units ? [td(used, 'units-total')] : []), td(z.total_max || '—'), el('td', '', bar(used, z.total_max)), td('')]));
     }
-    return table(['cap', 'in flight', 'max', 'fill', 'keys'], rows);
+    return table(['cap', 'in flight', ...(units ? ['units'] : []), 'max', 'fill', 'keys'], rows);
   }
 
   function queueTable(z) {
     const w = z.wait || { count: 0, p50: 0, p90: 0, p99: 0 };
-    return table(['waiting', 'p50', 'p90', 'p99', 'waits (1–2 min)'],
-      [row([td(z.waiting, 'waiting', z.waiting > 0 ? 'hot' : ''), td(ms(w.p50), 'p50'), td(ms(w.p90), 'p90'), td(ms(w.p99), 'p99'), td(w.count, 'waits')])]);
+    const units = weighed(z);
+    const c = z.cost || { count: 0, sum: 0 };
+    return table(['waiting', ...(units ? ['units', 'mean cost'] : []), 'p50', 'p90', 'p99', 'waits (1–2 min)'],
+      [row([td(z.waiting, 'waiting', z.waiting > 0 ? 'hot' : ''),
+        ...(units ? [td(z.waiting_units, 'waiting-units'), td(c.count ? Math.round(c.sum / c.count) : 0, 'mean-cost')] : []),
+        td(ms(w.p50), 'p50'), td(ms(w.p90), 'p90'), td(ms(w.p99), 'p99'), td(w.count, 'waits')])]);
   }
 
   function refusedTable(z, rates) {

@@ -1,0 +1,111 @@
+package inflight
+
+import (
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
+)
+
+// The fields that show a client its own level (limit_headers), shaped
+// after the IETF draft "RateLimit header fields for HTTP"
+// (draft-ietf-httpapi-ratelimit-headers): a quota policy per limit, with
+// no time window since the quota is of requests at once, and what is left
+// of it.
+const (
+	policyField = "RateLimit-Policy"
+	levelField  = "RateLimit"
+	// quotaUnit is the draft's quota unit for a cap on requests in flight;
+	// with a cost the unit is the operator's (tokens, say), which the draft
+	// has no name for, so none is sent.
+	quotaUnit = "concurrent-requests"
+)
+
+// compileLimitHeaders resolves limit_headers to dimensions. A name that is
+// neither one of the handler's limits nor its total is a configuration
+// error. With a shared store nothing is sent: the local counts are not the
+// fleet's.
+func (h *Handler) compileLimitHeaders() error {
+	allowed := names(h.Limits)
+	hasTotal := h.Total > 0 || h.TotalAdaptive != nil
+	if hasTotal {
+		allowed = append(allowed, totalName)
+	}
+	h.levels = nil
+	for _, name := range h.LimitHeaders {
+		d := slices.IndexFunc(h.Limits, func(l Limit) bool { return l.Name == name })
+		switch {
+		case name == totalName && hasTotal:
+			d = limiter.TotalDim
+		case d < 0:
+			return fmt.Errorf("limit_headers %q is not allowed: want the names of this handler's limits %q", name, allowed)
+		}
+		if slices.Contains(h.levels, d) {
+			return fmt.Errorf("limit_headers %q is given twice: name each limit once", name)
+		}
+		h.levels = append(h.levels, d)
+	}
+	if h.StoreRaw != nil {
+		h.levels = nil
+	}
+	return nil
+}
+
+// sendLevels sets the RateLimit fields of a's response: per limit named in
+// limit_headers, its cap for a's key and the units the key has left. A
+// limit the request's key does not apply to (an empty key) is left out,
+// and so is a total without a cap (an adaptive total in dry_run). Nothing
+// is sent for a client that left while waiting: nobody reads a response.
+func (h *Handler) sendLevels(w http.ResponseWriter, a *admission, res limiter.Result) {
+	if h.levels == nil || res.Outcome == limiter.Aborted {
+		return
+	}
+	var policy, level []byte
+	for _, d := range h.levels {
+		limit, key := totalName, ""
+		if d != limiter.TotalDim {
+			limit, key = h.Limits[d].Name, a.req.Keys[d]
+			if key == "" {
+				continue
+			}
+		}
+		capacity := h.capOf(a, d)
+		if capacity <= 0 {
+			continue
+		}
+		var used int64
+		if d == limiter.TotalDim {
+			used, _ = h.zone.Load(limiter.TotalDim)
+		} else {
+			used = h.zone.KeyUnits(d, key)
+		}
+		if policy != nil {
+			policy, level = append(policy, ", "...), append(level, ", "...)
+		}
+		policy = strconv.AppendQuote(policy, limit)
+		policy = strconv.AppendInt(append(policy, ";q="...), capacity, 10)
+		if h.cost == nil {
+			policy = append(policy, `;qu="`+quotaUnit+`"`...)
+		}
+		level = strconv.AppendQuote(level, limit)
+		level = strconv.AppendInt(append(level, ";r="...), max(capacity-used, 0), 10)
+	}
+	if policy != nil {
+		w.Header().Set(policyField, string(policy))
+		w.Header().Set(levelField, string(level))
+	}
+}
+
+// capOf returns the cap this instance enforces on a's key in dimension d
+// (limiter.TotalDim: the total's), in units: as the engine counts it, the
+// fixed max or a's own, split by replicas, or the adaptive total's limit.
+func (h *Handler) capOf(a *admission, d int) int64 {
+	lim := h.limits
+	if d == limiter.TotalDim && lim.Adaptive != nil {
+		return lim.Adaptive.Limit()
+	}
+	n, div := lim.WholeCap(&a.req, d), max(lim.Divisor, 1)
+	return (n + div - 1) / div
+}
