@@ -9,7 +9,6 @@ import (
 	"os"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
@@ -45,78 +44,74 @@ func TestExampleCaddyfile(t *testing.T) {
 	}
 }
 
-// TestExampleLLMGateway streams from a fake model: the batch tenant fills
-// its cap of 4 and its fifth stream waits; the interactive tenant (cap 6)
-// then gets 4 streams and its fifth and sixth wait too, held back by the
-// model-wide total of 8. A request of the default tenant (normal priority)
-// waits behind them: when two interactive streams end, fair sharing gives
-// the first freed slot to the interactive queue (high, and a tie) and the
-// second to the default tenant, which has had none, where the priority
-// order alone would give both to the interactive queue. Every stream
-// finishes once the model ends them.
+// TestExampleLLMGateway caps tokens in flight: a batch prompt of 100,000
+// bytes with max_tokens 7000 (32,000 tokens) fills its tenant's budget, so
+// the tenant's next request waits, while the interactive tenant's streams
+// and the default tenant's request go through at once; the units the model
+// holds are the estimates, the model-wide total caps them, and everything
+// is back at zero once the model ends the streams.
 func TestExampleLLMGateway(t *testing.T) {
 	model := newBackendAt(t, "127.0.0.1:11434")
 	loadExample(t, "llm-gateway.Caddyfile")
 	c := client("127.0.0.1")
 	const admin = "127.0.0.1:2019"
+	units := func(limit string) float64 {
+		return metricAt(t, admin, "caddy_inflight_units", `zone="model"`, `limit="`+limit+`"`)
+	}
 	waiting := func() float64 { return metricAt(t, admin, "caddy_inflight_waiting", `zone="model"`) }
-	type stream struct {
-		cancel context.CancelFunc
-		done   chan result
+	// post sends a chat request and returns its result and the tokens
+	// the gateway estimates for it: ceil(body bytes / 4) + max_tokens.
+	post := func(key string, prompt, maxTokens int) (chan result, int) {
+		body := fmt.Sprintf(`{"model":"m","max_tokens":%d,"messages":[{"role":"user","content":"%s"}]}`, maxTokens, strings.Repeat("x", prompt))
+		done := make(chan result, 1)
+		go func() {
+			req, _ := http.NewRequest("POST", "http://127.0.0.1:8090/stream", strings.NewReader(body))
+			req.Header.Set("Authorization", "Bearer "+key)
+			resp, err := c.Do(req)
+			if err != nil {
+				done <- result{err: err}
+				return
+			}
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			done <- result{status: resp.StatusCode, body: string(b), err: err}
+		}()
+		return done, (len(body)+3)/4 + maxTokens
 	}
-	var streams []stream
-	open := func(key string) {
-		ctx, cancel := context.WithCancel(context.Background())
-		s := stream{cancel, make(chan result, 1)}
-		go func() { s.done <- get(ctx, c, "http://127.0.0.1:8090/stream", "Authorization", "Bearer "+key) }()
-		streams = append(streams, s)
-		eventually(t, "the stream runs or waits", func() bool { return float64(model.cur.Load())+waiting() == float64(len(streams)) })
+	// The big prompt: above the batch budget of 32,000, so it counts as
+	// the budget and is admitted alone.
+	big, cost := post("key-batch", 100_000, 7000)
+	if cost <= 32000 {
+		t.Fatalf("the big prompt costs %d, want more than the budget", cost)
 	}
-	for range 5 {
-		open("key-batch")
+	eventually(t, "the big prompt holds the batch budget", func() bool { return units("tenant") == 32000 })
+	next, _ := post("key-batch", 100, 200)
+	eventually(t, "the batch tenant's next request waits", func() bool { return waiting() == 1 })
+	// Neighbours are not held back: three interactive requests and a
+	// default-tenant one.
+	want := 32000
+	var others []chan result
+	for _, r := range []struct {
+		key               string
+		prompt, maxTokens int
+	}{{"key-interactive", 4000, 2000}, {"key-interactive", 4000, 2000}, {"key-interactive", 4000, 2000}, {"anon", 400, 100}} {
+		done, cost := post(r.key, r.prompt, r.maxTokens)
+		others, want = append(others, done), want+cost
 	}
-	if model.cur.Load() != 4 || waiting() != 1 {
-		t.Fatalf("batch: %d streams run, %v wait; want 4 and 1", model.cur.Load(), waiting())
+	eventually(t, "the neighbours run", func() bool { return model.cur.Load() == 5 })
+	if got := units("total"); got != float64(want) {
+		t.Fatalf("the model holds %v tokens, want %d (the budget of 32,000 and the four neighbours' estimates)", got, want)
 	}
-	for range 6 {
-		open("key-interactive")
+	if waiting() != 1 {
+		t.Fatalf("%v requests wait, want only the batch tenant's second", waiting())
 	}
-	if model.cur.Load() != 8 || waiting() != 3 {
-		t.Fatalf("the model runs %d streams and %v wait; want 8 and 3", model.cur.Load(), waiting())
-	}
-	if got := metricAt(t, admin, "caddy_inflight_requests", `zone="model"`, `limit="tenant"`); got != 8 {
-		t.Fatalf("tenant slots held = %v, want 8", got)
-	}
-	// Checked before any client leaves: a slot is given back when Caddy's
-	// handler returns, which can be a moment before the model notices the
-	// client has gone, so the model may then briefly see one more.
-	if p := model.peak.Load(); p != 8 {
-		t.Fatalf("the model saw %d streams at once, want the total of 8", p)
-	}
-	light := make(chan result, 1)
-	go func() { light <- get(context.Background(), c, "http://127.0.0.1:8090/") }()
-	eventually(t, "the default tenant waits", func() bool { return waiting() == 4 })
-	for _, s := range streams[5:7] { // two running interactive streams end: their clients leave
-		s.cancel()
-		<-s.done
-	}
-	select {
-	case r := <-light:
-		if r.status != 200 {
-			t.Fatalf("default tenant: %d, want 200", r.status)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("default tenant still waiting after two slots freed: the interactive queue took both")
-	}
-	eventually(t, "the freed slots go to the waiting interactive streams, the total full again", func() bool {
-		return metricAt(t, admin, "caddy_inflight_requests", `zone="model"`, `limit="tenant"`) == 8 && waiting() == 1
-	})
 	model.open()
-	for _, s := range append(streams[:5], streams[7:]...) {
-		if r := <-s.done; r.status != 200 || !strings.Contains(r.body, "data: end") {
+	for _, d := range append(others, big, next) {
+		if r := <-d; r.err != nil || r.status != 200 || !strings.Contains(r.body, "data: end") {
 			t.Fatalf("stream: %d %q %v", r.status, r.body, r.err)
 		}
 	}
+	eventually(t, "no token left in flight", func() bool { return units("total") == 0 && waiting() == 0 })
 }
 
 // TestExampleAPIKeys: a key may have 2 in flight; the third waits its 2s and
