@@ -115,24 +115,43 @@ func (q *queue) charge(f *flow, units int64) {
 	q.vclock.charge(f.fairKey, units, f.weight)
 }
 
-// before reports whether f's head goes before g's at time now. Fair flows
-// sharing a dimension go by their keys' start tags; ties, and flows not
-// comparable so, go by the queue order, with a fair flow's score using its
-// own weight.
+// before reports whether f's head goes before g's at time now.
 func (q *queue) before(f, g *flow, now time.Time) bool {
-	if !f.fair || !g.fair || f.keyDim != g.keyDim {
-		return f.head.Before(g.head.Place, now)
-	}
-	if sf, sg := q.startTag(f), q.startTag(g); sf != sg {
-		return sf < sg
-	}
-	if sf, sg := f.score(now), g.score(now); sf != sg {
-		return sf > sg
-	}
-	return f.head.Seq < g.head.Seq
+	return q.next(f).before(q.next(g), now)
 }
 
-func (f *flow) score(now time.Time) float64 { return score(f.weight, f.head.Arrived, now) }
+// candidate is a flow's next waiter to serve, with its key's start tag
+// under fair: what the queue order compares.
+type candidate struct {
+	f     *flow
+	w     *waiter
+	start float64
+}
+
+// next is f's head as a candidate.
+func (q *queue) next(f *flow) candidate {
+	c := candidate{f: f, w: f.head}
+	if f.fair {
+		c.start = q.startTag(f)
+	}
+	return c
+}
+
+// before reports whether a goes before b at time now. Fair flows sharing a
+// dimension go by their keys' start tags; ties, and flows not comparable
+// so, go by the queue order, with a fair flow's score using its own weight.
+func (a candidate) before(b candidate, now time.Time) bool {
+	if !a.f.fair || !b.f.fair || a.f.keyDim != b.f.keyDim {
+		return a.w.Before(b.w.Place, now)
+	}
+	if a.start != b.start {
+		return a.start < b.start
+	}
+	if sa, sb := score(a.f.weight, a.w.Arrived, now), score(b.f.weight, b.w.Arrived, now); sa != sb {
+		return sa > sb
+	}
+	return a.w.Seq < b.w.Seq
+}
 
 // score is weight × (1 + waited / agingPeriod): the queue order's score.
 func score(weight float64, arrived, now time.Time) float64 {

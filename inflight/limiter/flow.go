@@ -88,10 +88,14 @@ func shareOf(w float64, c Class) float64 {
 	return classWeight(c)
 }
 
-// enqueue adds w, refused by b, to its flow, making and filing the flow if
-// it is new. An existing flow stays filed where it is: its blocker is full
-// too (the invariant), and w cannot fit before it does.
-func (q *queue) enqueue(w *waiter, opt WaitOptions, b blocker) {
+// enqueue queues req, refused by b, as a waiter counted under perKey (0:
+// not counted), in its flow, making and filing the flow if it is new. An
+// existing flow stays filed where it is: its blocker is full too (the
+// invariant), and req cannot fit before it does.
+func (q *queue) enqueue(req *Request, opt WaitOptions, perKey uint64, b blocker) *waiter {
+	q.seq++
+	w := &waiter{Place: Place{Class: opt.Class, Arrived: q.clock.Now(), Seq: q.seq}, req: req, ready: make(chan struct{}), perKey: perKey}
+	q.queued.Add(1)
 	wt := shareOf(opt.Weight, opt.Class)
 	id := q.flowID(w.req, opt.Class, wt, opt.Fair, opt.KeyDim)
 	var f *flow
@@ -122,6 +126,7 @@ func (q *queue) enqueue(w *waiter, opt WaitOptions, b blocker) {
 	if w.perKey != 0 {
 		q.perKey[w.perKey]++
 	}
+	return w
 }
 
 // dequeue takes w out of its flow, and drops the flow once empty. A flow
@@ -227,14 +232,14 @@ func boolBit(b bool) uint8 {
 }
 
 // perKeyRoom returns the per-key waiting count req would join, and whether
-// it is at opt.MaxWaitingPerKey. 0: req is not counted (no bound, or no key
-// in the dimension).
-func (q *queue) perKeyRoom(req *Request, opt WaitOptions) (uint64, bool) {
+// it is at opt.MaxWaitingPerKey with others more waiting elsewhere. 0: req
+// is not counted (no bound, or no key in the dimension).
+func (q *queue) perKeyRoom(req *Request, opt WaitOptions, others int) (uint64, bool) {
 	if opt.MaxWaitingPerKey <= 0 {
 		return 0, false
 	}
 	k := q.keyOf(req, opt.KeyDim)
-	return k, k != 0 && q.perKey[k] >= opt.MaxWaitingPerKey
+	return k, k != 0 && q.perKey[k]+others >= opt.MaxWaitingPerKey
 }
 
 // keyOf identifies req's key in dimension d across the zone (never 0); 0

@@ -153,8 +153,25 @@ type waiter struct {
 	flow       *flow
 	ready      chan struct{} // closed when a slot is handed over
 	granted    bool
+	left       bool   // it left a shared queue (see SharedQueue.dispatch)
 	perKey     uint64 // its entry in the per-key waiting counts; 0: not counted
 	prev, next *waiter
+}
+
+// await waits until w is granted (Admitted), ctx ends (Aborted) or wait
+// has passed (Timeout), on the queue's clock. A slot may come as the wait
+// ends: after Aborted or Timeout, the caller checks w.granted under mu.
+func (q *queue) await(ctx context.Context, w *waiter, wait time.Duration) Outcome {
+	timeout, stop := q.clock.After(wait)
+	defer stop()
+	select {
+	case <-w.ready:
+		return Admitted
+	case <-ctx.Done():
+		return Aborted
+	case <-timeout:
+		return Timeout
+	}
 }
 
 // Waiting returns how many requests are queued now.
@@ -182,7 +199,7 @@ func (z *Zone) Acquire(ctx context.Context, req *Request, opt WaitOptions) Resul
 		z.mu.Unlock()
 		return Result{Outcome: Admitted}
 	}
-	perKey, over := z.perKeyRoom(req, opt)
+	perKey, over := z.perKeyRoom(req, opt, 0)
 	if over {
 		d = opt.KeyDim
 	}
@@ -191,26 +208,16 @@ func (z *Zone) Acquire(ctx context.Context, req *Request, opt WaitOptions) Resul
 		z.mu.Unlock()
 		return Result{Outcome: QueueFull, Dim: d}
 	}
-	z.seq++
-	w := &waiter{Place: Place{Class: opt.Class, Arrived: z.clock.Now(), Seq: z.seq}, req: req, ready: make(chan struct{}), perKey: perKey}
-	z.enqueue(w, opt, z.blockerOf(req, o, d))
-	z.queued.Add(1)
+	w := z.enqueue(req, opt, perKey, z.blockerOf(req, o, d))
 	z.mu.Unlock()
 	if opt.Queued != nil {
 		opt.Queued()
 	}
 
-	timeout, stop := z.clock.After(opt.Wait)
-	defer stop()
-	outcome := Timeout
-	select {
-	case <-w.ready:
+	outcome := z.await(ctx, w, opt.Wait)
+	if outcome == Admitted {
 		return Result{Outcome: Admitted, Waited: z.clock.Now().Sub(w.Arrived)}
-	case <-ctx.Done():
-		outcome = Aborted
-	case <-timeout:
 	}
-
 	z.mu.Lock()
 	waited := z.clock.Now().Sub(w.Arrived)
 	if w.granted { // a slot came as the wait ended

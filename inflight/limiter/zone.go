@@ -176,9 +176,10 @@ type Zone struct {
 	// waiters whose own Limits were retired by a reload use them instead.
 	latest atomic.Pointer[Limits]
 
-	// outside counts the requests waiting in shared stores' queues (see
-	// WaitOutside).
+	// outside counts the requests waiting in shared queues (see
+	// WaitOutside), and shared lists the queues that have any.
 	outside atomic.Int64
+	shared  sharedQueues
 
 	queue
 }
