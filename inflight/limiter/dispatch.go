@@ -61,24 +61,23 @@ func (q *queue) grant(w *waiter) {
 	close(w.ready)
 }
 
-// reservation says which blockers' room a try respects: with on, a blocker
-// with flows filed under it refuses every request but those served from it
-// (except).
+// reservation says which blockers' room a try respects (nil: none, for a
+// try without mu): a blocker with flows filed under it refuses every
+// request but those served from it (except, if any).
 type reservation struct {
-	on     bool
 	except blocker
 	any    bool // except is set
 }
 
 // reservedAll respects every blocker's waiters: a newcomer's try while
 // requests wait.
-var reservedAll = reservation{on: true}
+var reservedAll = &reservation{}
 
 // reservedExcept respects every blocker's waiters but b's, whose best flow
 // is being served.
-func reservedExcept(b blocker) reservation { return reservation{on: true, except: b, any: true} }
+func reservedExcept(b blocker) *reservation { return &reservation{except: b, any: true} }
 
 // holds reports whether b's room is held for flows filed under it.
-func (q *queue) holds(r reservation, b blocker) bool {
-	return r.on && !(r.any && r.except == b) && q.filed(b)
+func (q *queue) holds(r *reservation, b blocker) bool {
+	return !(r.any && r.except == b) && q.filed(b)
 }

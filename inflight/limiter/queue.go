@@ -186,7 +186,7 @@ func (z *Zone) Acquire(ctx context.Context, req *Request, opt WaitOptions) Resul
 		return Result{Outcome: o, Dim: d}
 	}
 	if z.pending.Load() == 0 {
-		if o, _ := z.tryAcquire(req, reservation{}); o == Admitted {
+		if o, _ := z.tryAcquire(req, nil); o == Admitted {
 			return Result{Outcome: Admitted}
 		}
 	}

@@ -268,7 +268,7 @@ func (z *Zone) tryNow(req *Request) (Outcome, int) {
 		defer z.mu.Unlock()
 		return z.tryAcquire(req, reservedAll)
 	}
-	return z.tryAcquire(req, reservation{})
+	return z.tryAcquire(req, nil)
 }
 
 // Hold counts units of req in every dimension without checking any cap:
@@ -408,11 +408,14 @@ func (z *Zone) Keys(d int) int {
 
 // tryAcquire checks every dimension of req under its shard lock and, if all
 // fit, takes req's units in each. It returns Admitted, or Full or KeysFull
-// with the refusing dimension. With r on (mu held), a blocker whose room is
+// with the refusing dimension. With r (mu held), a blocker whose room is
 // held for the flows filed under it refuses as if full.
-func (z *Zone) tryAcquire(req *Request, r reservation) (Outcome, int) {
+func (z *Zone) tryAcquire(req *Request, r *reservation) (Outcome, int) {
 	lim := z.limitsFor(req)
-	units := z.units(lim, req)
+	units := int64(1) // every cap is at least 1
+	if req.Cost > 1 {
+		units = z.units(lim, req)
+	}
 	if lim.MaxKeys > 0 && !z.counting.Load() {
 		z.startCounting()
 	}
@@ -438,7 +441,7 @@ func (z *Zone) tryAcquire(req *Request, r reservation) (Outcome, int) {
 			continue
 		}
 		n := sl.shard.count(sl.hash)
-		if n+units > capFor(lim, req, d) || z.holds(r, keyBlocker(d, sl.hash)) {
+		if n+units > capFor(lim, req, d) || r != nil && z.holds(r, keyBlocker(d, sl.hash)) {
 			outcome, refusedBy = Full, d
 			break
 		}
@@ -447,13 +450,13 @@ func (z *Zone) tryAcquire(req *Request, r reservation) (Outcome, int) {
 				z.newKeys.Lock()
 				counted = true
 			}
-			if z.keys[d].n.Load() >= lim.MaxKeys || z.holds(r, keysBlocker(d)) {
+			if z.keys[d].n.Load() >= lim.MaxKeys || r != nil && z.holds(r, keysBlocker(d)) {
 				outcome, refusedBy = KeysFull, d
 				break
 			}
 		}
 	}
-	if outcome == Admitted && z.hasTotal && (z.holds(r, blocker{total: true}) || !z.takeTotal(totalCap(lim), units)) {
+	if outcome == Admitted && z.hasTotal && (r != nil && z.holds(r, blocker{total: true}) || !z.takeTotal(totalCap(lim), units)) {
 		outcome, refusedBy = Full, TotalDim
 	}
 	admit := outcome == Admitted
