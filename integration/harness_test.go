@@ -40,13 +40,13 @@ func globals(extra string) string {
 
 // load adapts a Caddyfile (after the test globals) and loads it into the
 // in-process Caddy; a second load is a real reload.
-func load(t *testing.T, caddyfile string) {
+func load(t testing.TB, caddyfile string) {
 	t.Helper()
 	loadWith(t, "", caddyfile)
 }
 
 // loadWith is load with extra global options.
-func loadWith(t *testing.T, extraGlobals, caddyfile string) {
+func loadWith(t testing.TB, extraGlobals, caddyfile string) {
 	t.Helper()
 	if err := tryLoadWith(extraGlobals, caddyfile); err != nil {
 		t.Fatalf("load: %v", err)
@@ -98,7 +98,7 @@ type backend struct {
 	arrived []string // X-Name of each request, in arrival order
 }
 
-func newBackend(t *testing.T) *backend {
+func newBackend(t testing.TB) *backend {
 	t.Helper()
 	return newBackendAt(t, "127.0.0.1:0")
 }
@@ -252,13 +252,13 @@ func eventually(t testing.TB, what string, cond func() bool) {
 
 // metric returns the sum of the samples of a metric on the admin endpoint
 // whose labels contain every given label pair (such as `limit="client"`).
-func metric(t *testing.T, name string, labels ...string) float64 {
+func metric(t testing.TB, name string, labels ...string) float64 {
 	t.Helper()
 	return metricAt(t, adminAddr, name, labels...)
 }
 
 // metricAt is metric for an admin endpoint at another address.
-func metricAt(t *testing.T, admin, name string, labels ...string) float64 {
+func metricAt(t testing.TB, admin, name string, labels ...string) float64 {
 	t.Helper()
 	resp, err := adminClient.Get("http://" + admin + "/metrics")
 	if err != nil {
@@ -304,7 +304,7 @@ func TestMain(m *testing.M) {
 
 // newBackendAt is newBackend on a fixed loopback address, for examples that
 // name their upstream.
-func newBackendAt(t *testing.T, addr string) *backend {
+func newBackendAt(t testing.TB, addr string) *backend {
 	t.Helper()
 	b := &backend{gate: make(chan struct{})}
 	b.addr = serveAt(t, addr, b)
@@ -334,7 +334,7 @@ func notePeak(peak *atomic.Int64, n int64) {
 
 // hold sends one request that the backend holds, and returns once the backend
 // has it; the result arrives on the channel when the gate opens.
-func hold(t *testing.T, b *backend, ctx context.Context, c *http.Client, url string, header ...string) <-chan result {
+func hold(t testing.TB, b *backend, ctx context.Context, c *http.Client, url string, header ...string) <-chan result {
 	t.Helper()
 	before := b.served.Load() + b.cur.Load()
 	done := make(chan result, 1)
