@@ -27,7 +27,7 @@ type Gate struct {
 // PerKeyMetrics, PlainKeys, StoreRaw) and joins its zone. Keys and the
 // priority and weight templates are the caller's to evaluate. An unnamed
 // zone is named after site and its position among site's unnamed zones
-// (`layer4#1`). noun names the unit in log lines (`connection`). On error
+// (`layer4 :5432#1`). noun names the unit in log lines (`connection`). On error
 // the caller must still call Leave, as Caddy calls Cleanup.
 func JoinGate(ctx caddy.Context, cfg *Handler, site, noun string) (*Gate, error) {
 	for _, l := range cfg.Limits {

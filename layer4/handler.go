@@ -50,9 +50,10 @@ type Handler struct {
 
 	// Zone names the counters: handlers with the same zone share them,
 	// HTTP handlers included, and must have the same limits. A handler
-	// without a zone has counters of its own, in a zone named `layer4#n`
-	// (its position among the unnamed layer4 inflight handlers). Counts
-	// carry over a reload either way.
+	// without a zone has counters of its own, in a zone named after its
+	// server's listen addresses and its position among the server's
+	// unnamed inflight handlers (`layer4 :5432#1`; in a listener wrapper,
+	// the HTTP server's). Counts carry over a reload either way.
 	Zone string `json:"zone,omitempty"`
 
 	// KeyPrefix makes `{l4.conn.remote_ip}` the client's network, so that
@@ -155,7 +156,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 	}
 	var err error
-	h.gate, err = inflight.JoinGate(ctx, cfg, "layer4", "connection")
+	h.gate, err = inflight.JoinGate(ctx, cfg, siteOf(ctx), "connection")
 	if err != nil {
 		return err
 	}
