@@ -112,6 +112,9 @@ type Ticket struct {
 	released atomic.Bool
 }
 
+// Released reports whether Release was called.
+func (t *Ticket) Released() bool { return t.released.Load() }
+
 // Release gives the slots back. Only the first call does: a unit whose end
 // is seen twice (its connection closed, then its handler returning) is
 // released once.

@@ -1,7 +1,9 @@
 package layer4
 
 import (
+	"errors"
 	"net"
+	"os"
 
 	"github.com/caddy-inflight/caddy-inflight/inflight"
 )
@@ -13,6 +15,16 @@ import (
 type releasingConn struct {
 	net.Conn
 	ticket *inflight.Ticket
+}
+
+// Read gives the slots back when the connection has ended: the client
+// closed or reset it. A deadline's timeout is no end.
+func (c *releasingConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+		c.ticket.Release()
+	}
+	return n, err
 }
 
 func (c *releasingConn) Close() error {

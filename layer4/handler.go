@@ -11,6 +11,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -118,6 +120,8 @@ type Handler struct {
 	priority keyFunc
 	weight   keyFunc
 	setIP    bool // a template other than a key of its own reads {l4.conn.remote_ip}
+
+	warnNonTerminal sync.Once
 }
 
 // KeyPrefix is the prefix lengths `{l4.conn.remote_ip}` is cut to.
@@ -210,17 +214,35 @@ func (h *Handler) Handle(cx *layer4.Connection, next layer4.Handler) error {
 	}
 	cx.Conn = &releasingConn{Conn: cx.Conn, ticket: t}
 	err := next.Handle(cx)
-	if !hijacked(err) {
+	switch {
+	case err != nil && !hijacked(err):
+		t.Release() // the server closes the connection
+	case cx.Context.Value(listenerCtxKey) != nil:
+		// A listener wrapper hands the connection to the HTTP server after
+		// the routes, whichever handler returned: the HTTP server reads it
+		// to its end or closes it. Should another route end it without
+		// either, the slot goes back once the connection is unreachable.
+		runtime.AddCleanup(cx, (*inflight.Ticket).Release, t)
+	case !t.Released():
+		// The handler that served the connection ends it by reading it to
+		// its end or closing it, both seen here; this one did neither.
+		h.warnNonTerminal.Do(func() {
+			h.logger.Warn("inflight is in a route whose handlers returned while the connection was open: its slot is given back now; put inflight in the route of the handler that serves the connection, such as proxy",
+				zap.String("zone", h.gate.Zone()))
+		})
 		t.Release()
 	}
 	return err
 }
 
+// listenerCtxKey is where caddy-l4's listener wrapper (caddy-l4 v0.1.2,
+// layer4/connection.go listenerCtxKey, unexported) keeps itself in a
+// connection's context. TestListenerWrapper fails if that changes.
+var listenerCtxKey = caddy.CtxKey("listener")
+
 // hijacked reports whether the layer4 listener wrapper handed the
 // connection to the HTTP server, which returns this error (caddy-l4
-// v0.1.2, layer4/listener.go errHijacked, unexported): the connection then
-// lives on after Handle, and is released when the HTTP server closes it.
-// TestListenerWrapper fails if caddy-l4 changes it.
+// v0.1.2, layer4/listener.go errHijacked, unexported) from a subroute.
 func hijacked(err error) bool {
 	return err != nil && err.Error() == "hijacked connection"
 }
