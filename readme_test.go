@@ -22,6 +22,10 @@ package caddyinflight_test
 //	                    caddy-docker-proxy does and compares it with the
 //	                    caddyfile block after.
 //	sh                  commands and their output: not checked here.
+//	caddyfile-layer4    a whole Caddyfile with caddy-l4's layer4 app, which
+//	                    this module does not build: adapted and validated
+//	                    by a Caddy built with caddy-l4
+//	                    (layer4/integration/docs_test.go).
 //
 // Inline code (`...`):
 //
@@ -228,10 +232,10 @@ func documentSnippets(t *testing.T, d document, options map[string]bool) []snipp
 			if s.json == nil {
 				continue
 			}
-		case "caddyfile-syntax", "sh", "yaml":
+		case "caddyfile-syntax", "sh", "yaml", "caddyfile-layer4":
 			continue
 		default:
-			t.Errorf("%s:%d: fenced block tagged %q: tag it caddyfile, caddyfile-fragment, caddyfile-syntax, json, sh or yaml (see readme_test.go)", d.file, b.line, b.tag)
+			t.Errorf("%s:%d: fenced block tagged %q: tag it caddyfile, caddyfile-fragment, caddyfile-syntax, caddyfile-layer4, json, sh or yaml (see readme_test.go)", d.file, b.line, b.tag)
 			continue
 		}
 		out = append(out, s)

@@ -32,7 +32,12 @@ var anonymous = struct {
 
 // autoZone returns the name of an unnamed handler's own zone.
 func autoZone(ctx caddy.Context) string {
-	site := siteOf(ctx)
+	return numberedZone(ctx, siteOf(ctx))
+}
+
+// numberedZone returns the name of the next unnamed handler of site in the
+// config being loaded.
+func numberedZone(ctx caddy.Context, site string) string {
 	anonymous.Lock()
 	defer anonymous.Unlock()
 	if config := ctx.GetMetricsRegistry(); anonymous.config != config || config == nil {

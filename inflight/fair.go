@@ -44,7 +44,11 @@ func (h *Handler) compileFair() error {
 // within limiter.MinWeight to MaxWeight; one outside counts as the nearest
 // bound, anything else as 1, each logged once per distinct value.
 func (h *Handler) resolveWeight(r *http.Request) float64 {
-	v := h.weight(r)
+	return h.parseWeight(h.weight(r))
+}
+
+// parseWeight reads a weight placeholder's value, as resolveWeight.
+func (h *Handler) parseWeight(v string) float64 {
 	w, err := strconv.ParseFloat(v, 64)
 	if errors.Is(err, strconv.ErrRange) { // ±Inf: out of range, not invalid
 		err = nil

@@ -228,6 +228,7 @@ type Handler struct {
 	admissions sync.Pool
 	badValues  sync.Map // bad placeholder values already logged
 	badLogs    atomic.Int32
+	refusedLog string // the debug line of a refusal
 }
 
 // CaddyModule returns the Caddy module information.
@@ -404,6 +405,9 @@ func (h *Handler) setDefaults() {
 	if h.StatusCode == 0 {
 		h.StatusCode = http.StatusTooManyRequests
 	}
+	if h.refusedLog == "" {
+		h.refusedLog = "request refused"
+	}
 	if h.RetryAfter == 0 {
 		h.RetryAfter = caddy.Duration(time.Second)
 	}
@@ -457,8 +461,10 @@ func (h *Handler) compile() {
 // handlers and config generations, and binds the shared store if any.
 func (h *Handler) joinZone(ctx caddy.Context) error {
 	hasTotal := h.Total > 0 || h.TotalAdaptive != nil
-	h.label = h.Zone
-	if h.Zone == "" {
+	switch {
+	case h.Zone != "":
+		h.label = h.Zone
+	case h.label == "": // a gate names its unnamed zones itself
 		h.label = autoZone(ctx)
 	}
 	h.zoneID = zoneID(h.label, h.Zone != "", h.Limits, hasTotal)
@@ -502,7 +508,7 @@ func (h *Handler) report(a *admission, res limiter.Result, reason string) string
 	h.rejected[reason][h.dimIndex(res.Dim)].Inc()
 	// Hash the key only for a log line or an event someone will see: under
 	// overload every refused request passes here.
-	if ce := h.logger.Check(zapcore.DebugLevel, "request refused"); ce != nil {
+	if ce := h.logger.Check(zapcore.DebugLevel, h.refusedLog); ce != nil {
 		shown := key
 		if key != "" && !keyIsAddress(h.Limits[res.Dim].Key) {
 			shown = redact(key)
