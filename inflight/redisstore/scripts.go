@@ -25,7 +25,7 @@ import (
 const countersLua = `
 local function giveBack(key, units)
 	local c = key .. ':u'
-	if redis.call('DECRBY', c, units) <= 0 then redis.call('DEL', c) end
+	if units > 0 and redis.call('DECRBY', c, units) <= 0 then redis.call('DEL', c) end
 end
 local function unitsOf(member)
 	return tonumber(string.match(member, ':(%d+)$')) or 1
@@ -44,11 +44,12 @@ end
 //
 // KEYS[1]: the zone's waiting set; the rest: the sorted sets. ARGV: the
 // deadline (µs), the lease (ms), how long a waiting listing lasts (ms), the
-// instance, the channel, the number of leases to remove, then per lease to
-// remove its set's index in KEYS, its member and its units; then the
-// number of requests, then per request its member, 1 if it waits when
+// instance, the channel, the number of groups of leases to remove, then
+// per group (leases of one set and of the same units, one ZREM) the set's
+// index in KEYS, the units, the number of members and the members; then
+// the number of requests, then per request its member, 1 if it waits when
 // refused, its units, its number of sets, and per set its index in KEYS
-// and its max.
+// and its max. The members admitted go into each set in one ZADD.
 var admitScript = redis.NewScript(countersLua + `
 local t = redis.call('TIME')
 if tonumber(t[1]) * 1000000 + tonumber(t[2]) > tonumber(ARGV[1]) then
@@ -59,20 +60,21 @@ local lease, listing, instance, channel = tonumber(ARGV[2]), tonumber(ARGV[3]), 
 local expiry, ttl = now + lease, 2 * lease
 local pos, removed, freed = 7, 0, {}
 for i = 1, tonumber(ARGV[6]) do
-	local key = KEYS[tonumber(ARGV[pos])]
-	if redis.call('ZREM', key, ARGV[pos + 1]) == 1 then
-		removed = removed + 1
-		freed[key] = (freed[key] or 0) + tonumber(ARGV[pos + 2])
+	local key, units, count = KEYS[tonumber(ARGV[pos])], tonumber(ARGV[pos + 1]), tonumber(ARGV[pos + 2])
+	local n = 0
+	for lo = pos + 3, pos + 2 + count, 512 do -- unpack is bounded by Lua's stack
+		n = n + redis.call('ZREM', key, unpack(ARGV, lo, math.min(lo + 511, pos + 2 + count)))
 	end
-	pos = pos + 3
+	removed = removed + n
+	freed[key] = (freed[key] or 0) + n * units
+	pos = pos + 3 + count
 end
 for key, units in pairs(freed) do giveBack(key, units) end
-if removed > 0 then
-	redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-	if redis.call('ZCARD', KEYS[1]) > 0 then redis.call('PUBLISH', channel, '1') end
+if removed > 0 and redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf') > 0 then
+	redis.call('PUBLISH', channel, '1')
 end
 -- held: the units in each set, once its expired members are given back.
-local held, healed, added = {}, {}, {}
+local held, healed, added, members = {}, {}, {}, {}
 local function heldIn(key)
 	local expired = redis.call('ZRANGEBYSCORE', key, '-inf', now)
 	if #expired > 0 then
@@ -89,10 +91,13 @@ local function heldIn(key)
 	held[key] = n
 	return n
 end
+-- heal resets a counter whose set is empty (the members this script adds
+-- go in at its end).
 local function heal(key)
-	if not healed[key] and held[key] > 0 and redis.call('ZCARD', key) == 0 then
+	local before = held[key] - (added[key] or 0)
+	if not healed[key] and before > 0 and redis.call('ZCARD', key) == 0 then
 		redis.call('DEL', key .. ':u')
-		held[key] = 0
+		held[key] = held[key] - before
 	end
 	healed[key] = true
 	return held[key]
@@ -114,9 +119,11 @@ for r = 1, n do
 	if full == 0 then
 		for p = first, pos - 1, 2 do
 			local key = KEYS[tonumber(ARGV[p])]
-			redis.call('ZADD', key, expiry, member)
 			held[key] = held[key] + units
-			added[key] = (added[key] or 0) + units
+			if not added[key] then added[key], members[key] = 0, {} end
+			added[key] = added[key] + units
+			local m = members[key]
+			m[#m + 1], m[#m + 2] = expiry, member
 		end
 	elseif willWait then
 		waits = true
@@ -124,6 +131,8 @@ for r = 1, n do
 	out[r + 2] = full
 end
 for key, units in pairs(added) do
+	local m = members[key]
+	for lo = 1, #m, 512 do redis.call('ZADD', key, unpack(m, lo, math.min(lo + 511, #m))) end
 	redis.call('INCRBY', key .. ':u', units)
 	redis.call('PEXPIRE', key, ttl)
 	redis.call('PEXPIRE', key .. ':u', ttl)
@@ -173,8 +182,8 @@ for i = 2, #KEYS do
 end
 for key, units in pairs(freed) do giveBack(key, units) end
 local t = redis.call('TIME')
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
-if removed > 0 and redis.call('ZCARD', KEYS[1]) > 0 then redis.call('PUBLISH', ARGV[1], '1') end
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if removed > 0 and redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf') > 0 then redis.call('PUBLISH', ARGV[1], '1') end
 return removed
 `)
 
@@ -221,3 +230,32 @@ func (e *entries) add(set, member string, units int64) {
 
 // chunk returns the entries lo to hi (excluded).
 func (e *entries) chunk(lo, hi int) ([]string, []any) { return e.keys[lo:hi], e.args[2*lo : 2*hi] }
+
+// group is leases of one set and of the same units: one ZREM removes them.
+type group struct {
+	set     string
+	units   int64
+	members []any
+}
+
+// groups returns e's leases by set and units, in the order they first
+// appear.
+func (e *entries) groups() []*group {
+	type by struct {
+		set   string
+		units int64
+	}
+	index := map[by]*group{}
+	var out []*group
+	for i, set := range e.keys {
+		k := by{set, e.args[2*i+1].(int64)}
+		g := index[k]
+		if g == nil {
+			g = &group{set: set, units: k.units}
+			index[k] = g
+			out = append(out, g)
+		}
+		g.members = append(g.members, e.args[2*i])
+	}
+	return out
+}

@@ -189,9 +189,10 @@ func (z *redisZone) admit(reqs []*limiter.Request, waits []bool) ([]verdict, err
 		z.book.settle(z.tag, endedIDs, false)
 		return z.failed(op, reqs, sent, counted, nil, start, err)
 	}
-	args := []any{deadline, z.book.lease.Milliseconds(), listing.Milliseconds(), z.book.instance, z.tag + ":released", len(ended.keys)}
-	for i, set := range ended.keys {
-		args = append(args, keyIndex(set), ended.args[2*i], ended.args[2*i+1])
+	groups := ended.groups()
+	args := []any{deadline, z.book.lease.Milliseconds(), listing.Milliseconds(), z.book.instance, z.tag + ":released", len(groups)}
+	for _, g := range groups {
+		args = append(append(args, keyIndex(g.set), g.units, len(g.members)), g.members...)
 	}
 	args = append(args, len(sent))
 	for j, i := range sent {

@@ -37,6 +37,11 @@ redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no >/d
 pids+=($!)
 until redis-cli -p "$redis_port" ping >/dev/null 2>&1; do sleep 0.1; done
 
+# redis_cpu prints the CPU seconds redis-server has used.
+redis_cpu() {
+	redis-cli -p "$redis_port" info cpu | tr -d '\r' | awk -F: '/^used_cpu_(user|sys):/ { s += $2 } END { print s }'
+}
+
 # run NAME STORE: one Caddy with STORE (empty: in process) under wrk; prints
 # requests/s, and with a store the Redis figures.
 run() {
@@ -62,8 +67,10 @@ CADDY
 	until curl -fs "http://127.0.0.1:$http_port/" >/dev/null; do sleep 0.1; done
 	wrk -t2 -c16 -d1s "http://127.0.0.1:$http_port/" >/dev/null # warm-up
 	redis-cli -p "$redis_port" config resetstat >/dev/null
-	local out rps
+	local out rps cpu0 cpu1
+	cpu0=$(redis_cpu)
 	out=$(wrk -t2 -c16 -d"$duration" "http://127.0.0.1:$http_port/")
+	cpu1=$(redis_cpu)
 	rps=$(awk '/^Requests\/sec/ {print $2}' <<<"$out")
 	local requests
 	requests=$(awk '/requests in/ {print $1}' <<<"$out")
@@ -74,7 +81,8 @@ CADDY
 				printf "  %-26s calls %9d  %.2f per request  %6.2f usec/call\n", $1, $3, $3 / n, $7
 			}
 			/^cmdstat_(evalsha|eval):/ { usec += $5; scripts += $3 }
-			END { printf "  scripts %.3f per request, Redis CPU in scripts %.2f usec per request\n", scripts / n, usec / n }'
+			END { printf "  scripts %.3f per request, %.2f usec per request in scripts (commandstats)\n", scripts / n, usec / n }'
+		awk -v a="$cpu0" -v b="$cpu1" -v n="$requests" 'BEGIN { printf "  redis-server CPU (user+sys, INFO cpu) %.2f usec per request\n", (b - a) * 1e6 / n }'
 	fi
 	kill "$pid"
 	wait "$pid" 2>/dev/null || true
