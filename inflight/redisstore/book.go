@@ -92,9 +92,10 @@ type lease struct {
 	// again is set when a renewal that wrote the lease ended after its
 	// release: a removal sent before then may have come first.
 	again bool
-	// sending is set while a script that removes the lease is under way:
-	// no other script sends it meanwhile.
-	sending bool
+	// sends counts the scripts under way that remove the lease: one, but
+	// for an admission call that overtakes a removal of its own (alone).
+	sends int
+	alone bool
 }
 
 // joinBook returns the book for s's options, made if needed, and counts s
@@ -207,8 +208,9 @@ func (b *book) hold(member, tag string, sets []string, units int64) {
 	b.mu.Unlock()
 }
 
-// release marks a lease's request as ended. The zone's next call removes
-// it from Redis (see claim), a ghost's removal is maintain's.
+// release marks a lease's request as ended. The zone's call under way's
+// successor, or a removal of its own, removes it from Redis (see claim); a
+// ghost's removal is maintain's.
 func (b *book) release(member string) {
 	b.mu.Lock()
 	l := b.leases[member]
@@ -241,25 +243,28 @@ func (b *book) endLocked(member string, l *lease) {
 }
 
 // claim returns up to scriptChunk leases of a zone's that ended and that
-// no script is removing (ghosts aside: maintain removes those), for the
-// zone's next call to remove before it checks the sets, and marks them
-// sent. The zone makes one call at a time, so this instance's releases are
-// never late for its own next admission (a client that sends its next
-// request as soon as it has a response): the release went in an earlier
-// call, or goes in this one.
-func (b *book) claim(tag string) (entries, []string) {
+// no script is removing (ghosts aside: maintain removes those), and marks
+// them sent: by an admission call, to remove before it checks the sets, or
+// by a removal of their own (alone). An admission call also sends again
+// the leases a removal of their own is sending: it may overtake it in
+// Redis. The zone makes one admission call at a time, so this instance's
+// releases are never late for its own next admission (a client that sends
+// its next request as soon as it has a response): the release went in an
+// earlier admission call, or goes in this one.
+func (b *book) claim(tag string, alone bool) (entries, []string) {
 	var e entries
 	var ids []string
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for m, l := range b.ended[tag] {
-		if l.sending || l.ghost {
+		if l.ghost || l.sends > 0 && (alone || !l.alone) {
 			continue
 		}
 		if len(e.keys)+len(l.sets) > scriptChunk {
 			break
 		}
-		l.sending, l.again = true, false
+		l.sends++
+		l.alone, l.again = alone, false
 		ids = append(ids, m)
 		for _, set := range l.sets {
 			e.add(set, m, l.units)
@@ -274,7 +279,7 @@ func (b *book) unclaimed(tag string) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for _, l := range b.ended[tag] {
-		if !l.sending && !l.ghost {
+		if l.sends == 0 && !l.ghost {
 			return true
 		}
 	}
@@ -292,7 +297,8 @@ func (b *book) settle(tag string, ids []string, ok bool) {
 		if l == nil {
 			continue // expired meanwhile
 		}
-		l.sending = false
+		l.sends--
+		l.alone = l.alone && l.sends > 0
 		switch {
 		case !ok || l.again:
 		case l.ghost:
@@ -532,14 +538,15 @@ func (b *book) removeReleased(ticked bool) {
 			case now.Sub(l.released) > lives:
 				delete(byMember, m) // expired in Redis by now
 				continue
-			case l.sending:
+			case l.sends > 0:
 				continue
 			case l.ghost && l.removed && !ticked:
 				continue
 			case !l.ghost && (!ticked || now.Sub(l.released) < b.timeout):
 				continue // the zone's next call removes it
 			}
-			l.again, l.sending = false, true
+			l.again = false
+			l.sends++
 			e := byZone[tag]
 			if e == nil {
 				e = &batch{}

@@ -1,8 +1,11 @@
 package redisstore
 
 import (
+	"context"
 	"errors"
 	"sync"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
@@ -24,9 +27,11 @@ type calls struct {
 	busy bool // a call is under way
 	// next holds the newcomers that arrived while busy: the next call's.
 	next []*newcomer
-	// again asks for one more call after this one: waiters may fit, or
-	// leases were released, after the call read them.
+	// again asks for one more call after this one: waiters may fit after
+	// the call read Redis.
 	again bool
+	// removals says leases were released while a call was under way.
+	removals bool
 }
 
 // newcomer is one request that joins a call, and its verdict.
@@ -72,16 +77,40 @@ func (z *redisZone) dispatchWaiters() {
 	}
 }
 
-// send has the leases released in the zone removed: by the call under way's
-// successor, or by a call of its own, off the caller's path.
+// send has the leases released in the zone removed, off the caller's
+// path: by the admission call under way's successor, or by a removal of
+// their own, which does not hold back the zone's next admission call.
 func (z *redisZone) send() {
-	if z.claimCall() {
-		go z.runOffPath()
+	z.calls.mu.Lock()
+	busy := z.calls.busy
+	z.calls.removals = z.calls.removals || busy
+	z.calls.mu.Unlock()
+	if !busy {
+		go z.removeAlone()
 	}
 }
 
-// runOffPath makes a call for the waiters and the leases released, as a
-// user of the book.
+// removeAlone removes the zone's leases that ended and that no script is
+// removing, in scripts of their own.
+func (z *redisZone) removeAlone() {
+	if !z.book.tryEnter() {
+		return // the book closed: nothing to send
+	}
+	defer z.book.exit()
+	for ok := true; ok && z.book.available(); { // else on a tick
+		e, ids := z.book.claim(z.tag, true)
+		if len(ids) == 0 {
+			return
+		}
+		ok = z.book.pipeline("release", []string{z.label}, func(ctx context.Context, p redis.Pipeliner) error {
+			releaseScript.Eval(ctx, p, append([]string{z.tag + ":waiting"}, e.keys...), append([]any{z.tag + ":released"}, e.args...)...)
+			return nil
+		})
+		z.book.settle(z.tag, ids, ok)
+	}
+}
+
+// runOffPath makes a call for the waiters, as a user of the book.
 func (z *redisZone) runOffPath() {
 	if !z.book.tryEnter() {
 		z.handOff(false) // the book closed: nothing to send
@@ -111,25 +140,29 @@ func (z *redisZone) run(batch []*newcomer) {
 	z.calls.mu.Lock()
 	z.calls.again = false
 	z.calls.mu.Unlock()
-	// Leases left to remove (more than a script takes) go in the next
-	// call; after a failure they wait for a tick (see removeReleased).
-	more := z.call(batch) && z.book.unclaimed(z.tag)
+	// Leases released meanwhile (or more than a script takes) go in the
+	// next call, or alone; after a failure they wait for a tick (see
+	// removeReleased).
+	removals := z.call(batch) && z.book.unclaimed(z.tag)
 	for _, n := range batch[min(1, len(batch)):] {
 		close(n.done)
 	}
-	z.handOff(more)
+	z.handOff(removals)
 }
 
 // handOff passes the zone's next call to the newcomers that arrived
-// meanwhile, or makes it off the caller's path if more is to be sent or
-// one more was asked, or leaves the zone with no call under way.
-func (z *redisZone) handOff(more bool) {
+// meanwhile, or makes it off the caller's path if one more was asked for
+// the waiters, or leaves the zone with no call under way (removing the
+// leases released if any).
+func (z *redisZone) handOff(removals bool) {
 	z.calls.mu.Lock()
 	next := z.calls.next
 	z.calls.next = nil
-	more = more || z.calls.again
-	z.calls.again = false
-	if len(next) == 0 && !more {
+	again := z.calls.again
+	removals = removals || z.calls.removals
+	z.calls.again, z.calls.removals = false, false
+	idle := len(next) == 0 && !again
+	if idle {
 		z.calls.busy = false
 	}
 	z.calls.mu.Unlock()
@@ -137,8 +170,10 @@ func (z *redisZone) handOff(more bool) {
 	case len(next) > 0:
 		next[0].lead = next
 		close(next[0].done)
-	case more:
+	case again:
 		go z.runOffPath()
+	case removals:
+		go z.removeAlone()
 	}
 }
 

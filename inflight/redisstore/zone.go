@@ -162,7 +162,7 @@ func (z *redisZone) admit(reqs []*limiter.Request, waits []bool) ([]verdict, err
 		sent = append(sent, i)
 		claims = append(claims, c)
 	}
-	ended, endedIDs := z.book.claim(z.tag)
+	ended, endedIDs := z.book.claim(z.tag, false)
 	if len(sent) == 0 && len(endedIDs) == 0 {
 		return verdicts, nil
 	}
