@@ -60,13 +60,15 @@
 //     while a renewal that wrote it was under way is removed once more
 //     after that renewal, so it never stays in Redis after its removal.
 //     Release takes the local count back at once; the Redis round trip
-//     happens off the response path: the zone's next call (a call of its
-//     own if none is under way) removes the lease before it admits. Each
-//     ended lease is sent by one script at a time and forgotten once a
-//     reply confirmed its removal; one whose script failed is sent again by
-//     a later call, or on a tick once timeout passed, until it is removed
-//     or has expired anyway. As a zone makes one call at a time, a release
-//     is never late for this instance's next admission.
+//     happens off the response path: the zone's next admission call
+//     removes the lease before it admits, or, if no call is under way, a
+//     removal of its own. Each ended lease is sent by one script at a time
+//     (but for an admission call that may overtake a removal of its own:
+//     it sends the lease too) and forgotten once a reply confirmed its
+//     removal; one whose script failed is sent again by a later call, or
+//     on a tick once timeout passed, until it is removed or has expired
+//     anyway. As a zone makes one admission call at a time, a release is
+//     never late for this instance's next admission.
 //   - A zone makes one admission call at a time. Newcomers that arrive
 //     while one is under way wait for it and go together in the next, one
 //     script (a lone request goes at once); waiters go first in every call,
