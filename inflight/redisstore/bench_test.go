@@ -59,3 +59,31 @@ func BenchmarkReleaseWithRedisDelayed(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkRedisCPUPerAdmission admits and releases from 16 goroutines
+// through one zone, and reports what Redis spent on each request, from
+// INFO commandstats: the scripts' calls and time (µs, the commands they
+// ran included) and the ZREMs.
+func BenchmarkRedisCPUPerAdmission(b *testing.B) {
+	addr, cli := startRedis(b)
+	s := newStore(b, store(addr, nil))
+	limits := &limiter.Limits{Max: []int64{1 << 30}, Total: 1 << 30}
+	z, _ := zoneOf(s, "cpu", limits)
+	cli.ConfigResetStat(context.Background())
+	b.SetParallelism(8)
+	b.RunParallel(func(pb *testing.PB) {
+		req := request(limits, "k")
+		for pb.Next() {
+			if res := z.Acquire(context.Background(), req, limiter.WaitOptions{}); res.Outcome != limiter.Admitted {
+				b.Fatalf("acquire: %v", res.Outcome)
+			}
+			z.Release(req)
+		}
+	})
+	b.StopTimer()
+	stats := commandStats(b, cli)
+	n := float64(b.N)
+	b.ReportMetric(float64(stats["evalsha"].calls+stats["eval"].calls)/n, "scripts/op")
+	b.ReportMetric((stats["evalsha"].usec+stats["eval"].usec)/n, "script-µs/op")
+	b.ReportMetric(float64(stats["zrem"].calls)/n, "zrem/op")
+}

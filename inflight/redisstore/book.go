@@ -75,8 +75,9 @@ type book struct {
 
 // lease is one member this instance put, or will put, in a zone's sets.
 type lease struct {
-	tag  string // the zone's hash-tagged prefix: its cluster slot
-	sets []string
+	tag   string // the zone's hash-tagged prefix: its cluster slot
+	sets  []string
+	units int64 // in each set: also the end of its member's name
 	// released is when its request ended: from then on it is in ended, and
 	// removed, not renewed, until removed or expired anyway.
 	released time.Time
@@ -91,6 +92,10 @@ type lease struct {
 	// again is set when a renewal that wrote the lease ended after its
 	// release: a removal sent before then may have come first.
 	again bool
+	// sends counts the scripts under way that remove the lease: one, but
+	// for an admission call that overtakes a removal of its own (alone).
+	sends int
+	alone bool
 }
 
 // joinBook returns the book for s's options, made if needed, and counts s
@@ -190,29 +195,41 @@ func (b *book) labels(tags []string) []string {
 	return labels
 }
 
-// member returns a new lease identifier.
-func (b *book) member() string {
-	return b.instance + ":" + strconv.FormatUint(b.next.Add(1), 36)
+// member returns a new lease identifier, for a lease of units: the
+// scripts read the units of an expired member from its name.
+func (b *book) member(units int64) string {
+	return b.instance + ":" + strconv.FormatUint(b.next.Add(1), 36) + ":" + strconv.FormatInt(units, 10)
 }
 
-// hold records a lease granted (or admitted locally) for renewal.
-func (b *book) hold(member, tag string, sets []string) {
+// hold records a lease of units granted (or admitted locally) for renewal.
+func (b *book) hold(member, tag string, sets []string, units int64) {
 	b.mu.Lock()
-	b.leases[member] = &lease{tag: tag, sets: sets}
+	b.leases[member] = &lease{tag: tag, sets: sets, units: units}
 	b.mu.Unlock()
 }
 
-// release marks a lease's request as ended; maintain removes it from Redis.
+// release marks a lease's request as ended. The zone's call under way's
+// successor, or a removal of its own, removes it from Redis (see claim); a
+// ghost's removal is maintain's.
 func (b *book) release(member string) {
 	b.mu.Lock()
-	if l := b.leases[member]; l != nil {
+	l := b.leases[member]
+	var z *redisZone
+	if l != nil {
 		delete(b.leases, member)
 		l.released = time.Now()
 		l.ghost = l.unsure
 		b.endLocked(member, l)
+		z = b.zones[l.tag]
 	}
 	b.mu.Unlock()
-	b.poke()
+	switch {
+	case l == nil:
+	case l.ghost:
+		b.poke()
+	default:
+		z.send()
+	}
 }
 
 // endLocked files a lease as ended, to be removed. mu must be held.
@@ -225,34 +242,85 @@ func (b *book) endLocked(member string, l *lease) {
 	byMember[member] = l
 }
 
-// pending returns up to scriptChunk (set, member) pairs of a zone's ended
-// leases, for an admission to remove before it checks the sets: this
-// instance's releases are then never late for its own next admission (a
-// client that sends its next request as soon as it has a response).
-// maintain removes them all the same, after any renewal that may have
-// written them back.
-func (b *book) pending(tag string) entries {
+// claim returns up to scriptChunk leases of a zone's that ended and that
+// no script is removing (ghosts aside: maintain removes those), and marks
+// them sent: by an admission call, to remove before it checks the sets, or
+// by a removal of their own (alone). An admission call also sends again
+// the leases a removal of their own is sending: it may overtake it in
+// Redis. The zone makes one admission call at a time, so this instance's
+// releases are never late for its own next admission (a client that sends
+// its next request as soon as it has a response): the release went in an
+// earlier admission call, or goes in this one.
+func (b *book) claim(tag string, alone bool) (entries, []string) {
 	var e entries
+	var ids []string
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for m, l := range b.ended[tag] {
+		if l.ghost || l.sends > 0 && (alone || !l.alone) {
+			continue
+		}
 		if len(e.keys)+len(l.sets) > scriptChunk {
 			break
 		}
+		l.sends++
+		l.alone, l.again = alone, false
+		ids = append(ids, m)
 		for _, set := range l.sets {
-			e.add(set, m)
+			e.add(set, m, l.units)
 		}
 	}
-	return e
+	return e, ids
 }
 
-// dropGhosts records the members of an admission whose reply never came.
-func (b *book) dropGhosts(tag string, members []string, sets [][]string) {
-	now := time.Now()
+// unclaimed reports whether a zone has leases to remove that no script is
+// removing.
+func (b *book) unclaimed(tag string) bool {
 	b.mu.Lock()
-	for i, m := range members {
-		b.endLocked(m, &lease{tag: tag, sets: sets[i], released: now, ghost: true})
+	defer b.mu.Unlock()
+	for _, l := range b.ended[tag] {
+		if l.sends == 0 && !l.ghost {
+			return true
+		}
 	}
+	return false
+}
+
+// settle records how the script that removed a zone's leases ids ended:
+// removed (ok), a lease is forgotten, unless a renewal wrote it back
+// meanwhile (again) or it is a ghost (removed again on ticks); failed, it
+// is sent again.
+func (b *book) settle(tag string, ids []string, ok bool) {
+	b.mu.Lock()
+	for _, m := range ids {
+		l := b.ended[tag][m]
+		if l == nil {
+			continue // expired meanwhile
+		}
+		l.sends--
+		l.alone = l.alone && l.sends > 0
+		switch {
+		case !ok || l.again:
+		case l.ghost:
+			l.removed = true
+		default:
+			delete(b.ended[tag], m)
+		}
+	}
+	if len(b.ended[tag]) == 0 {
+		delete(b.ended, tag)
+	}
+	idle := len(b.ended) == 0 && len(b.leases) == 0
+	b.mu.Unlock()
+	if idle {
+		b.poke() // the book may close
+	}
+}
+
+// dropGhost records the member of an admission whose reply never came.
+func (b *book) dropGhost(tag, member string, sets []string, units int64) {
+	b.mu.Lock()
+	b.endLocked(member, &lease{tag: tag, sets: sets, units: units, released: time.Now(), ghost: true})
 	b.mu.Unlock()
 	b.poke()
 }
@@ -373,7 +441,7 @@ func (b *book) renew() {
 			byZone[l.tag] = e
 		}
 		for _, set := range l.sets {
-			e.add(set, m)
+			e.add(set, m, l.units)
 		}
 	}
 	b.mu.Unlock()
@@ -399,9 +467,9 @@ func (b *book) renew() {
 		sent = localMicros()
 		for tag, e := range byZone {
 			for lo := 0; lo < len(e.keys); lo += scriptChunk {
-				hi := min(lo+scriptChunk, len(e.keys))
-				args := append([]any{deadlines[tag], b.lease.Milliseconds()}, e.members[lo:hi]...)
-				scripts = append(scripts, script{tag, renewScript.Eval(ctx, p, e.keys[lo:hi], args...)})
+				keys, leases := e.chunk(lo, min(lo+scriptChunk, len(e.keys)))
+				args := append([]any{deadlines[tag], b.lease.Milliseconds()}, leases...)
+				scripts = append(scripts, script{tag, renewScript.Eval(ctx, p, keys, args...)})
 			}
 		}
 		return nil
@@ -419,7 +487,8 @@ func (b *book) renew() {
 // timeout), its scripts may still run later: every lease it wrote is then
 // removed as a ghost once released.
 func (b *book) removeAgain(renewed map[string]*lease, failed bool) {
-	again := false
+	ghosts := false
+	var zones []*redisZone
 	b.mu.Lock()
 	for m, l := range renewed {
 		l.unsure = l.unsure || failed
@@ -429,20 +498,28 @@ func (b *book) removeAgain(renewed map[string]*lease, failed bool) {
 		l.again = true
 		l.ghost = l.ghost || failed
 		b.endLocked(m, l)
-		again = true
+		if z := b.zones[l.tag]; !l.ghost && !slices.Contains(zones, z) {
+			zones = append(zones, z)
+		}
+		ghosts = ghosts || l.ghost
 	}
 	b.mu.Unlock()
-	if again {
+	for _, z := range zones {
+		z.send()
+	}
+	if ghosts {
 		b.poke()
 	}
 }
 
-// removeReleased removes the leases of requests that ended, one script per
-// zone and chunk, in one pipeline. A lease is forgotten once removed, or
-// once it has expired anyway. A ghost is removed again on ticks until it
-// would have expired: a script that may write it has a deadline at most
-// timeout after the ghost was filed, and the lease it writes lives for
-// lease from then.
+// removeReleased removes ghosts, at once and again on ticks, and on ticks
+// the leases of ended requests that the zones' calls have not removed
+// within timeout (Redis failed, or no call came), one script per zone and
+// chunk, in one pipeline. A lease is forgotten once removed, or once it
+// has expired anyway. A ghost is removed again on ticks until it would
+// have expired: a script that may write it has a deadline at most timeout
+// after the ghost was filed, and the lease it writes lives for lease from
+// then.
 func (b *book) removeReleased(ticked bool) {
 	type batch struct {
 		entries
@@ -461,10 +538,15 @@ func (b *book) removeReleased(ticked bool) {
 			case now.Sub(l.released) > lives:
 				delete(byMember, m) // expired in Redis by now
 				continue
-			case l.removed && !ticked:
+			case l.sends > 0:
 				continue
+			case l.ghost && l.removed && !ticked:
+				continue
+			case !l.ghost && (!ticked || now.Sub(l.released) < b.timeout):
+				continue // the zone's next call removes it
 			}
 			l.again = false
+			l.sends++
 			e := byZone[tag]
 			if e == nil {
 				e = &batch{}
@@ -472,7 +554,7 @@ func (b *book) removeReleased(ticked bool) {
 			}
 			e.ids = append(e.ids, m)
 			for _, set := range l.sets {
-				e.add(set, m)
+				e.add(set, m, l.units)
 			}
 		}
 		if len(byMember) == 0 {
@@ -487,32 +569,15 @@ func (b *book) removeReleased(ticked bool) {
 		for tag, e := range byZone {
 			waiting := []string{tag + ":waiting"}
 			for lo := 0; lo < len(e.keys); lo += scriptChunk {
-				hi := min(lo+scriptChunk, len(e.keys))
-				args := append([]any{tag + ":released"}, e.members[lo:hi]...)
-				releaseScript.Eval(ctx, p, append(waiting, e.keys[lo:hi]...), args...)
+				keys, leases := e.chunk(lo, min(lo+scriptChunk, len(e.keys)))
+				releaseScript.Eval(ctx, p, append(waiting, keys...), append([]any{tag + ":released"}, leases...)...)
 			}
 		}
 		return nil
 	})
-	if !ok {
-		return // retried on the next tick
-	}
-	b.mu.Lock()
 	for tag, e := range byZone {
-		for _, m := range e.ids {
-			switch l := b.ended[tag][m]; {
-			case l == nil || l.again: // again: removed on the next pass
-			case l.ghost:
-				l.removed = true
-			default:
-				delete(b.ended[tag], m)
-			}
-		}
-		if len(b.ended[tag]) == 0 {
-			delete(b.ended, tag)
-		}
+		b.settle(tag, e.ids, ok) // failed: retried on the next tick
 	}
-	b.mu.Unlock()
 }
 
 // pipeline runs fill's scripts in one round trip and reports whether all

@@ -2,20 +2,43 @@
 // (http.handlers.inflight.stores.redis): it keeps a zone's counts in Redis,
 // so that one cap holds across a fleet of Caddy instances.
 //
-// Each slot held is a lease: a member of a sorted set per key (and one for
-// the zone's total), scored by its expiry on Redis's own clock. Admission
+// Each request held is a lease: a member of a sorted set per key (and one
+// for the zone's total), scored by its expiry on Redis's own clock, named
+// after the units it holds; each set has a counter of its units. Admission
 // is one script, atomic, for a batch of requests: drop expired leases,
-// check every set, add the lease to all of a request's sets or to none.
+// check that each set has room for the request's units, add the lease to
+// all of a request's sets or to none. A zone makes one such call at a time:
+// the requests that arrive meanwhile go together in the next one.
 //
 // Files: module.go is the Caddy module (config, Caddyfile, lifetime);
 // book.go a Redis setup's client and this instance's leases (renewal,
 // release, outage); scripts.go the Lua scripts and what they return;
 // clock.go the scripts' deadlines in Redis's clock;
-// zone.go one zone's admission and release; queue.go its waiters;
+// zone.go one zone's admission and release; calls.go its calls to Redis,
+// one at a time; queue.go its waiters;
 // logger.go routes go-redis's log lines about the store into Caddy's log;
 // check.go the startup check and the reasons failures are logged with.
 //
 // Invariants:
+//   - Cost conservation: a request takes the same units in every one of
+//     its sets, its cost clamped to the smallest of the fleet's caps it is
+//     checked against (so a cost above a cap is admitted alone once the cap
+//     is free). The units are fixed before the script, carried by the lease
+//     (its member's name ends with them) and counted locally as the same
+//     units, so every release, renewal and removal gives back or enters
+//     exactly those. A waiter's grant passes its units to the request the
+//     caller releases.
+//   - A set's counter ("<set>:u") is the sum of its members' units: every
+//     script that adds a member (admission, or renewal re-creating one
+//     Redis lost) adds its units in the same script, and every removal
+//     (release, ghost removal, the admission's removal of expired members,
+//     which reads their units first) subtracts them only for a member it
+//     did remove, so a lease removed twice, or removed after it expired, is
+//     subtracted once; a late script writes nothing past its deadline, or
+//     writes member and units together. A counter expires with its set
+//     (the same PEXPIRE) and is deleted at 0; one missing beside members is
+//     counted again from them, one left beside an empty set is reset when
+//     it refuses a request.
 //   - A book records a lease only once Redis granted it, or once the
 //     local zone admitted its request while Redis was unreachable (on_error
 //     open). Until its request ends, renewal writes every recorded lease
@@ -37,10 +60,22 @@
 //     while a renewal that wrote it was under way is removed once more
 //     after that renewal, so it never stays in Redis after its removal.
 //     Release takes the local count back at once; the Redis round trip
-//     happens off the response path, and is retried on every tick until
-//     it succeeds or the lease has expired anyway. Until then, each
-//     admission in the zone removes those leases first, so a release is
+//     happens off the response path: the zone's next admission call
+//     removes the lease before it admits, or, if no call is under way, a
+//     removal of its own. Each ended lease is sent by one script at a time
+//     (but for an admission call that may overtake a removal of its own:
+//     it sends the lease too) and forgotten once a reply confirmed its
+//     removal; one whose script failed is sent again by a later call, or
+//     on a tick once timeout passed, until it is removed or has expired
+//     anyway. As a zone makes one admission call at a time, a release is
 //     never late for this instance's next admission.
+//   - A zone makes one admission call at a time. Newcomers that arrive
+//     while one is under way wait for it and go together in the next, one
+//     script (a lone request goes at once); waiters go first in every call,
+//     so a newcomer never overtakes a waiter that fits. A call that fails
+//     fails each of its newcomers as a lone admission would (fallback, its
+//     members removed as ghosts); newcomers that waited for a call that
+//     failed fall back at once, as Redis is then left alone for a second.
 //   - A book (and its client) lives while a config uses it, any of its
 //     leases remain, a request is in its Acquire (waiting or not) or a
 //     dispatch or renewal is under way: a reload that changes any option
@@ -57,6 +92,6 @@
 //     naming its zones and reason.
 //   - While this instance has waiters in a zone, it is listed in the
 //     zone's waiting set (refreshed by every dispatch), and a release
-//     publishes a notice only while that set is not empty. Newcomers are
-//     admitted behind this instance's waiters, in the same batch.
+//     publishes a notice only while that set lists an instance whose
+//     listing has not expired.
 package redisstore

@@ -76,7 +76,7 @@ func (z *redisZone) order(queue []*waiter, now time.Time) {
 	slices.SortFunc(rest, byPriority)
 	items := make([]limiter.FairItem, len(fair))
 	for i, w := range fair {
-		items[i] = w.fairItem()
+		items[i] = w.fairItem(z.units(z.local.LimitsOf(w.req), w.req))
 	}
 	for i, j := range z.shares.Order(items, now) {
 		queue[i] = fair[j]
@@ -84,10 +84,11 @@ func (z *redisZone) order(queue []*waiter, now time.Time) {
 	copy(queue[len(fair):], rest)
 }
 
-func (w *waiter) fairItem() limiter.FairItem {
+// fairItem is w as fair sharing orders it, when it takes units.
+func (w *waiter) fairItem(units int64) limiter.FairItem {
 	key := ""
 	if d := w.opt.KeyDim; d < len(w.req.Keys) {
 		key = w.req.Keys[d]
 	}
-	return limiter.FairItem{Key: key, Weight: w.opt.Weight, Place: w.Place}
+	return limiter.FairItem{Key: key, Weight: w.opt.Weight, Units: units, Place: w.Place}
 }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net"
 	"os/exec"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -254,4 +256,38 @@ func (p *faultProxy) dropAll() {
 	for _, c := range conns {
 		c.Close()
 	}
+}
+
+// commandStat is one line of INFO commandstats.
+type commandStat struct {
+	calls int64
+	usec  float64
+}
+
+// commandStats returns Redis's INFO commandstats by command (lower case).
+func commandStats(t testing.TB, cli *redis.Client) map[string]commandStat {
+	t.Helper()
+	info, err := cli.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stats := map[string]commandStat{}
+	for _, line := range strings.Split(info, "\n") {
+		name, fields, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		var st commandStat
+		for _, f := range strings.Split(fields, ",") {
+			k, v, _ := strings.Cut(f, "=")
+			switch k {
+			case "calls":
+				st.calls, _ = strconv.ParseInt(v, 10, 64)
+			case "usec":
+				st.usec, _ = strconv.ParseFloat(v, 64)
+			}
+		}
+		stats[strings.TrimPrefix(name, "cmdstat_")] = st
+	}
+	return stats
 }

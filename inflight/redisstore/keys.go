@@ -20,15 +20,16 @@ type keyBound struct {
 // its keys is in flight here already or has room. It reports false and the
 // refusing dimension when a key has no room, and whether it counted req
 // (only under max_keys; otherwise admit counts it once Redis admits it).
-func (z *redisZone) reserveKeys(req *limiter.Request) (ok bool, dim int, counted bool) {
+// It counts the units req takes in Redis.
+func (z *redisZone) reserveKeys(req *limiter.Request, units int64) (ok bool, dim int, counted bool) {
 	lim := z.local.LimitsOf(req)
 	if lim.MaxKeys == 0 {
 		return true, 0, false
 	}
-	own := req.Limits
-	req.Limits = z.keysOnly(lim)
+	own, cost := req.Limits, req.Cost
+	req.Limits, req.Cost = z.keysOnly(lim), units
 	ok, dim = z.local.TryAcquire(req)
-	req.Limits = own
+	req.Limits, req.Cost = own, cost
 	return ok, dim, ok
 }
 

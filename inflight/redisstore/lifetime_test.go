@@ -90,16 +90,16 @@ func TestCleanupDuringDispatchLeavesNoLease(t *testing.T) {
 	eventually(t, "the request waits", func() bool { return local.WaitingOutside() == 1 })
 
 	// The dispatcher's next batch runs in Redis after the slot is free,
-	// its reply held back. Holding dispatching keeps its polls (every
+	// its reply held back. Taking the zone's call keeps its polls (every
 	// 250ms) out until then: a poll sent before the release would be
 	// refused and have its reply held, and on a busy machine that took
 	// the whole deadline (2 runs in 8 with both cores busy).
-	dispatcher := &z.(*redisZone).dispatching
-	dispatcher.Lock()
+	rz := z.(*redisZone)
+	eventually(t, "the zone's call taken", rz.claimCall)
 	p.setStall(true)
 	zOther.Release(held)
 	eventually(t, "the released slot is gone from Redis", func() bool { return members(t, cli, "t") == 0 })
-	dispatcher.Unlock()
+	rz.handOff(true) // a call for the waiter, now
 	eventually(t, "the dispatcher admitted the waiter in Redis", func() bool { return holdsMember(t, cli, old.book.instance) })
 	cancel()
 	if res := <-left; res.Outcome != limiter.Aborted {

@@ -21,7 +21,8 @@ const listing = 4 * fallbackPoll
 // queue holds the requests of one zone waiting in this instance. While it
 // is not empty, one goroutine (serve) tries the waiters on every release
 // notice and every fallbackPoll, and newcomers are admitted in the same
-// batch behind them, so they never overtake a waiter that fits.
+// call behind them (see calls.go), so they never overtake a waiter that
+// fits.
 type queue struct {
 	mu      sync.Mutex
 	waiters []*waiter
@@ -29,8 +30,8 @@ type queue struct {
 	serving bool
 	wakeup  chan struct{}
 
-	dispatching sync.Mutex     // one batch at a time, in queue order
-	shares      limiter.Shares // fair sharing's state; guarded by dispatching
+	calls
+	shares limiter.Shares // fair sharing's state; guarded by the call under way
 }
 
 type waiter struct {
@@ -39,22 +40,6 @@ type waiter struct {
 	opt     limiter.WaitOptions
 	ready   chan struct{}
 	granted bool
-}
-
-// admitNewcomer admits req alone, or behind this instance's waiters when
-// there are any.
-func (z *redisZone) admitNewcomer(req *limiter.Request, willWait bool) (verdict, error) {
-	z.mu.Lock()
-	queued := len(z.waiters) > 0
-	z.mu.Unlock()
-	if queued {
-		return z.dispatch(req, willWait)
-	}
-	v, err := z.admit([]*limiter.Request{req}, []bool{willWait})
-	if err != nil {
-		return verdict{}, err
-	}
-	return v[0], nil
 }
 
 // wait queues req. Waiters are tried best first (score, class, arrival; by
@@ -71,7 +56,7 @@ func (z *redisZone) wait(ctx context.Context, req *limiter.Request, opt limiter.
 		return limiter.Result{Outcome: limiter.QueueFull, Dim: dim}
 	}
 	z.seq++
-	own := &limiter.Request{Keys: slices.Clone(req.Keys), Max: slices.Clone(req.Max), Limits: req.Limits}
+	own := &limiter.Request{Keys: slices.Clone(req.Keys), Max: slices.Clone(req.Max), Cost: req.Cost, Limits: req.Limits}
 	w := &waiter{Place: limiter.Place{Class: opt.Class, Arrived: time.Now(), Seq: z.seq}, req: own, ready: make(chan struct{}), opt: opt}
 	z.waiters = append(z.waiters, w)
 	if len(z.waiters) == 1 {
@@ -92,7 +77,7 @@ func (z *redisZone) wait(ctx context.Context, req *limiter.Request, opt limiter.
 	outcome := limiter.Timeout
 	select {
 	case <-w.ready:
-		req.Lease = w.req.Lease
+		z.adopt(req, w.req)
 		return limiter.Result{Outcome: limiter.Admitted, Waited: time.Since(w.Arrived)}
 	case <-ctx.Done():
 		outcome = limiter.Aborted
@@ -107,10 +92,20 @@ func (z *redisZone) wait(ctx context.Context, req *limiter.Request, opt limiter.
 	case granted && outcome == limiter.Aborted:
 		z.Release(w.req)
 	case granted:
-		req.Lease = w.req.Lease
+		z.adopt(req, w.req)
 		return limiter.Result{Outcome: limiter.Admitted, Waited: waited}
 	}
 	return limiter.Result{Outcome: outcome, Dim: dim, Waited: waited}
+}
+
+// adopt makes req, whose waiter's copy own was granted, the holder of own's
+// lease and local count, so that req's Release gives back exactly the
+// units own took. The count is taken before it is given back: it never
+// reads lower than what is held.
+func (z *redisZone) adopt(req, own *limiter.Request) {
+	req.Lease = own.Lease
+	z.local.Hold(req, own.Units())
+	z.local.Release(own)
 }
 
 // remove takes w out of the queue, if it is still there. z.mu must be held.
@@ -147,7 +142,7 @@ func (z *redisZone) serve() {
 		// The batch counts as a user of the book: the waiters may all
 		// leave, and the config go, while it is in Redis.
 		if z.book.available() && z.book.tryEnter() {
-			z.dispatch(nil, false)
+			z.dispatchWaiters()
 			z.book.exit()
 		}
 		z.mu.Lock()
@@ -160,39 +155,29 @@ func (z *redisZone) serve() {
 	}
 }
 
-// dispatch offers the slots to the waiters, best first, then to newcomer if
-// any, in one batch: each that fits is admitted, so one whose key is full
-// blocks nobody. It returns newcomer's verdict.
-func (z *redisZone) dispatch(newcomer *limiter.Request, willWait bool) (verdict, error) {
-	z.dispatching.Lock()
-	defer z.dispatching.Unlock()
+// waitersInOrder returns the waiters, best first. The call under way
+// guards the fair shares.
+func (z *redisZone) waitersInOrder() []*waiter {
 	z.mu.Lock()
 	now := time.Now()
 	queue := slices.Clone(z.waiters)
 	z.mu.Unlock()
 	z.order(queue, now)
-	reqs := make([]*limiter.Request, 0, len(queue)+1)
-	waits := make([]bool, 0, len(queue)+1)
-	for _, w := range queue {
-		reqs, waits = append(reqs, w.req), append(waits, true)
-	}
-	if newcomer != nil {
-		reqs, waits = append(reqs, newcomer), append(waits, willWait)
-	}
-	if len(reqs) == 0 {
-		return verdict{}, nil
-	}
-	verdicts, err := z.admit(reqs, waits)
-	if err != nil {
-		return verdict{}, err
-	}
+	return queue
+}
+
+// granted hands their slots to the waiters the call admitted: verdicts
+// starts with theirs, in queue's order. One that left meanwhile gives its
+// slot back at once.
+func (z *redisZone) granted(queue []*waiter, verdicts []verdict) {
 	z.mu.Lock()
+	defer z.mu.Unlock()
 	for i, w := range queue {
 		if verdicts[i].outcome != limiter.Admitted {
 			continue
 		}
 		if w.opt.Fair {
-			z.shares.Charge(w.fairItem())
+			z.shares.Charge(w.fairItem(w.req.Units()))
 		}
 		if !slices.Contains(z.waiters, w) { // it left while the script ran
 			z.Release(w.req) // its own copy: safe after it returned
@@ -202,11 +187,6 @@ func (z *redisZone) dispatch(newcomer *limiter.Request, willWait bool) (verdict,
 		z.remove(w)
 		close(w.ready)
 	}
-	z.mu.Unlock()
-	if newcomer == nil {
-		return verdict{}, nil
-	}
-	return verdicts[len(queue)], nil
 }
 
 // WaitingKeys returns the keys of dimension d with requests waiting in

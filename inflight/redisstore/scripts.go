@@ -13,22 +13,44 @@ import (
 // "LATE <seconds> <microseconds>". Otherwise their reply starts with
 // Redis's TIME (seconds, microseconds).
 
-// admitScript first removes this instance's leases that ended and are not
-// removed yet (announcing it if anyone waits), then admits, in order, each
-// of a batch of requests whose every sorted set has room, all of its sets
-// or none. It answers, after the time, per request the 1-based position
-// among its sets of the one that was full, or 0 when it was admitted
-// (decoded into verdicts by decodeVerdicts). If a request that will wait was refused, the instance
-// is listed in the waiting set, so that releases anywhere announce
-// themselves.
+// A lease's member is "<instance>:<sequence>:<units>": a set's expired
+// members are given back by their units, read from their names. Each set
+// has a counter of the units its members hold, "<set>:u" (the same slot:
+// the set's hash tag), which every script keeps exact: it gains a
+// member's units when ZADD adds the member, and loses them when ZREM or
+// the expiry removes it (giveBack); it lives as long as its set (the same
+// PEXPIRE) and is deleted at 0. A counter that is missing while its set is
+// not empty (evicted apart from it) is counted again from the members; one
+// that is not 0 while its set is empty is reset when it refuses a request.
+const countersLua = `
+local function giveBack(key, units)
+	local c = key .. ':u'
+	if units > 0 and redis.call('DECRBY', c, units) <= 0 then redis.call('DEL', c) end
+end
+local function unitsOf(member)
+	return tonumber(string.match(member, ':(%d+)$')) or 1
+end
+`
+
+// admitScript first removes leases of this instance that ended (announcing
+// it if anyone waits), then admits, in order, each of a batch of requests
+// whose units fit in every one of its sorted sets (the units held, from
+// the set's counter, plus the request's, at most the set's max): all of
+// its sets or none. It answers, after the time, per request the 1-based
+// position among its sets of the one that was full, or 0 when it was
+// admitted (decoded into verdicts by decodeVerdicts). If a request that
+// will wait was refused, the instance is listed in the waiting set, so
+// that releases anywhere announce themselves.
 //
 // KEYS[1]: the zone's waiting set; the rest: the sorted sets. ARGV: the
-// deadline (µs), the lease (ms), how long a waiting listing lasts (ms), the instance, the
-// channel, the number of leases to remove, then per lease to remove its
-// set's index in KEYS and its member; then the number of requests, then
-// per request its member, 1 if it waits when refused, its number of sets,
-// and per set its index in KEYS and its max.
-var admitScript = redis.NewScript(`
+// deadline (µs), the lease (ms), how long a waiting listing lasts (ms), the
+// instance, the channel, the number of groups of leases to remove, then
+// per group (leases of one set and of the same units, one ZREM) the set's
+// index in KEYS, the units, the number of members and the members; then
+// the number of requests, then per request its member, 1 if it waits when
+// refused, its units, its number of sets, and per set its index in KEYS
+// and its max. The members admitted go into each set in one ZADD.
+var admitScript = redis.NewScript(countersLua + `
 local t = redis.call('TIME')
 if tonumber(t[1]) * 1000000 + tonumber(t[2]) > tonumber(ARGV[1]) then
 	return redis.error_reply('LATE ' .. t[1] .. ' ' .. t[2])
@@ -36,43 +58,84 @@ end
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease, listing, instance, channel = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local expiry, ttl = now + lease, 2 * lease
-local pos, removed = 7, 0
+local pos, removed, freed = 7, 0, {}
 for i = 1, tonumber(ARGV[6]) do
-	removed = removed + redis.call('ZREM', KEYS[tonumber(ARGV[pos])], ARGV[pos + 1])
-	pos = pos + 2
+	local key, units, count = KEYS[tonumber(ARGV[pos])], tonumber(ARGV[pos + 1]), tonumber(ARGV[pos + 2])
+	local n = 0
+	for lo = pos + 3, pos + 2 + count, 512 do -- unpack is bounded by Lua's stack
+		n = n + redis.call('ZREM', key, unpack(ARGV, lo, math.min(lo + 511, pos + 2 + count)))
+	end
+	removed = removed + n
+	freed[key] = (freed[key] or 0) + n * units
+	pos = pos + 3 + count
 end
-if removed > 0 then
-	redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-	if redis.call('ZCARD', KEYS[1]) > 0 then redis.call('PUBLISH', channel, '1') end
+for key, units in pairs(freed) do giveBack(key, units) end
+if removed > 0 and redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf') > 0 then
+	redis.call('PUBLISH', channel, '1')
+end
+-- held: the units in each set, once its expired members are given back.
+local held, healed, added, members = {}, {}, {}, {}
+local function heldIn(key)
+	local expired = redis.call('ZRANGEBYSCORE', key, '-inf', now)
+	if #expired > 0 then
+		local units = 0
+		for _, m in ipairs(expired) do units = units + unitsOf(m) end
+		redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+		giveBack(key, units)
+	end
+	local n = tonumber(redis.call('GET', key .. ':u') or '0')
+	if n == 0 and redis.call('ZCARD', key) > 0 then
+		for _, m in ipairs(redis.call('ZRANGE', key, 0, -1)) do n = n + unitsOf(m) end
+		redis.call('SET', key .. ':u', n, 'PX', ttl)
+	end
+	held[key] = n
+	return n
+end
+-- heal resets a counter whose set is empty (the members this script adds
+-- go in at its end).
+local function heal(key)
+	local before = held[key] - (added[key] or 0)
+	if not healed[key] and before > 0 and redis.call('ZCARD', key) == 0 then
+		redis.call('DEL', key .. ':u')
+		held[key] = held[key] - before
+	end
+	healed[key] = true
+	return held[key]
 end
 local n = tonumber(ARGV[pos])
 pos = pos + 1
-local cleaned, out, waits = {}, {tonumber(t[1]), tonumber(t[2])}, false
+local out, waits = {tonumber(t[1]), tonumber(t[2])}, false
 for r = 1, n do
-	local member, willWait, count = ARGV[pos], ARGV[pos + 1] == '1', tonumber(ARGV[pos + 2])
-	pos = pos + 3
-	local sets, full = {}, 0
+	local member, willWait, units, count = ARGV[pos], ARGV[pos + 1] == '1', tonumber(ARGV[pos + 2]), tonumber(ARGV[pos + 3])
+	pos = pos + 4
+	local first, full = pos, 0
 	for j = 1, count do
-		local key, max = KEYS[tonumber(ARGV[pos])], tonumber(ARGV[pos + 1])
-		pos = pos + 2
-		sets[j] = key
 		if full == 0 then
-			if not cleaned[key] then
-				redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
-				cleaned[key] = true
-			end
-			if redis.call('ZCARD', key) >= max then full = j end
+			local key, max = KEYS[tonumber(ARGV[pos])], tonumber(ARGV[pos + 1])
+			if (held[key] or heldIn(key)) + units > max and heal(key) + units > max then full = j end
 		end
+		pos = pos + 2
 	end
 	if full == 0 then
-		for _, key in ipairs(sets) do
-			redis.call('ZADD', key, expiry, member)
-			redis.call('PEXPIRE', key, ttl)
+		for p = first, pos - 1, 2 do
+			local key = KEYS[tonumber(ARGV[p])]
+			held[key] = held[key] + units
+			if not added[key] then added[key], members[key] = 0, {} end
+			added[key] = added[key] + units
+			local m = members[key]
+			m[#m + 1], m[#m + 2] = expiry, member
 		end
 	elseif willWait then
 		waits = true
 	end
 	out[r + 2] = full
+end
+for key, units in pairs(added) do
+	local m = members[key]
+	for lo = 1, #m, 512 do redis.call('ZADD', key, unpack(m, lo, math.min(lo + 511, #m))) end
+	redis.call('INCRBY', key .. ':u', units)
+	redis.call('PEXPIRE', key, ttl)
+	redis.call('PEXPIRE', key .. ':u', ttl)
 end
 if waits then
 	redis.call('ZADD', KEYS[1], now + listing, instance)
@@ -102,26 +165,34 @@ func decodeVerdicts(reply []int64, dims [][]int) []verdict {
 	return out
 }
 
-// releaseScript removes leases from their sets and, if any instance has
-// waiters in the zone, announces that slots freed. It answers how many
-// members it removed.
+// releaseScript removes leases from their sets, giving back their units
+// (only those of a member it removed: one expired or removed before gave
+// them back already), and, if any instance has waiters in the zone,
+// announces that units freed. It answers how many members it removed.
 //
-// KEYS[1]: the zone's waiting set; the rest: sets, one per member. ARGV:
-// the channel, then the member in each set.
-var releaseScript = redis.NewScript(`
-local removed = 0
-for i = 2, #KEYS do removed = removed + redis.call('ZREM', KEYS[i], ARGV[i]) end
+// KEYS[1]: the zone's waiting set; the rest: sets, one per lease. ARGV:
+// the channel, then per lease its member and its units.
+var releaseScript = redis.NewScript(countersLua + `
+local removed, freed = 0, {}
+for i = 2, #KEYS do
+	if redis.call('ZREM', KEYS[i], ARGV[2 * i - 2]) == 1 then
+		removed = removed + 1
+		freed[KEYS[i]] = (freed[KEYS[i]] or 0) + tonumber(ARGV[2 * i - 1])
+	end
+end
+for key, units in pairs(freed) do giveBack(key, units) end
 local t = redis.call('TIME')
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
-if removed > 0 and redis.call('ZCARD', KEYS[1]) > 0 then redis.call('PUBLISH', ARGV[1], '1') end
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if removed > 0 and redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf') > 0 then redis.call('PUBLISH', ARGV[1], '1') end
 return removed
 `)
 
 // renewScript writes leases with a new expiry, re-creating those Redis
-// lost. It answers, after the time, how many it re-created.
+// lost (and counting their units again). It answers, after the time, how
+// many it re-created.
 //
-// KEYS: sets, one per member. ARGV: the deadline (µs), the lease (ms), then
-// the member in each set.
+// KEYS: sets, one per lease. ARGV: the deadline (µs), the lease (ms), then
+// per lease its member and its units.
 var renewScript = redis.NewScript(`
 local t = redis.call('TIME')
 if tonumber(t[1]) * 1000000 + tonumber(t[2]) > tonumber(ARGV[1]) then
@@ -129,22 +200,62 @@ if tonumber(t[1]) * 1000000 + tonumber(t[2]) > tonumber(ARGV[1]) then
 end
 local lease = tonumber(ARGV[2])
 local expiry = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + lease
-local created = 0
+local created, touched = 0, {}
 for i, key in ipairs(KEYS) do
-	created = created + redis.call('ZADD', key, expiry, ARGV[i + 2])
+	if redis.call('ZADD', key, expiry, ARGV[2 * i + 1]) == 1 then
+		created = created + 1
+		redis.call('INCRBY', key .. ':u', ARGV[2 * i + 2])
+	end
+	touched[key] = true
+end
+for key in pairs(touched) do
 	redis.call('PEXPIRE', key, 2 * lease)
+	redis.call('PEXPIRE', key .. ':u', 2 * lease)
 end
 return {tonumber(t[1]), tonumber(t[2]), created}
 `)
 
-// entries are (set, member) pairs of one zone, in the shape the release
-// and renewal scripts take them.
+// entries are leases of one zone, in the shape the release and renewal
+// scripts take them: per lease one of its sets (in keys) and its member
+// and units (in args).
 type entries struct {
-	keys    []string
+	keys []string
+	args []any
+}
+
+func (e *entries) add(set, member string, units int64) {
+	e.keys = append(e.keys, set)
+	e.args = append(e.args, member, units)
+}
+
+// chunk returns the entries lo to hi (excluded).
+func (e *entries) chunk(lo, hi int) ([]string, []any) { return e.keys[lo:hi], e.args[2*lo : 2*hi] }
+
+// group is leases of one set and of the same units: one ZREM removes them.
+type group struct {
+	set     string
+	units   int64
 	members []any
 }
 
-func (e *entries) add(set, member string) {
-	e.keys = append(e.keys, set)
-	e.members = append(e.members, member)
+// groups returns e's leases by set and units, in the order they first
+// appear.
+func (e *entries) groups() []*group {
+	type by struct {
+		set   string
+		units int64
+	}
+	index := map[by]*group{}
+	var out []*group
+	for i, set := range e.keys {
+		k := by{set, e.args[2*i+1].(int64)}
+		g := index[k]
+		if g == nil {
+			g = &group{set: set, units: k.units}
+			index[k] = g
+			out = append(out, g)
+		}
+		g.members = append(g.members, e.args[2*i])
+	}
+	return out
 }

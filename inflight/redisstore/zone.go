@@ -67,8 +67,8 @@ func (z *redisZone) fallback(ctx context.Context, req *limiter.Request, opt limi
 	res := z.local.Acquire(ctx, req, opt)
 	if res.Outcome == limiter.Admitted {
 		sets, _ := z.keys(req)
-		req.Lease = z.book.member()
-		z.book.hold(req.Lease, z.tag, sets)
+		req.Lease = z.book.member(req.Units())
+		z.book.hold(req.Lease, z.tag, sets, req.Units())
 	}
 	return res
 }
@@ -93,11 +93,55 @@ func (z *redisZone) keys(req *limiter.Request) ([]string, []int) {
 	return keys, dims
 }
 
+// units returns the units req takes in Redis under lim: its cost, clamped
+// to the smallest cap of the fleet it is checked against, so that a cost
+// above a cap is admitted alone once the cap is free.
+func (z *redisZone) units(lim *limiter.Limits, req *limiter.Request) int64 {
+	u := min(max(req.Cost, 1), limiter.MaxCost)
+	clamp := func(d int) {
+		if c := lim.WholeCap(req, d); c > 0 {
+			u = min(u, c)
+		}
+	}
+	for d, k := range req.Keys {
+		if k != "" {
+			clamp(d)
+		}
+	}
+	if z.hasTotal {
+		clamp(limiter.TotalDim)
+	}
+	return u
+}
+
+// claim is one request of an admission call, as the script sees it.
+type claim struct {
+	member string
+	sets   []string
+	dims   []int
+	caps   []int64
+	units  int64
+}
+
+// claimOf returns what req asks of Redis, under the limits that apply to
+// it now.
+func (z *redisZone) claimOf(req *limiter.Request) claim {
+	sets, dims := z.keys(req)
+	lim := z.local.LimitsOf(req)
+	caps := make([]int64, len(dims))
+	for k, d := range dims {
+		caps[k] = lim.WholeCap(req, d)
+	}
+	u := z.units(lim, req)
+	return claim{member: z.book.member(u), sets: sets, dims: dims, caps: caps, units: u}
+}
+
 // admit runs the admission script for a batch of requests in one round
-// trip, against the limits that apply to each now. An admitted request gets
-// its lease, recorded for renewal, and is counted locally. waits says which
-// requests wait if refused. A request whose key max_keys refuses is not
-// sent.
+// trip, against the limits that apply to each now, after removing the
+// leases of the zone that ended (see book.claim). An admitted request gets
+// its lease, recorded for renewal, and is counted locally with the units
+// it took in Redis. waits says which requests wait if refused. A request
+// whose key max_keys refuses is not sent.
 //
 // The call does not inherit any request's cancellation: only Redis can
 // make it fail. If no reply comes, the script may still run later, until
@@ -106,17 +150,25 @@ func (z *redisZone) admit(reqs []*limiter.Request, waits []bool) ([]verdict, err
 	verdicts := make([]verdict, len(reqs))
 	counted := make([]bool, len(reqs))
 	var sent []int // indexes of the requests in the script
+	var claims []claim
 	for i, req := range reqs {
-		ok, dim, c := z.reserveKeys(req)
+		c := z.claimOf(req)
+		ok, dim, held := z.reserveKeys(req, c.units)
 		if !ok {
 			verdicts[i] = verdict{outcome: limiter.KeysFull, dim: dim}
 			continue
 		}
-		counted[i] = c
+		counted[i] = held
 		sent = append(sent, i)
+		claims = append(claims, c)
 	}
-	if len(sent) == 0 {
+	ended, endedIDs := z.book.claim(z.tag, false)
+	if len(sent) == 0 && len(endedIDs) == 0 {
 		return verdicts, nil
+	}
+	op := "acquire"
+	if len(sent) == 0 {
+		op = "release"
 	}
 	keys := []string{z.tag + ":waiting"}
 	index := map[string]int{}
@@ -134,47 +186,47 @@ func (z *redisZone) admit(reqs []*limiter.Request, waits []bool) ([]verdict, err
 	start := time.Now()
 	deadline, err := z.book.deadline(ctx, z.tag, localDeadline)
 	if err != nil {
-		return z.failed(reqs, sent, counted, nil, nil, start, err)
+		z.book.settle(z.tag, endedIDs, false)
+		return z.failed(op, reqs, sent, counted, nil, start, err)
 	}
-	ended := z.book.pending(z.tag)
-	args := []any{deadline, z.book.lease.Milliseconds(), listing.Milliseconds(), z.book.instance, z.tag + ":released", len(ended.keys)}
-	for i, set := range ended.keys {
-		args = append(args, keyIndex(set), ended.members[i])
+	groups := ended.groups()
+	args := []any{deadline, z.book.lease.Milliseconds(), listing.Milliseconds(), z.book.instance, z.tag + ":released", len(groups)}
+	for _, g := range groups {
+		args = append(append(args, keyIndex(g.set), g.units, len(g.members)), g.members...)
 	}
 	args = append(args, len(sent))
-	members := make([]string, len(sent))
-	sets := make([][]string, len(sent))
-	dims := make([][]int, len(sent))
 	for j, i := range sent {
-		req := reqs[i]
-		members[j] = z.book.member()
-		sets[j], dims[j] = z.keys(req)
+		c := claims[j]
 		willWait := 0
 		if waits[i] {
 			willWait = 1
 		}
-		args = append(args, members[j], willWait, len(sets[j]))
-		limits := z.local.LimitsOf(req)
-		for k, set := range sets[j] {
-			args = append(args, keyIndex(set), limits.WholeCap(req, dims[j][k]))
+		args = append(args, c.member, willWait, c.units, len(c.sets))
+		for k, set := range c.sets {
+			args = append(args, keyIndex(set), c.caps[k])
 		}
 	}
 	sentAt := localMicros()
 	reply, err := admitScript.Run(ctx, z.book.client, keys, args...).Int64Slice()
 	z.book.learnClock(z.tag, reply, err, sentAt)
+	z.book.settle(z.tag, endedIDs, err == nil)
 	if err != nil {
-		return z.failed(reqs, sent, counted, members, sets, start, asLate(err))
+		return z.failed(op, reqs, sent, counted, claims, start, asLate(err))
 	}
-	z.book.observe("acquire", []string{z.label}, start, nil)
+	z.book.observe(op, []string{z.label}, start, nil)
+	dims := make([][]int, len(claims))
+	for j, c := range claims {
+		dims[j] = c.dims
+	}
 	for j, v := range decodeVerdicts(reply[2:], dims) {
-		i := sent[j]
+		i, c := sent[j], claims[j]
 		verdicts[i] = v
 		switch {
 		case v.outcome == limiter.Admitted:
-			reqs[i].Lease = members[j]
-			z.book.hold(members[j], z.tag, sets[j])
+			reqs[i].Lease = c.member
+			z.book.hold(c.member, z.tag, c.sets, c.units)
 			if !counted[i] {
-				z.local.Hold(reqs[i], 1)
+				z.local.Hold(reqs[i], c.units)
 			}
 		case counted[i]:
 			z.local.Release(reqs[i])
@@ -186,10 +238,10 @@ func (z *redisZone) admit(reqs []*limiter.Request, waits []bool) ([]verdict, err
 // failed ends an admission that got no verdict: the members sent may still
 // be written by a script that runs later, so they are removed as ghosts,
 // and the requests counted locally are given back.
-func (z *redisZone) failed(reqs []*limiter.Request, sent []int, counted []bool, members []string, sets [][]string, start time.Time, err error) ([]verdict, error) {
-	z.book.observe("acquire", []string{z.label}, start, err)
-	if len(members) > 0 {
-		z.book.dropGhosts(z.tag, members, sets)
+func (z *redisZone) failed(op string, reqs []*limiter.Request, sent []int, counted []bool, claims []claim, start time.Time, err error) ([]verdict, error) {
+	z.book.observe(op, []string{z.label}, start, err)
+	for _, c := range claims {
+		z.book.dropGhost(z.tag, c.member, c.sets, c.units)
 	}
 	for _, i := range sent {
 		if counted[i] {

@@ -1,0 +1,373 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight"
+	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
+)
+
+// costly is a request of key with a cost.
+func costly(limits *limiter.Limits, key string, cost int64) *limiter.Request {
+	req := request(limits, key)
+	req.Cost = cost
+	return req
+}
+
+// unitCounters returns the units counters under the store's prefix, by
+// key, as Redis holds them.
+func unitCounters(t testing.TB, cli *redis.Client, prefix string) map[string]int64 {
+	t.Helper()
+	ctx := context.Background()
+	keys, err := cli.Keys(ctx, prefix+":*:u").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int64{}
+	for _, k := range keys {
+		v, err := cli.Get(ctx, k).Result()
+		if err == redis.Nil {
+			continue
+		}
+		n, _ := strconv.ParseInt(v, 10, 64)
+		out[k] = n
+	}
+	return out
+}
+
+// nothingLeft reports whether Redis holds no lease and no units counter
+// under prefix: every unit given back.
+func nothingLeft(t testing.TB, cli *redis.Client, prefix string) bool {
+	return members(t, cli, prefix) == 0 && len(unitCounters(t, cli, prefix)) == 0
+}
+
+// secondInstance returns a store with options of its own: another book,
+// another instance in the fleet.
+func secondInstance(t testing.TB, addr string) *Store {
+	return newStore(t, store(addr, func(s *Store) { s.Timeout = caddy.Duration(3 * time.Second) }))
+}
+
+// Requests of mixed costs from two instances share one cap in Redis: the
+// units a backend sees in flight never exceed it, and every unit comes
+// back.
+func TestMixedCostsShareOneCap(t *testing.T) {
+	addr, cli := startRedis(t)
+	const limit = 10
+	limits := &limiter.Limits{Max: []int64{limit}}
+	a, _ := zoneOf(newStore(t, store(addr, nil)), "mixed", limits)
+	b, _ := zoneOf(secondInstance(t, addr), "mixed", limits)
+	var inFlight, most, admitted, big atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 16 {
+		z := []inflight.Store{a, b}[g%2]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 60 {
+				cost := []int64{1, 3, 4, 7}[(g+i)%4]
+				req := costly(limits, "k", cost)
+				if z.Acquire(context.Background(), req, limiter.WaitOptions{}).Outcome != limiter.Admitted {
+					continue
+				}
+				n := inFlight.Add(cost) // the backend's count
+				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+				}
+				admitted.Add(1)
+				if cost > 1 {
+					big.Add(1)
+				}
+				time.Sleep(time.Millisecond)
+				inFlight.Add(-cost)
+				z.Release(req)
+			}
+		}()
+	}
+	wg.Wait()
+	if m := most.Load(); m > limit {
+		t.Fatalf("the backend saw %d units in flight, cap %d", m, limit)
+	}
+	if admitted.Load() == 0 || big.Load() == 0 {
+		t.Fatalf("%d admitted, %d of them costing more than 1: the test proves nothing", admitted.Load(), big.Load())
+	}
+	eventually(t, "every lease and unit given back", func() bool { return nothingLeft(t, cli, "t") })
+}
+
+// A cost above a cap is clamped to it: the request is admitted alone when
+// the cap is free, takes the whole cap, and gives it all back.
+func TestCostAboveCapAdmittedAlone(t *testing.T) {
+	addr, cli := startRedis(t)
+	s := newStore(t, store(addr, nil))
+	limits := &limiter.Limits{Max: []int64{5}, Total: 3}
+	z, local := zoneOf(s, "big", limits)
+	huge := costly(limits, "k", 50)
+	mustAdmit(t, z, huge, "a cost of 50 under caps 5 and 3")
+	if u := huge.Units(); u != 3 {
+		t.Fatalf("units taken %d, want 3 (the smallest cap)", u)
+	}
+	if n := local.Held(limiter.TotalDim); n != 3 {
+		t.Fatalf("local total %d, want 3", n)
+	}
+	if got := unitCounters(t, cli, "t"); len(got) != 2 || sum(got) != 6 {
+		t.Fatalf("units in Redis %v, want 3 in the key's set and 3 in the total", got)
+	}
+	res := z.Acquire(context.Background(), request(limits, "other"), limiter.WaitOptions{})
+	if res.Outcome != limiter.Full || res.Dim != limiter.TotalDim {
+		t.Fatalf("one more unit while the total is taken: %v (dim %d), want full by the total", res.Outcome, res.Dim)
+	}
+	z.Release(huge)
+	if n := local.Held(limiter.TotalDim); n != 0 {
+		t.Fatalf("local total %d after the release, want 0", n)
+	}
+	eventually(t, "every unit given back in Redis", func() bool { return nothingLeft(t, cli, "t") })
+	mustAdmit(t, z, costly(limits, "other", 3), "3 units once the big request ended")
+}
+
+func sum(m map[string]int64) int64 {
+	var n int64
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+// A waiter takes its units when granted, and its request gives back
+// exactly those: the caller's request, not the waiter's copy, is the one
+// released.
+func TestWaiterGivesBackWhatItTook(t *testing.T) {
+	addr, cli := startRedis(t)
+	s := newStore(t, store(addr, nil))
+	limits := &limiter.Limits{Max: []int64{4}}
+	z, local := zoneOf(s, "waiter-cost", limits)
+	holder := costly(limits, "k", 2)
+	mustAdmit(t, z, holder, "holder")
+	waiter := costly(limits, "k", 9) // clamped to 4: waits for the holder
+	done := make(chan limiter.Result, 1)
+	go func() { done <- z.Acquire(context.Background(), waiter, limiter.WaitOptions{Wait: 10 * time.Second}) }()
+	eventually(t, "the big request waits", func() bool { return local.WaitingOutside() == 1 })
+	z.Release(holder)
+	if res := <-done; res.Outcome != limiter.Admitted {
+		t.Fatalf("waiter: %v, want admitted", res.Outcome)
+	}
+	if n := local.Held(0); n != 4 {
+		t.Fatalf("local count %d while the waiter runs, want 4", n)
+	}
+	z.Release(waiter)
+	if n := local.Held(0); n != 0 {
+		t.Fatalf("local count %d after the waiter's release, want 0", n)
+	}
+	eventually(t, "every unit given back in Redis", func() bool { return nothingLeft(t, cli, "t") })
+}
+
+// The units counters are exact whatever ends a lease: a crashed
+// instance's leases expiring, a renewal re-creating leases Redis lost, a
+// late admission's ghosts, a request admitted locally while Redis was
+// down and entered by renewal.
+func TestUnitCountersBackAtZero(t *testing.T) {
+	addr, cli := startRedis(t)
+	ctx := context.Background()
+	limits := &limiter.Limits{Max: []int64{20}, Total: 50}
+
+	t.Run("crashed instance", func(t *testing.T) {
+		crashed := newStore(t, store(addr, func(s *Store) { s.Lease = caddy.Duration(time.Second) }))
+		zc, _ := zoneOf(crashed, "expiry", limits)
+		req := costly(limits, "k", 3)
+		mustAdmit(t, zc, req, "the instance that crashes")
+		crashed.book.mu.Lock()
+		delete(crashed.book.leases, req.Lease) // neither renewed nor released
+		crashed.book.mu.Unlock()
+		time.Sleep(1100 * time.Millisecond)
+		z, _ := zoneOf(secondInstance(t, addr), "expiry", limits)
+		next := costly(limits, "k", 2)
+		mustAdmit(t, z, next, "after the crashed lease expired")
+		if got := sum(unitCounters(t, cli, "t")); got != 4 {
+			t.Fatalf("units in Redis %d, want 4 (2 in the key, 2 in the total): the expired 3 given back", got)
+		}
+		z.Release(next)
+		eventually(t, "every unit given back", func() bool { return nothingLeft(t, cli, "t") })
+	})
+
+	t.Run("renewal after FLUSHALL", func(t *testing.T) {
+		s := newStore(t, store(addr, func(s *Store) { s.Lease = caddy.Duration(3 * time.Second) }))
+		z, _ := zoneOf(s, "flush", limits)
+		req := costly(limits, "k", 5)
+		mustAdmit(t, z, req, "acquire")
+		cli.FlushAll(ctx)
+		s.book.renew()
+		if got := unitCounters(t, cli, "t"); len(got) != 2 || sum(got) != 10 {
+			t.Fatalf("units after renewal re-created the lease %v, want 5 in each set", got)
+		}
+		s.book.renew() // renewing what is there counts nothing twice
+		if got := sum(unitCounters(t, cli, "t")); got != 10 {
+			t.Fatalf("units after a second renewal %d, want 10", got)
+		}
+		z.Release(req)
+		eventually(t, "every unit given back", func() bool { return nothingLeft(t, cli, "t") })
+	})
+
+	t.Run("ghosts", func(t *testing.T) {
+		p := newFaultProxy(t, addr)
+		s := newStore(t, store(p.addr, func(s *Store) { s.Timeout = caddy.Duration(100 * time.Millisecond) }))
+		z, _ := zoneOf(s, "ghost", limits)
+		warmUp(t, z, limits, cli)
+		p.setStall(true)
+		req := costly(limits, "k", 4)
+		mustAdmit(t, z, req, "acquire with Redis stalled (admitted locally)")
+		z.Release(req)
+		p.setStall(false)
+		eventually(t, "the ghost's units given back", func() bool { return nothingLeft(t, cli, "t") })
+	})
+
+	t.Run("admitted locally", func(t *testing.T) {
+		p := newFaultProxy(t, addr)
+		s := newStore(t, store(p.addr, func(s *Store) { s.Timeout = caddy.Duration(200 * time.Millisecond) }))
+		z, _ := zoneOf(s, "outage", limits)
+		p.setDown(true)
+		req := costly(limits, "k", 6)
+		mustAdmit(t, z, req, "acquire while Redis is down (on_error open)")
+		p.setDown(false)
+		s.book.downUntil.Store(0)
+		eventually(t, "renewal entered the local admission's units", func() bool {
+			s.book.renew()
+			return sum(unitCounters(t, cli, "t")) == 12
+		})
+		z.Release(req)
+		eventually(t, "every unit given back", func() bool { return nothingLeft(t, cli, "t") })
+	})
+}
+
+// Each ended lease is removed by one script: under concurrency the ZREMs
+// are at most one per lease and set (before, every admission removed again
+// every lease not yet confirmed removed: 15 ZREMs a request under load).
+// And admissions that arrive while a call is under way go in one script.
+func TestEachLeaseRemovedOnceAndAdmissionsBatched(t *testing.T) {
+	addr, cli := startRedis(t)
+	s := newStore(t, store(addr, nil))
+	limits := &limiter.Limits{Max: []int64{1 << 30}, Total: 1 << 30} // two sets a lease
+	z, _ := zoneOf(s, "once", limits)
+	warmUp(t, z, limits, cli)
+	cli.ConfigResetStat(context.Background())
+	const workers, each = 16, 100
+	var wg sync.WaitGroup
+	for g := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range each {
+				req := request(limits, fmt.Sprint("k", g))
+				if res := z.Acquire(context.Background(), req, limiter.WaitOptions{}); res.Outcome != limiter.Admitted {
+					t.Errorf("acquire: %v, want admitted", res.Outcome)
+					return
+				}
+				z.Release(req)
+			}
+		}()
+	}
+	wg.Wait()
+	eventually(t, "every lease removed", func() bool { return nothingLeft(t, cli, "t") })
+	stats := commandStats(t, cli)
+	const requests = workers * each
+	if n := stats["zrem"].calls; n > 2*requests {
+		t.Fatalf("%d ZREMs for %d leases of 2 sets each, want at most one per lease and set", n, requests)
+	}
+	if n := stats["evalsha"].calls + stats["eval"].calls; n > requests*3/4 {
+		t.Fatalf("%d scripts for %d requests from %d goroutines, want admissions batched", n, requests, workers)
+	}
+}
+
+// Batched admissions get the verdicts single ones would: of 40 requests
+// arriving at once for a key of cap 5, exactly 5 are admitted, the others
+// refused by that key.
+func TestBatchedVerdictsAreExact(t *testing.T) {
+	addr, cli := startRedis(t)
+	s := newStore(t, store(addr, nil))
+	limits := &limiter.Limits{Max: []int64{5}}
+	z, _ := zoneOf(s, "verdicts", limits)
+	warmUp(t, z, limits, cli)
+	cli.ConfigResetStat(context.Background())
+	const n = 40
+	results := make(chan limiter.Result, n)
+	start := make(chan struct{})
+	var held []*limiter.Request
+	var mu sync.Mutex
+	for range n {
+		go func() {
+			req := request(limits, "k")
+			<-start
+			res := z.Acquire(context.Background(), req, limiter.WaitOptions{})
+			if res.Outcome == limiter.Admitted {
+				mu.Lock()
+				held = append(held, req)
+				mu.Unlock()
+			}
+			results <- res
+		}()
+	}
+	close(start)
+	var admitted, full int
+	for range n {
+		switch res := <-results; {
+		case res.Outcome == limiter.Admitted:
+			admitted++
+		case res.Outcome == limiter.Full && res.Dim == 0:
+			full++
+		default:
+			t.Fatalf("outcome %v (dim %d), want admitted or full by the key", res.Outcome, res.Dim)
+		}
+	}
+	if admitted != 5 || full != n-5 {
+		t.Fatalf("%d admitted, %d full, want 5 and %d", admitted, full, n-5)
+	}
+	if calls := commandStats(t, cli)["evalsha"].calls; calls >= n {
+		t.Logf("%d scripts for %d requests: no batch formed on this run", calls, n)
+	}
+	for _, req := range held {
+		z.Release(req)
+	}
+	eventually(t, "every unit given back", func() bool { return nothingLeft(t, cli, "t") })
+}
+
+// A set's counter that outlived its members (evicted apart from them, or
+// deleted by hand) is reset when it refuses a request, and one missing
+// beside members is counted again from them.
+func TestCountersHealThemselves(t *testing.T) {
+	addr, cli := startRedis(t)
+	ctx := context.Background()
+	s := newStore(t, store(addr, nil))
+	limits := &limiter.Limits{Max: []int64{4}}
+	z, _ := zoneOf(s, "heal", limits)
+	req := costly(limits, "k", 3)
+	mustAdmit(t, z, req, "acquire")
+	var set, counter string
+	for k := range unitCounters(t, cli, "t") {
+		counter, set = k, strings.TrimSuffix(k, ":u")
+	}
+	cli.Del(ctx, counter) // lost: the member's 3 units are counted again
+	if res := z.Acquire(ctx, costly(limits, "k", 2), limiter.WaitOptions{}); res.Outcome != limiter.Full {
+		t.Fatalf("2 more units beside 3 whose counter was lost: %v, want full", res.Outcome)
+	}
+	cli.Del(ctx, set) // the members gone, the counter left
+	cli.Set(ctx, counter, 3, time.Minute)
+	mustAdmit(t, z, costly(limits, "k", 4), "4 units in a set that is empty")
+	if got := unitCounters(t, cli, "t")[counter]; got != 4 {
+		t.Fatalf("counter %d, want 4", got)
+	}
+	z.Release(req) // its member is gone: gives back nothing in Redis
+	eventually(t, "the release sent", func() bool {
+		s.book.mu.Lock()
+		defer s.book.mu.Unlock()
+		return len(s.book.ended) == 0
+	})
+	if got := unitCounters(t, cli, "t")[counter]; got != 4 {
+		t.Fatalf("counter %d after releasing a lease Redis lost, want 4", got)
+	}
+}

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Admissions/s through one zone, in process and with `store redis`, and the
+# Redis CPU each admission costs (INFO commandstats):
+#
+#   ./zone-throughput.sh [caddy-binary]   (default: builds examples/caddy)
+#
+# One Caddy, a `respond` route behind `inflight 1000000` (one key: wrk's
+# address), a loopback redis-server on a port of its own, and wrk -c16
+# (DURATION, default 5s). Everything listens on 127.0.0.1 and is stopped on
+# exit. Other work on the machine skews the figures: compare runs made
+# back to back.
+set -euo pipefail
+cd "$(dirname "$0")"
+root=$(cd ../.. && pwd)
+duration=${DURATION:-5s}
+redis_port=${REDIS_PORT:-16399}
+http_port=${HTTP_PORT:-18399}
+
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+	for pid in "${pids[@]}"; do
+		kill "$pid" 2>/dev/null || true
+		wait "$pid" 2>/dev/null || true
+	done
+	rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+caddy=${1:-}
+if [[ -z $caddy ]]; then
+	(cd "$root" && go build -o "$tmp/caddy" ./examples/caddy)
+	caddy=$tmp/caddy
+fi
+
+redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no >/dev/null &
+pids+=($!)
+until redis-cli -p "$redis_port" ping >/dev/null 2>&1; do sleep 0.1; done
+
+# redis_cpu prints the CPU seconds redis-server has used.
+redis_cpu() {
+	redis-cli -p "$redis_port" info cpu | tr -d '\r' | awk -F: '/^used_cpu_(user|sys):/ { s += $2 } END { print s }'
+}
+
+# run NAME STORE: one Caddy with STORE (empty: in process) under wrk; prints
+# requests/s, and with a store the Redis figures.
+run() {
+	local name=$1 store=$2
+	cat >"$tmp/Caddyfile" <<CADDY
+{
+	admin off
+	auto_https off
+	log {
+		level ERROR
+	}
+}
+http://127.0.0.1:$http_port {
+	inflight 1000000 {
+		$store
+	}
+	respond "ok"
+}
+CADDY
+	"$caddy" run --config "$tmp/Caddyfile" --adapter caddyfile >"$tmp/$name.log" 2>&1 &
+	local pid=$!
+	pids+=($pid)
+	until curl -fs "http://127.0.0.1:$http_port/" >/dev/null; do sleep 0.1; done
+	wrk -t2 -c16 -d1s "http://127.0.0.1:$http_port/" >/dev/null # warm-up
+	redis-cli -p "$redis_port" config resetstat >/dev/null
+	local out rps cpu0 cpu1
+	cpu0=$(redis_cpu)
+	out=$(wrk -t2 -c16 -d"$duration" "http://127.0.0.1:$http_port/")
+	cpu1=$(redis_cpu)
+	rps=$(awk '/^Requests\/sec/ {print $2}' <<<"$out")
+	local requests
+	requests=$(awk '/requests in/ {print $1}' <<<"$out")
+	echo "$name: $rps requests/s ($requests requests in $duration)"
+	if [[ -n $store ]]; then
+		redis-cli -p "$redis_port" info commandstats | tr -d '\r' | awk -F'[:=,]' -v n="$requests" '
+			/^cmdstat_(evalsha|eval|zrem|zadd|incrby|decrby|get|zrangebyscore|zremrangebyscore|pexpire)(_ro)?:/ {
+				printf "  %-26s calls %9d  %.2f per request  %6.2f usec/call\n", $1, $3, $3 / n, $7
+			}
+			/^cmdstat_(evalsha|eval):/ { usec += $5; scripts += $3 }
+			END { printf "  scripts %.3f per request, %.2f usec per request in scripts (commandstats)\n", scripts / n, usec / n }'
+		awk -v a="$cpu0" -v b="$cpu1" -v n="$requests" 'BEGIN { printf "  redis-server CPU (user+sys, INFO cpu) %.2f usec per request\n", (b - a) * 1e6 / n }'
+	fi
+	kill "$pid"
+	wait "$pid" 2>/dev/null || true
+}
+
+run in-process ""
+run redis "store redis {
+			address 127.0.0.1:$redis_port
+		}"
