@@ -98,7 +98,7 @@ func (z *zone) sweepKeyWaits(now time.Time) {
 // the old and new store options across a reload).
 func (z *zone) allWaitingKeys(d int) []limiter.KeyWaiting {
 	merged := z.WaitingKeys(d)
-	queues := QueuesOf(z.Zone)
+	queues := z.SharedQueues()
 	if len(queues) == 0 {
 		return merged
 	}

@@ -69,22 +69,26 @@ func TestKeyWaitingIsCappedShownAsAskedAndGoneAtZero(t *testing.T) {
 	}
 }
 
-// sharedQueue is a shared store's queue of waiters, as a zone lists it.
-type sharedQueue struct {
-	z       *limiter.Zone
-	waiting []*limiter.Request
-}
+// full is a ledger that refuses every request: its requests wait.
+type full struct{}
 
-func (q *sharedQueue) WaitingKeys(d int) []limiter.KeyWaiting {
-	return q.z.WaitingKeysOf(d, q.waiting)
+func (full) Give(*limiter.Request) {}
+func (full) Idle()                 {}
+
+func (full) Take(reqs []*limiter.Request, _ []bool) ([]limiter.Verdict, error) {
+	out := make([]limiter.Verdict, len(reqs))
+	for i := range out {
+		out[i] = limiter.Verdict{Outcome: limiter.Full}
+	}
+	return out, nil
 }
 
 // TestKeyWaitingCountsTheSharedStoresQueues: keys waiting in shared
-// stores' queues show, summed with this process's: across a reload that
-// changed the store's options, the old and the new queue both have
-// waiters, and a key that waits in this process too (on_error open while
-// Redis was away) shows once, with all counted. A queue that empties
-// leaves the registry.
+// queues show, summed with this process's: across a reload that changed
+// the store's options, the old and the new queue both have waiters, and a
+// key that waits in this process too (on_error open while Redis was away)
+// shows once, with all counted. A queue that empties leaves the zone's
+// list.
 func TestKeyWaitingCountsTheSharedStoresQueues(t *testing.T) {
 	z := &zone{Zone: limiter.NewZone(1, true, nil), label: "w", limits: []string{"tenant"}}
 	z.keyDisplay.Store(keysPlain)
@@ -92,19 +96,18 @@ func TestKeyWaitingCountsTheSharedStoresQueues(t *testing.T) {
 	req := func(key string) *limiter.Request {
 		return &limiter.Request{Keys: []string{key}, Max: []int64{0}, Limits: lim}
 	}
-	old := &sharedQueue{z: z.Zone, waiting: []*limiter.Request{req("a"), req("b")}}
-	current := &sharedQueue{z: z.Zone, waiting: []*limiter.Request{req("b")}}
-	for _, q := range []*sharedQueue{old, current} {
-		QueueWaiting(z.Zone, q, true)
-		for range q.waiting {
-			z.WaitOutside(0) // as the store does for each waiter
-		}
-	}
-	z.Acquire(context.Background(), req("holder"), limiter.WaitOptions{})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	old, current := limiter.NewSharedQueue(z.Zone, full{}, time.Hour), limiter.NewSharedQueue(z.Zone, full{}, time.Hour)
+	for _, w := range []struct {
+		q   *limiter.SharedQueue
+		key string
+	}{{old, "a"}, {old, "b"}, {current, "b"}} {
+		go w.q.Acquire(ctx, req(w.key), limiter.WaitOptions{Wait: time.Hour})
+	}
+	z.Acquire(context.Background(), req("holder"), limiter.WaitOptions{})
 	go z.Acquire(ctx, req("b"), limiter.WaitOptions{Wait: time.Hour}) // waits in this process
-	for z.Waiting() < 1 {
+	for z.Waiting() < 1 || z.WaitingOutside() < 3 {
 		time.Sleep(time.Millisecond)
 	}
 	if n := z.waiting(); n != 4 {
@@ -122,10 +125,12 @@ func TestKeyWaitingCountsTheSharedStoresQueues(t *testing.T) {
 	if sum[[3]string{"w", "tenant", "b"}] != 3 {
 		t.Fatalf("gauges %v, want b at 3", sum)
 	}
-	QueueWaiting(z.Zone, old, false)
-	QueueWaiting(z.Zone, current, false)
-	if n := len(QueuesOf(z.Zone)); n != 0 || len(queues.m) != 0 {
-		t.Fatalf("%d queues of the zone left (%d zones) after they emptied, want none", n, len(queues.m))
+	cancel()
+	for z.WaitingOutside() > 0 || z.Waiting() > 0 {
+		time.Sleep(time.Millisecond)
+	}
+	if n := len(z.SharedQueues()); n != 0 {
+		t.Fatalf("%d queues of the zone listed after they emptied, want none", n)
 	}
 }
 

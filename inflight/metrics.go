@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
+	"github.com/caddy-inflight/caddy-inflight/inflight/storestatus"
 )
 
 // The collectors are made once per process so their values outlive reloads,
@@ -26,21 +27,6 @@ var (
 		Help:      "Time requests spent waiting for an inflight slot, by zone and outcome (admitted, timeout, aborted).",
 		Buckets:   waitBuckets[:],
 	}, []string{"zone", "outcome"})
-
-	storeErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: "caddy",
-		Subsystem: "inflight",
-		Name:      "store_errors_total",
-		Help:      "Failed operations on a shared store, by store, zone and operation (acquire, release, renew).",
-	}, []string{"store", "zone", "op"})
-
-	storeSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Namespace: "caddy",
-		Subsystem: "inflight",
-		Name:      "store_seconds",
-		Help:      "Latency of shared store operations, by store, zone and operation.",
-		Buckets:   []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1},
-	}, []string{"store", "zone", "op"})
 
 	requestsDesc = prometheus.NewDesc("caddy_inflight_requests",
 		"Requests in flight now, summed over keys, by zone and limit (total: the zone-wide total); see caddy_inflight_units for the units they hold.",
@@ -114,7 +100,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{rejectedTotal, waitSeconds, requestCost, keyRequests, keyWaitSeconds, storeErrors, storeSeconds, stateCollector{}} {
+	for _, c := range append(storestatus.Collectors(), rejectedTotal, waitSeconds, requestCost, keyRequests, keyWaitSeconds, stateCollector{}) {
 		if err := reg.Register(c); err != nil {
 			if _, ok := errors.AsType[prometheus.AlreadyRegisteredError](err); !ok {
 				return err

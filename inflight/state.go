@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/storestatus"
 )
 
 // zoneView is what the latest handler provisioned for a zone says about
@@ -24,17 +26,7 @@ func (h *Handler) view() *zoneView {
 }
 
 // StoreHealth is a shared store's state, as the admin API shows it.
-type StoreHealth struct {
-	// Type is the store module's name, such as `redis`.
-	Type string `json:"type"`
-	// Reachable reports whether the store answered its latest operation.
-	Reachable bool `json:"reachable"`
-}
-
-// HealthReporter is a zone's shared store that can tell its health.
-type HealthReporter interface {
-	Health() StoreHealth
-}
+type StoreHealth = storestatus.Health
 
 // AdaptiveState is the adaptive total's state in the admin API.
 type AdaptiveState struct {
@@ -204,7 +196,7 @@ func extendState(st *ZoneState, z *zone) {
 	case v.total > 0 && z.HasTotal():
 		st.TotalMax = ptr(v.total)
 	}
-	if hr, ok := v.store.(HealthReporter); ok {
+	if hr, ok := v.store.(storestatus.Reporter); ok {
 		h := hr.Health()
 		st.Store = &h
 	}

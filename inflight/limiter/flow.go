@@ -273,17 +273,6 @@ func (q *queue) WaitingKeys(d int) []KeyWaiting {
 	return t.out
 }
 
-// WaitingKeysOf returns, as WaitingKeys does, the keys of dimension d of
-// requests waiting outside the zone (in a shared store's queue), hashed
-// as the zone hashes them.
-func (q *queue) WaitingKeysOf(d int, waiting []*Request) []KeyWaiting {
-	t := q.keyTally()
-	for _, req := range waiting {
-		t.add(req, d, 1)
-	}
-	return t.out
-}
-
 // keyTally counts requests by key, in the order the keys first appear.
 type keyTally struct {
 	seed maphash.Seed

@@ -15,6 +15,11 @@ type Ledger interface {
 	Take(reqs []*Request, waits []bool) ([]Verdict, error)
 	// Give gives back what an admitted request took.
 	Give(req *Request)
+	// Idle says that the queue has no call under way and none to follow:
+	// the ledger may do work it defers while calls follow one another (a
+	// shared store removes the leases released meanwhile, which the next
+	// call would have removed).
+	Idle()
 }
 
 // Verdict is a Ledger's answer for one request: Admitted, or Full or

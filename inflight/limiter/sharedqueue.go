@@ -10,26 +10,53 @@ import (
 
 // SharedQueue holds one zone's requests waiting in this process for a
 // Ledger: the same flows, priority order, aging, fair sharing and waiting
-// as the zone's own queue, with the tries made in batches, since a ledger
-// answers over the network. While it has waiters, one goroutine tries them
-// all, best first, on every Wake (a release anywhere in the fleet) and
-// every poll, and newcomers are tried in the same batch behind them, so
-// they never overtake a waiter that fits.
+// as the zone's own queue, with the tries made in calls to the ledger,
+// which answers over the network.
+//
+// One call is under way at a time (group commit): a call tries the
+// waiters, best first, then the newcomers that arrived while the previous
+// call was under way, in their order of arrival, so a newcomer never
+// overtakes a waiter that fits. A lone request goes at once, so a quiet
+// zone adds no latency, while a busy one makes one call per round trip,
+// whatever the rate of requests (a request that arrives during a call
+// waits for it, at most one round trip more). While it has waiters, one
+// goroutine asks for a call on every Wake (a release anywhere in the
+// fleet) and every poll.
 //
 // Invariants, besides the queue's: its waiters are counted in the zone's
 // WaitOutside (max_waiting bounds every queue of the zone together) and,
 // while it has any, it is listed in the zone's shared queues (their keys
 // are shown, and max_waiting_per_key counts them all). Flows are all filed
-// under the total: every batch tries every waiter, so no filing needs to
-// say what to try. One batch runs at a time (dispatching, taken before mu).
+// under the total: every call tries every waiter, so no filing needs to
+// say what to try. Lock order: calls.mu is never held with mu.
 type SharedQueue struct {
 	zone   *Zone
 	ledger Ledger
 	poll   time.Duration
 	queue
-	serving     bool // a goroutine serves the waiters; guarded by mu
-	wakeup      chan struct{}
-	dispatching sync.Mutex
+	serving bool // a goroutine serves the waiters; guarded by mu
+	wakeup  chan struct{}
+	calls   calls
+}
+
+// calls is the state of a queue's calls to its ledger.
+type calls struct {
+	mu   sync.Mutex
+	busy bool            // a call is under way
+	next []*newcomerCall // newcomers that arrived while busy: the next call's
+	// again asks for one more call after this one: the waiters may fit
+	// after this call read the ledger.
+	again bool
+}
+
+// newcomerCall is a newcomer that joins a call, and its verdict.
+type newcomerCall struct {
+	req      *Request
+	willWait bool
+	done     chan struct{} // closed when v and err are set, or lead is
+	v        Verdict
+	err      error
+	lead     []*newcomerCall // set when it makes the next call, for these (itself first)
 }
 
 // NewSharedQueue returns the queue of zone's requests waiting for l, tried
@@ -62,16 +89,69 @@ func (q *SharedQueue) Wake() {
 	}
 }
 
-// newcomer tries req alone, or behind the waiters when there are any.
+// newcomer tries req in the next call: at once if none is under way.
 func (q *SharedQueue) newcomer(req *Request, willWait bool) (Verdict, error) {
-	if q.queued.Load() > 0 {
-		return q.dispatch(req, willWait)
+	a := &newcomerCall{req: req, willWait: willWait}
+	batch := []*newcomerCall{a}
+	q.calls.mu.Lock()
+	if q.calls.busy {
+		a.done = make(chan struct{})
+		q.calls.next = append(q.calls.next, a)
+		q.calls.mu.Unlock()
+		<-a.done
+		if a.lead == nil {
+			return a.v, a.err
+		}
+		batch = a.lead
+	} else {
+		q.calls.busy = true
+		q.calls.mu.Unlock()
 	}
-	v, err := q.ledger.Take([]*Request{req}, []bool{willWait})
-	if err != nil {
-		return Verdict{}, err
+	q.run(batch)
+	return a.v, a.err
+}
+
+// tryWaiters makes a call for the waiters, or asks the call under way for
+// one more.
+func (q *SharedQueue) tryWaiters() {
+	q.calls.mu.Lock()
+	if q.calls.busy {
+		q.calls.again = true
+		q.calls.mu.Unlock()
+		return
 	}
-	return v[0], nil
+	q.calls.busy = true
+	q.calls.mu.Unlock()
+	q.run(nil)
+}
+
+// run makes the call for batch (nil: the waiters alone), then hands the
+// next call to the newcomers that arrived meanwhile, or makes it off the
+// caller's path if one more was asked, or leaves no call under way.
+func (q *SharedQueue) run(batch []*newcomerCall) {
+	q.calls.mu.Lock()
+	q.calls.again = false
+	q.calls.mu.Unlock()
+	q.call(batch)
+	for _, a := range batch[min(1, len(batch)):] {
+		close(a.done)
+	}
+	q.calls.mu.Lock()
+	next, again := q.calls.next, q.calls.again
+	q.calls.next, q.calls.again = nil, false
+	if len(next) == 0 && !again {
+		q.calls.busy = false
+	}
+	q.calls.mu.Unlock()
+	switch {
+	case len(next) > 0:
+		next[0].lead = next
+		close(next[0].done)
+	case again:
+		go q.run(nil)
+	default:
+		q.ledger.Idle()
+	}
 }
 
 // wait queues a copy of req (a batch may admit it after req's caller has
@@ -141,7 +221,7 @@ func (q *SharedQueue) serve() {
 		case <-poll:
 		}
 		stop()
-		q.dispatch(nil, false) // a failure leaves them waiting
+		q.tryWaiters() // a failure leaves them waiting
 		q.mu.Lock()
 		if q.queued.Load() == 0 {
 			q.serving = false
@@ -152,32 +232,38 @@ func (q *SharedQueue) serve() {
 	}
 }
 
-// dispatch offers the ledger's room to the waiters, best first, then to
-// newcomer if any, in one batch, and returns newcomer's verdict. A waiter
-// admitted after it left gives back what it took.
-func (q *SharedQueue) dispatch(newcomer *Request, willWait bool) (Verdict, error) {
-	q.dispatching.Lock()
-	defer q.dispatching.Unlock()
+// call offers the ledger's room to the waiters, best first, then to the
+// newcomers of batch, in one Take, and sets each newcomer's verdict. A
+// waiter admitted after it left gives back what it took.
+func (q *SharedQueue) call(batch []*newcomerCall) {
 	q.mu.Lock()
-	batch := q.order(q.clock.Now())
+	waiters := q.order(q.clock.Now())
 	q.mu.Unlock()
-	reqs := make([]*Request, 0, len(batch)+1)
-	waits := make([]bool, 0, len(batch)+1)
-	for _, w := range batch {
+	reqs := make([]*Request, 0, len(waiters)+len(batch))
+	waits := make([]bool, 0, len(waiters)+len(batch))
+	for _, w := range waiters {
 		reqs, waits = append(reqs, w.req), append(waits, true)
 	}
-	if newcomer != nil {
-		reqs, waits = append(reqs, newcomer), append(waits, willWait)
+	for _, a := range batch {
+		reqs, waits = append(reqs, a.req), append(waits, a.willWait)
 	}
 	if len(reqs) == 0 {
-		return Verdict{}, nil
+		return
 	}
 	verdicts, err := q.ledger.Take(reqs, waits)
+	for i, a := range batch {
+		if err != nil {
+			a.err = err
+			continue
+		}
+		a.v = verdicts[len(waiters)+i]
+	}
 	if err != nil {
-		return Verdict{}, err
+		return
 	}
 	q.mu.Lock()
-	for i, w := range batch {
+	defer q.mu.Unlock()
+	for i, w := range waiters {
 		if verdicts[i].Outcome != Admitted {
 			continue
 		}
@@ -192,11 +278,6 @@ func (q *SharedQueue) dispatch(newcomer *Request, willWait bool) (Verdict, error
 		q.leave(w)
 		close(w.ready)
 	}
-	q.mu.Unlock()
-	if newcomer == nil {
-		return Verdict{}, nil
-	}
-	return verdicts[len(batch)], nil
 }
 
 // order returns every waiter in the order they would be served one after

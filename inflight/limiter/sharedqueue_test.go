@@ -72,6 +72,8 @@ func (l *memLedger) Give(r *Request) {
 	l.mu.Unlock()
 }
 
+func (l *memLedger) Idle() {}
+
 // release gives r back and wakes q, as a release notice would.
 func (l *memLedger) release(q *SharedQueue, r *Request) {
 	l.Give(r)

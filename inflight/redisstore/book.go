@@ -19,8 +19,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
-	"github.com/caddy-inflight/caddy-inflight/inflight"
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
+	"github.com/caddy-inflight/caddy-inflight/inflight/storestatus"
 )
 
 // books holds the book of every Redis setup in use, by a hash of its
@@ -626,7 +626,7 @@ func (b *book) listen(client redis.UniversalClient, stop chan struct{}) {
 			z := b.zones[strings.TrimSuffix(m.Channel, ":released")]
 			b.mu.Unlock()
 			if z != nil {
-				z.wake()
+				z.queue.Wake()
 			}
 		}
 	}
@@ -646,7 +646,7 @@ func (b *book) observe(op string, zones []string, start time.Time, err error) {
 	failed := err != nil && err != redis.Nil
 	took := time.Since(start)
 	for _, zone := range zones {
-		inflight.ObserveStore("redis", zone, op, took, failed)
+		storestatus.Observe("redis", zone, op, took, failed)
 	}
 	if !failed {
 		b.answered.Store(time.Now().UnixNano())

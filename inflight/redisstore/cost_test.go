@@ -13,7 +13,6 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/caddy-inflight/caddy-inflight/inflight"
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
 
@@ -69,7 +68,7 @@ func TestMixedCostsShareOneCap(t *testing.T) {
 	var inFlight, most, admitted, big atomic.Int64
 	var wg sync.WaitGroup
 	for g := range 16 {
-		z := []inflight.Store{a, b}[g%2]
+		z := []limiter.Store{a, b}[g%2]
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

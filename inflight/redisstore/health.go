@@ -1,12 +1,12 @@
 package redisstore
 
-import "github.com/caddy-inflight/caddy-inflight/inflight"
+import "github.com/caddy-inflight/caddy-inflight/inflight/storestatus"
 
 // Health reports, for the admin API, whether Redis answered the latest
 // operation of the zone's book (an outage lasts from a failure until
 // Redis answers again).
-func (z *redisZone) Health() inflight.StoreHealth {
-	return inflight.StoreHealth{Type: "redis", Reachable: !z.book.outage.Load() && z.book.available()}
+func (z *redisZone) Health() storestatus.Health {
+	return storestatus.Health{Type: "redis", Reachable: !z.book.outage.Load() && z.book.available()}
 }
 
-var _ inflight.HealthReporter = (*redisZone)(nil)
+var _ storestatus.Reporter = (*redisZone)(nil)

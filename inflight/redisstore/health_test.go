@@ -4,8 +4,8 @@ import (
 	"context"
 	"testing"
 
-	"github.com/caddy-inflight/caddy-inflight/inflight"
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
+	"github.com/caddy-inflight/caddy-inflight/inflight/storestatus"
 )
 
 // TestHealth: the admin API's store health follows Redis: reachable while
@@ -17,7 +17,7 @@ func TestHealth(t *testing.T) {
 	s := newStore(t, &Store{Address: []string{proxy.addr}})
 	limits := &limiter.Limits{Max: []int64{10}}
 	z, _ := zoneOf(s, "health", limits)
-	health := func() inflight.StoreHealth { return z.(inflight.HealthReporter).Health() }
+	health := func() storestatus.Health { return z.(storestatus.Reporter).Health() }
 	admit := func() {
 		req := request(limits, "k")
 		if res := z.Acquire(context.Background(), req, limiter.WaitOptions{}); res.Outcome == limiter.Admitted {
@@ -26,7 +26,7 @@ func TestHealth(t *testing.T) {
 	}
 
 	admit()
-	if h := health(); h != (inflight.StoreHealth{Type: "redis", Reachable: true}) {
+	if h := health(); h != (storestatus.Health{Type: "redis", Reachable: true}) {
 		t.Fatalf("with Redis up: %+v, want redis reachable", h)
 	}
 	proxy.setDown(true)

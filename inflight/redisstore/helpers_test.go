@@ -15,7 +15,6 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/caddy-inflight/caddy-inflight/inflight"
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
 
@@ -78,7 +77,7 @@ func newStore(t testing.TB, s *Store) *Store {
 
 // zoneOf binds a zone with one limit "client" (max 1 unless given) and
 // optionally a total, and returns the store and its local zone.
-func zoneOf(s *Store, name string, limits *limiter.Limits) (inflight.Store, *limiter.Zone) {
+func zoneOf(s *Store, name string, limits *limiter.Limits) (limiter.Store, *limiter.Zone) {
 	local := limiter.NewZone(len(limits.Max), limits.Total > 0, nil)
 	local.Adopt(limits)
 	names := []string{"client"}[:len(limits.Max)]

@@ -89,17 +89,24 @@ func TestCleanupDuringDispatchLeavesNoLease(t *testing.T) {
 	go func() { left <- z.Acquire(ctx, request(limits, "k"), limiter.WaitOptions{Wait: time.Minute}) }()
 	eventually(t, "the request waits", func() bool { return local.WaitingOutside() == 1 })
 
-	// The dispatcher's next batch runs in Redis after the slot is free,
-	// its reply held back. Taking the zone's call keeps its polls (every
-	// 250ms) out until then: a poll sent before the release would be
-	// refused and have its reply held, and on a busy machine that took
-	// the whole deadline (2 runs in 8 with both cores busy).
+	// The queue's next call runs in Redis after the slot is free, its
+	// reply held back. A gate keeps its polls (every 250ms) out until
+	// then: a poll sent before the release would be refused and have its
+	// reply held, and on a busy machine that took the whole deadline (2
+	// runs in 8 with both cores busy).
 	rz := z.(*redisZone)
-	eventually(t, "the zone's call taken", rz.claimCall)
+	gate := make(chan struct{})
+	rz.callGate.Store(&gate)
+	eventually(t, "no call in Redis", func() bool {
+		rz.callMu.Lock()
+		defer rz.callMu.Unlock()
+		return !rz.calling
+	})
 	p.setStall(true)
 	zOther.Release(held)
 	eventually(t, "the released slot is gone from Redis", func() bool { return members(t, cli, "t") == 0 })
-	rz.handOff(true) // a call for the waiter, now
+	rz.callGate.Store(nil)
+	close(gate) // the call held at the gate (or the next poll's) goes now
 	eventually(t, "the dispatcher admitted the waiter in Redis", func() bool { return holdsMember(t, cli, old.book.instance) })
 	cancel()
 	if res := <-left; res.Outcome != limiter.Aborted {

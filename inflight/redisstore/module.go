@@ -18,7 +18,6 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
-	"github.com/caddy-inflight/caddy-inflight/inflight"
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
 
@@ -218,7 +217,7 @@ func (s *Store) Cleanup() error {
 }
 
 // Bind returns the store of one zone.
-func (s *Store) Bind(zone string, limits []string, hasTotal bool, local *limiter.Zone) inflight.Store {
+func (s *Store) Bind(zone string, limits []string, hasTotal bool, local *limiter.Zone) limiter.Store {
 	return s.book.zone(zone, limits, hasTotal, local)
 }
 
@@ -362,5 +361,4 @@ var (
 	_ caddy.Validator       = (*Store)(nil)
 	_ caddy.CleanerUpper    = (*Store)(nil)
 	_ caddyfile.Unmarshaler = (*Store)(nil)
-	_ inflight.SharedStore  = (*Store)(nil)
 )

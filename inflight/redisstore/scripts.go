@@ -38,9 +38,12 @@ end
 // the set's counter, plus the request's, at most the set's max): all of
 // its sets or none. It answers, after the time, per request the 1-based
 // position among its sets of the one that was full, or 0 when it was
-// admitted (decoded into verdicts by decodeVerdicts). If a request that
-// will wait was refused, the instance is listed in the waiting set, so
-// that releases anywhere announce themselves.
+// admitted (decoded into verdicts by decodeVerdicts). A set that refused
+// a request that will wait refuses every later request of the call that
+// needs it: what the first waits for is not taken by those behind it (see
+// limiter.Ledger). If a request that will wait was refused, the instance
+// is listed in the waiting set, so that releases anywhere announce
+// themselves.
 //
 // KEYS[1]: the zone's waiting set; the rest: the sorted sets. ARGV: the
 // deadline (µs), the lease (ms), how long a waiting listing lasts (ms), the
@@ -74,7 +77,7 @@ if removed > 0 and redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf') > 0 then
 	redis.call('PUBLISH', channel, '1')
 end
 -- held: the units in each set, once its expired members are given back.
-local held, healed, added, members = {}, {}, {}, {}
+local held, healed, added, members, reserved = {}, {}, {}, {}, {}
 local function heldIn(key)
 	local expired = redis.call('ZRANGEBYSCORE', key, '-inf', now)
 	if #expired > 0 then
@@ -112,7 +115,10 @@ for r = 1, n do
 	for j = 1, count do
 		if full == 0 then
 			local key, max = KEYS[tonumber(ARGV[pos])], tonumber(ARGV[pos + 1])
-			if (held[key] or heldIn(key)) + units > max and heal(key) + units > max then full = j end
+			if reserved[key] or (held[key] or heldIn(key)) + units > max and heal(key) + units > max then
+				full = j
+				if willWait then reserved[key] = true end
+			end
 		end
 		pos = pos + 2
 	end
@@ -144,23 +150,17 @@ end
 return out
 `)
 
-// verdict is how the admission of one request of a batch ended: Admitted,
-// Full (by the script) or KeysFull (by max_keys, before the script).
-type verdict struct {
-	outcome limiter.Outcome
-	dim     int // the refusing dimension (limiter.TotalDim: the total)
-}
-
-// decodeVerdicts turns the admission script's reply into verdicts; dims
-// gives, per request, the dimension of each of its sets.
-func decodeVerdicts(reply []int64, dims [][]int) []verdict {
-	out := make([]verdict, len(reply))
+// decodeVerdicts turns the admission script's reply into verdicts: Admitted,
+// or Full by a dimension (limiter.TotalDim: the total); dims gives, per
+// request, the dimension of each of its sets.
+func decodeVerdicts(reply []int64, dims [][]int) []limiter.Verdict {
+	out := make([]limiter.Verdict, len(reply))
 	for i, full := range reply {
 		if full == 0 {
-			out[i] = verdict{outcome: limiter.Admitted}
+			out[i] = limiter.Verdict{Outcome: limiter.Admitted}
 			continue
 		}
-		out[i] = verdict{outcome: limiter.Full, dim: dims[i][full-1]}
+		out[i] = limiter.Verdict{Outcome: limiter.Full, Dim: dims[i][full-1]}
 	}
 	return out
 }

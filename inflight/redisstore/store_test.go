@@ -12,13 +12,12 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/caddy-inflight/caddy-inflight/inflight"
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
 
 // mustAdmit acquires req without waiting, and fails the test unless it is
 // admitted.
-func mustAdmit(t *testing.T, z inflight.Store, req *limiter.Request, what string) {
+func mustAdmit(t *testing.T, z limiter.Store, req *limiter.Request, what string) {
 	t.Helper()
 	if res := z.Acquire(context.Background(), req, limiter.WaitOptions{}); res.Outcome != limiter.Admitted {
 		t.Fatalf("%s: %v, want admitted", what, res.Outcome)
@@ -27,7 +26,7 @@ func mustAdmit(t *testing.T, z inflight.Store, req *limiter.Request, what string
 
 // warmUp admits and releases one request, so that the connection is open
 // and the admission script loaded before a test stalls Redis.
-func warmUp(t *testing.T, z inflight.Store, limits *limiter.Limits, cli *redis.Client) {
+func warmUp(t *testing.T, z limiter.Store, limits *limiter.Limits, cli *redis.Client) {
 	t.Helper()
 	warm := request(limits, "warm")
 	mustAdmit(t, z, warm, "warm-up")
@@ -35,11 +34,11 @@ func warmUp(t *testing.T, z inflight.Store, limits *limiter.Limits, cli *redis.C
 	eventually(t, "warm-up released", func() bool { return members(t, cli, "t") == 0 })
 	// The release's call may still wait for its reply: a test that holds
 	// Redis's replies back now would hold the zone's next call behind it.
-	calls := &z.(*redisZone).calls
+	rz := z.(*redisZone)
 	eventually(t, "no call under way", func() bool {
-		calls.mu.Lock()
-		defer calls.mu.Unlock()
-		return !calls.busy
+		rz.callMu.Lock()
+		defer rz.callMu.Unlock()
+		return !rz.calling
 	})
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -13,9 +14,11 @@ import (
 // totalKey names the sorted set of a zone's total cap.
 const totalKey = "total"
 
-// redisZone is the Store of one zone kept in Redis. The local zone counts
-// this instance's requests (for metrics and the admin API) and, when Redis
-// cannot be reached and the store fails open, enforces the caps alone.
+// redisZone is the store of one zone kept in Redis: a limiter.Ledger of
+// leases, under the engine's queue for the requests waiting in this
+// instance. The local zone counts this instance's requests (for metrics
+// and the admin API) and, when Redis cannot be reached and the store fails
+// open, enforces the caps alone.
 type redisZone struct {
 	book     *book
 	tag      string // key prefix, with the cluster hash tag
@@ -24,11 +27,22 @@ type redisZone struct {
 	hasTotal bool
 	local    *limiter.Zone
 	keyBound atomic.Pointer[keyBound] // see keysOnly
-	queue
+	queue    *limiter.SharedQueue
+
+	// calling is set from a call's start until the queue is idle (calls
+	// follow one another meanwhile), and failed when the latest call got
+	// no answer, for send; guarded by callMu.
+	callMu     sync.Mutex
+	calling    bool
+	lastFailed bool
+	// callGate, if set (by tests), holds every call until it is closed.
+	callGate atomic.Pointer[chan struct{}]
 }
 
 func newRedisZone(b *book, tag, label string, limits []string, hasTotal bool, local *limiter.Zone) *redisZone {
-	return &redisZone{book: b, tag: tag, label: label, limits: limits, hasTotal: hasTotal, local: local, queue: queue{wakeup: make(chan struct{}, 1)}}
+	z := &redisZone{book: b, tag: tag, label: label, limits: limits, hasTotal: hasTotal, local: local}
+	z.queue = limiter.NewSharedQueue(local, z, fallbackPoll)
+	return z
 }
 
 // Acquire admits req in Redis, behind this instance's waiters, or queues
@@ -40,14 +54,11 @@ func (z *redisZone) Acquire(ctx context.Context, req *limiter.Request, opt limit
 	if !z.book.available() {
 		return z.fallback(ctx, req, opt)
 	}
-	v, err := z.admitNewcomer(req, opt.Wait > 0)
-	switch {
-	case err != nil:
+	res, err := z.queue.Acquire(ctx, req, opt)
+	if err != nil {
 		return z.fallback(ctx, req, opt)
-	case v.outcome != limiter.Full || opt.Wait <= 0:
-		return limiter.Result{Outcome: v.outcome, Dim: v.dim}
 	}
-	return z.wait(ctx, req, opt, v.dim)
+	return res
 }
 
 // Release gives back the local count at once, and the lease in Redis off
@@ -146,8 +157,8 @@ func (z *redisZone) claimOf(req *limiter.Request) claim {
 // The call does not inherit any request's cancellation: only Redis can
 // make it fail. If no reply comes, the script may still run later, until
 // its deadline, so its members are removed as ghosts.
-func (z *redisZone) admit(reqs []*limiter.Request, waits []bool) ([]verdict, error) {
-	verdicts := make([]verdict, len(reqs))
+func (z *redisZone) admit(reqs []*limiter.Request, waits []bool) ([]limiter.Verdict, error) {
+	verdicts := make([]limiter.Verdict, len(reqs))
 	counted := make([]bool, len(reqs))
 	var sent []int // indexes of the requests in the script
 	var claims []claim
@@ -155,7 +166,7 @@ func (z *redisZone) admit(reqs []*limiter.Request, waits []bool) ([]verdict, err
 		c := z.claimOf(req)
 		ok, dim, held := z.reserveKeys(req, c.units)
 		if !ok {
-			verdicts[i] = verdict{outcome: limiter.KeysFull, dim: dim}
+			verdicts[i] = limiter.Verdict{Outcome: limiter.KeysFull, Dim: dim}
 			continue
 		}
 		counted[i] = held
@@ -222,7 +233,7 @@ func (z *redisZone) admit(reqs []*limiter.Request, waits []bool) ([]verdict, err
 		i, c := sent[j], claims[j]
 		verdicts[i] = v
 		switch {
-		case v.outcome == limiter.Admitted:
+		case v.Outcome == limiter.Admitted:
 			reqs[i].Lease = c.member
 			z.book.hold(c.member, z.tag, c.sets, c.units)
 			if !counted[i] {
@@ -238,7 +249,7 @@ func (z *redisZone) admit(reqs []*limiter.Request, waits []bool) ([]verdict, err
 // failed ends an admission that got no verdict: the members sent may still
 // be written by a script that runs later, so they are removed as ghosts,
 // and the requests counted locally are given back.
-func (z *redisZone) failed(op string, reqs []*limiter.Request, sent []int, counted []bool, claims []claim, start time.Time, err error) ([]verdict, error) {
+func (z *redisZone) failed(op string, reqs []*limiter.Request, sent []int, counted []bool, claims []claim, start time.Time, err error) ([]limiter.Verdict, error) {
 	z.book.observe(op, []string{z.label}, start, err)
 	for _, c := range claims {
 		z.book.dropGhost(z.tag, c.member, c.sets, c.units)
