@@ -38,7 +38,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 func BenchmarkReleaseWithRedisDelayed(b *testing.B) {
 	for _, delay := range []time.Duration{0, 200 * time.Millisecond} {
 		b.Run(fmt.Sprint("delay=", delay), func(b *testing.B) {
-			addr, _ := startRedis(b)
+			addr, cli := startRedis(b)
 			p := newFaultProxy(b, addr)
 			s := newStore(b, store(p.addr, func(s *Store) { s.Timeout = caddy.Duration(time.Second) }))
 			limits := &limiter.Limits{Max: []int64{1 << 30}}
@@ -56,6 +56,8 @@ func BenchmarkReleaseWithRedisDelayed(b *testing.B) {
 			}
 			slices.Sort(took)
 			b.ReportMetric(float64(took[len(took)*99/100].Microseconds()), "release-p99-µs")
+			p.setDelay(0)
+			eventually(b, "every lease removed", func() bool { return members(b, cli, "t") == 0 })
 		})
 	}
 }
@@ -81,6 +83,8 @@ func BenchmarkRedisCPUPerAdmission(b *testing.B) {
 		}
 	})
 	b.StopTimer()
+	// Before Redis stops: a removal still under way would log an outage.
+	eventually(b, "every lease removed", func() bool { return nothingLeft(b, cli, "t") })
 	stats := commandStats(b, cli)
 	n := float64(b.N)
 	b.ReportMetric(float64(stats["evalsha"].calls+stats["eval"].calls)/n, "scripts/op")
