@@ -57,19 +57,19 @@ func (bw *bodyWatch) start() {
 // anyway, so a stream that sends a little and waits for an answer is not
 // held up.
 type waitBody struct {
-	io.ReadCloser               // the request's own body
-	stop          atomic.Bool   // read no further ahead
-	done          chan struct{} // closed when reading ahead has ended
-	// Written before done is closed, read after.
-	ahead []byte // read ahead, not yet returned by Read
-	err   error  // what ended reading ahead, if not the bound: io.EOF or a read error
+	// replayBody's read and err are written before done is closed, read
+	// after: the bytes read ahead, and what ended reading ahead, if not
+	// the bound.
+	replayBody
+	stop atomic.Bool   // read no further ahead
+	done chan struct{} // closed when reading ahead has ended
 }
 
 // readAhead starts reading body ahead into a buffer of at most limit bytes:
 // exactly the body's length plus one (to see its end) when that is less,
 // else grown by doubling as the body comes.
 func readAhead(body io.ReadCloser, length int64, limit int) *waitBody {
-	b := &waitBody{ReadCloser: body, done: make(chan struct{})}
+	b := &waitBody{replayBody: replayBody{ReadCloser: body}, done: make(chan struct{})}
 	size := min(firstAheadBuffer, limit)
 	if length > 0 {
 		size = int(min(length+1, int64(limit)))
@@ -96,24 +96,13 @@ func (b *waitBody) fill(buf []byte, limit int) {
 			break
 		}
 	}
-	b.ahead = buf
+	b.read = buf
 }
 
 // Read returns the bytes read ahead, then the rest of the body.
 func (b *waitBody) Read(p []byte) (int, error) {
 	<-b.done
-	if len(b.ahead) > 0 {
-		n := copy(p, b.ahead)
-		b.ahead = b.ahead[n:]
-		if len(b.ahead) == 0 {
-			b.ahead = nil // give the buffer back as soon as it is passed on
-		}
-		return n, nil
-	}
-	if b.err != nil {
-		return 0, b.err
-	}
-	return b.ReadCloser.Read(p)
+	return b.replayBody.Read(p)
 }
 
 // end stops reading ahead and returns once it has stopped: a body must not

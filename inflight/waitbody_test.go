@@ -23,7 +23,7 @@ func patterned(n int) []byte {
 func readAll(t *testing.T, wb *waitBody) (body []byte, buffered int, err error) {
 	t.Helper()
 	<-wb.done
-	buffered = cap(wb.ahead)
+	buffered = cap(wb.read)
 	wb.stop.Store(true)
 	body, err = io.ReadAll(wb)
 	return body, buffered, err

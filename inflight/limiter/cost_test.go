@@ -97,38 +97,57 @@ func TestCostAboveCapAdmittedAlone(t *testing.T) {
 	z.Release(huge)
 }
 
-// TestBigWaiterNotStarved: under a steady stream of requests of cost 1
-// (20 clients, each always waiting for the next), a waiter of cost 10 on a
-// total of 10 is admitted once the waiters ahead of it and the requests
-// holding the total are through (about two service times of 0.9-1.09 s),
-// not when its wait runs out: freed units are held for it.
+// store is what the tests below drive: a zone, or a shared queue over a
+// ledger in memory (see sharedqueue_test.go).
+type store struct {
+	acquire func(ctx context.Context, r *Request, opt WaitOptions) Result
+	release func(r *Request)
+}
+
+func zoneStore() store {
+	z := NewZone(1, true, nil)
+	return store{acquire: z.Acquire, release: z.Release}
+}
+
+// bigWaiterWait runs a steady stream of requests of cost 1 (20 clients,
+// each always waiting for the next, held 0.9-1.09 s) through s, whose
+// total is 10, then a request of cost 10, and returns how it ended.
+func bigWaiterWait(s store) Result {
+	lim := &Limits{Max: []int64{1000}, Total: 10}
+	opt := WaitOptions{Wait: time.Hour}
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for c := range 20 {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				r := costly(lim, 1, "small")
+				if s.acquire(ctx, r, opt).Outcome != Admitted {
+					return
+				}
+				time.Sleep(time.Duration(900+10*c) * time.Millisecond) // staggered releases
+				s.release(r)
+			}
+		})
+	}
+	time.Sleep(10 * time.Second)
+	big := costly(lim, 10, "big")
+	res := s.acquire(context.Background(), big, opt)
+	if res.Outcome == Admitted {
+		s.release(big)
+	}
+	stop()
+	wg.Wait()
+	return res
+}
+
+// TestBigWaiterNotStarved: under a steady stream of requests of cost 1, a
+// waiter of cost 10 on a total of 10 is admitted once the waiters ahead of
+// it and the requests holding the total are through (about two service
+// times of 0.9-1.09 s), not when its wait runs out: freed units are held
+// for it.
 func TestBigWaiterNotStarved(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		z := NewZone(1, true, nil)
-		lim := &Limits{Max: []int64{1000}, Total: 10}
-		opt := WaitOptions{Wait: time.Hour}
-		ctx, stop := context.WithCancel(context.Background())
-		var wg sync.WaitGroup
-		for c := range 20 {
-			wg.Go(func() {
-				for ctx.Err() == nil {
-					r := costly(lim, 1, "small")
-					if z.Acquire(ctx, r, opt).Outcome != Admitted {
-						return
-					}
-					time.Sleep(time.Duration(900+10*c) * time.Millisecond) // staggered releases
-					z.Release(r)
-				}
-			})
-		}
-		time.Sleep(10 * time.Second)
-		big := costly(lim, 10, "big")
-		res := z.Acquire(context.Background(), big, opt)
-		if res.Outcome == Admitted {
-			z.Release(big)
-		}
-		stop()
-		wg.Wait()
+		res := bigWaiterWait(zoneStore())
 		if res.Outcome != Admitted || res.Waited > 2200*time.Millisecond {
 			t.Fatalf("big request: outcome %d after %s, want admitted within two service times (2.2s)", res.Outcome, res.Waited)
 		}
@@ -154,39 +173,49 @@ func TestBigWaiterHoldsOnlyItsConstraint(t *testing.T) {
 	}
 }
 
+// unitSecondShares runs two tenants of weights 2 and 1 whose requests cost
+// 3 and 1 units (16 clients each, requests held 1 s, for 2000 s) through
+// s, whose total is 12, and returns the first tenant's share of the
+// unit-seconds.
+func unitSecondShares(t *testing.T, s store) float64 {
+	lim := &Limits{Max: []int64{1000}, Total: 12}
+	tenants := []struct {
+		key    string
+		weight float64
+		cost   int64
+	}{{"a", 2, 3}, {"b", 1, 1}}
+	var mu sync.Mutex
+	var unitSeconds [2]float64
+	start := time.Now()
+	var wg sync.WaitGroup
+	for i, tn := range tenants {
+		for range 16 {
+			wg.Go(func() {
+				for time.Since(start) < 2000*time.Second {
+					r := costly(lim, tn.cost, tn.key)
+					if res := s.acquire(context.Background(), r, WaitOptions{Wait: time.Hour, Fair: true, Weight: tn.weight}); res.Outcome != Admitted {
+						t.Errorf("outcome %d", res.Outcome)
+						return
+					}
+					time.Sleep(time.Second)
+					mu.Lock()
+					unitSeconds[i] += float64(r.Units())
+					mu.Unlock()
+					s.release(r)
+				}
+			})
+		}
+	}
+	wg.Wait()
+	return unitSeconds[0] / (unitSeconds[0] + unitSeconds[1])
+}
+
 // TestFairSharesInUnits: two tenants of weights 2 and 1 whose requests
 // cost 3 and 1 units share a total of 12 units in proportion to their
 // weights in unit-seconds, within 5%.
 func TestFairSharesInUnits(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		z := NewZone(1, true, nil)
-		lim := &Limits{Max: []int64{1000}, Total: 12}
-		tenants := []struct {
-			key    string
-			weight float64
-			cost   int64
-		}{{"a", 2, 3}, {"b", 1, 1}}
-		var mu sync.Mutex
-		var unitSeconds [2]float64
-		start := time.Now()
-		var wg sync.WaitGroup
-		for i, tn := range tenants {
-			for range 16 {
-				wg.Go(func() {
-					for time.Since(start) < 2000*time.Second {
-						r := costly(lim, tn.cost, tn.key)
-						z.Acquire(context.Background(), r, WaitOptions{Wait: time.Hour, Fair: true, Weight: tn.weight})
-						time.Sleep(time.Second)
-						mu.Lock()
-						unitSeconds[i] += float64(r.Units())
-						mu.Unlock()
-						z.Release(r)
-					}
-				})
-			}
-		}
-		wg.Wait()
-		share := unitSeconds[0] / (unitSeconds[0] + unitSeconds[1])
+		share := unitSecondShares(t, zoneStore())
 		if math.Abs(share/(2.0/3)-1) > 0.05 {
 			t.Fatalf("tenant a (weight 2, cost 3) has %.4f of the unit-seconds, want 2/3 ± 5%%", share)
 		}

@@ -128,37 +128,27 @@ func TestSharedQueueOrder(t *testing.T) {
 	})
 }
 
+// sharedStore is a shared queue over a ledger in memory whose total is
+// total units, as the tests in cost_test.go drive it; a release wakes the
+// queue, as a release notice would.
+func sharedStore(total int64) store {
+	l := newMemLedger(1000, total)
+	q := NewSharedQueue(NewZone(1, true, nil), l, 250*time.Millisecond)
+	return store{
+		acquire: func(ctx context.Context, r *Request, opt WaitOptions) Result {
+			res, _ := q.Acquire(ctx, r, opt)
+			return res
+		},
+		release: func(r *Request) { l.release(q, r) },
+	}
+}
+
 // TestSharedQueueBigNotStarved: a waiter of cost 10 behind a stream of
 // cost-1 waiters sharing a total of 10 is admitted once the requests
 // ahead of it end: the ledger refuses those behind it on the total.
 func TestSharedQueueBigNotStarved(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		z := NewZone(1, true, nil)
-		l := newMemLedger(1000, 10)
-		q := NewSharedQueue(z, l, 250*time.Millisecond)
-		lim := &Limits{Max: []int64{1000}, Total: 10}
-		ctx, stop := context.WithCancel(context.Background())
-		var wg sync.WaitGroup
-		for c := range 20 {
-			wg.Go(func() {
-				for ctx.Err() == nil {
-					r := costly(lim, 1, "small")
-					if res, _ := q.Acquire(ctx, r, WaitOptions{Wait: time.Hour}); res.Outcome != Admitted {
-						return
-					}
-					time.Sleep(time.Duration(900+10*c) * time.Millisecond)
-					l.release(q, r)
-				}
-			})
-		}
-		time.Sleep(10 * time.Second)
-		big := costly(lim, 10, "big")
-		res, _ := q.Acquire(context.Background(), big, WaitOptions{Wait: time.Hour})
-		if res.Outcome == Admitted {
-			l.release(q, big)
-		}
-		stop()
-		wg.Wait()
+		res := bigWaiterWait(sharedStore(10))
 		if res.Outcome != Admitted || res.Waited > 2500*time.Millisecond {
 			t.Fatalf("big request: outcome %d after %s, want admitted within about two service times", res.Outcome, res.Waited)
 		}
@@ -171,40 +161,7 @@ func TestSharedQueueBigNotStarved(t *testing.T) {
 // unit-seconds, within 5%.
 func TestSharedQueueFairInUnits(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		z := NewZone(1, true, nil)
-		l := newMemLedger(1000, 12)
-		q := NewSharedQueue(z, l, 250*time.Millisecond)
-		lim := &Limits{Max: []int64{1000}, Total: 12}
-		tenants := []struct {
-			key    string
-			weight float64
-			cost   int64
-		}{{"a", 2, 3}, {"b", 1, 1}}
-		var mu sync.Mutex
-		var unitSeconds [2]float64
-		start := time.Now()
-		var wg sync.WaitGroup
-		for i, tn := range tenants {
-			for range 16 {
-				wg.Go(func() {
-					for time.Since(start) < 2000*time.Second {
-						r := costly(lim, tn.cost, tn.key)
-						res, _ := q.Acquire(context.Background(), r, WaitOptions{Wait: time.Hour, Fair: true, Weight: tn.weight})
-						if res.Outcome != Admitted {
-							t.Errorf("outcome %d", res.Outcome)
-							return
-						}
-						time.Sleep(time.Second)
-						mu.Lock()
-						unitSeconds[i] += float64(r.Units())
-						mu.Unlock()
-						l.release(q, r)
-					}
-				})
-			}
-		}
-		wg.Wait()
-		share := unitSeconds[0] / (unitSeconds[0] + unitSeconds[1])
+		share := unitSecondShares(t, sharedStore(12))
 		if math.Abs(share/(2.0/3)-1) > 0.05 {
 			t.Fatalf("tenant a (weight 2, cost 3) has %.4f of the unit-seconds, want 2/3 ± 5%%", share)
 		}
