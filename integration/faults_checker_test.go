@@ -21,12 +21,15 @@ type recorder struct {
 	events []event
 }
 
-// event is a request arriving at (+1) or leaving (-1) the backend.
+// event is a request arriving at (+units) or leaving (-units) the backend.
 type event struct {
 	at    time.Time
 	key   string
 	delta int
 }
+
+// maxCost is the largest cost the suite's clients ask for.
+const maxCost = 3
 
 func newRecorder(t *testing.T) *recorder {
 	t.Helper()
@@ -43,8 +46,12 @@ func newRecorder(t *testing.T) *recorder {
 
 func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	key := r.Header.Get("X-Tenant")
-	rec.record(key, +1)
-	defer rec.record(key, -1)
+	units, err := strconv.Atoi(r.Header.Get("X-Cost")) // within every cap: taken as asked
+	if err != nil {
+		units = 1
+	}
+	rec.record(key, +units)
+	defer rec.record(key, -units)
 	io.Copy(io.Discard, r.Body)
 	ms, _ := strconv.Atoi(r.URL.Query().Get("ms"))
 	select {
@@ -82,16 +89,22 @@ type overSpan struct {
 	lastAdmitted time.Time
 }
 
-// timeline is the backend's concurrency replayed: when it held more than
-// the caps (over-admission) and when a tenant or the total was at its cap
-// (so a refusal then was deserved).
+// timeline is the backend's concurrency replayed, in units: when it held
+// more than the caps (over-admission) and when a tenant or the total had
+// no room for a request of each cost (so its refusal then was deserved).
 type timeline struct {
 	over       []overSpan
 	peakTenant int
 	peakTotal  int
-	keyFull    map[string][]span
-	totalFull  []span
-	grace      time.Duration // how long a slot may stay taken after its request ended
+	keyFull    map[fullAt][]span
+	totalFull  map[int][]span // by cost
+	grace      time.Duration  // how long a slot may stay taken after its request ended
+}
+
+// fullAt is a tenant without room for a request of cost.
+type fullAt struct {
+	key  string
+	cost int
 }
 
 // replay sweeps the recorded events in order; grace is how long a slot may
@@ -100,16 +113,15 @@ func (rec *recorder) replay(c caps, grace time.Duration) *timeline {
 	rec.mu.Lock()
 	events := append([]event(nil), rec.events...)
 	rec.mu.Unlock()
-	tl := &timeline{keyFull: map[string][]span{}, grace: grace}
+	tl := &timeline{keyFull: map[fullAt][]span{}, totalFull: map[int][]span{}, grace: grace}
 	count := map[string]int{}
 	sum, overKeys := 0, 0
-	var overSince, overAdmitted, totalSince time.Time
-	keySince := map[string]time.Time{}
+	var overSince, overAdmitted time.Time
+	keySince, totalSince := map[fullAt]time.Time{}, map[int]time.Time{}
 	end := time.Now().Add(time.Hour) // spans still open at the end
 	for _, e := range events {
 		wasOver := overKeys > 0 || (c.total > 0 && sum > c.total)
-		wasTotalFull := c.total > 0 && sum >= c.total
-		before := count[e.key]
+		before, sumBefore := count[e.key], sum
 		count[e.key] += e.delta
 		sum += e.delta
 		after := count[e.key]
@@ -120,11 +132,23 @@ func (rec *recorder) replay(c caps, grace time.Duration) *timeline {
 		case before > c.tenant && after <= c.tenant:
 			overKeys--
 		}
-		switch {
-		case before < c.tenant && after >= c.tenant:
-			keySince[e.key] = e.at
-		case before >= c.tenant && after < c.tenant:
-			tl.keyFull[e.key] = append(tl.keyFull[e.key], span{keySince[e.key], e.at})
+		for cost := 1; cost <= maxCost; cost++ { // full for cost: held + cost > cap
+			at, full := fullAt{e.key, cost}, c.tenant-cost+1
+			switch {
+			case before < full && after >= full:
+				keySince[at] = e.at
+			case before >= full && after < full:
+				tl.keyFull[at] = append(tl.keyFull[at], span{keySince[at], e.at})
+			}
+			if c.total > 0 {
+				full = c.total - cost + 1
+				switch {
+				case sumBefore < full && sum >= full:
+					totalSince[cost] = e.at
+				case sumBefore >= full && sum < full:
+					tl.totalFull[cost] = append(tl.totalFull[cost], span{totalSince[cost], e.at})
+				}
+			}
 		}
 		isOver := overKeys > 0 || (c.total > 0 && sum > c.total)
 		if isOver && e.delta > 0 && (after > c.tenant || (c.total > 0 && sum > c.total)) {
@@ -136,24 +160,19 @@ func (rec *recorder) replay(c caps, grace time.Duration) *timeline {
 		case wasOver && !isOver && e.at.Sub(overSince) > overlapSlack:
 			tl.over = append(tl.over, overSpan{span{overSince, e.at}, overAdmitted})
 		}
-		isTotalFull := c.total > 0 && sum >= c.total
-		switch {
-		case !wasTotalFull && isTotalFull:
-			totalSince = e.at
-		case wasTotalFull && !isTotalFull:
-			tl.totalFull = append(tl.totalFull, span{totalSince, e.at})
-		}
 	}
 	if overKeys > 0 || (c.total > 0 && sum > c.total) {
 		tl.over = append(tl.over, overSpan{span{overSince, end}, overAdmitted})
 	}
-	for k, n := range count {
-		if n >= c.tenant {
-			tl.keyFull[k] = append(tl.keyFull[k], span{keySince[k], end})
+	for cost := 1; cost <= maxCost; cost++ {
+		for k, n := range count {
+			if at := (fullAt{k, cost}); n >= c.tenant-cost+1 {
+				tl.keyFull[at] = append(tl.keyFull[at], span{keySince[at], end})
+			}
 		}
-	}
-	if c.total > 0 && sum >= c.total {
-		tl.totalFull = append(tl.totalFull, span{totalSince, end})
+		if c.total > 0 && sum >= c.total-cost+1 {
+			tl.totalFull[cost] = append(tl.totalFull[cost], span{totalSince[cost], end})
+		}
 	}
 	return tl
 }
@@ -196,9 +215,10 @@ func (tl *timeline) overWindow(heal, until time.Time) time.Duration {
 const admitSlack = 150 * time.Millisecond
 
 // undeserved returns the refusals sent and answered within [from, to)
-// while the backend had not had the tenant, nor the total, at its cap for
-// longer than tl.grace: some slot stayed taken longer than that after its
-// request ended (or was never admitted). That is capacity lost.
+// while the backend had not had the tenant, nor the total, without room
+// for the request's cost for longer than tl.grace: some slot stayed taken
+// longer than that after its request ended (or was never admitted). That
+// is capacity lost.
 func (tl *timeline) undeserved(refusals []outcome, from, to time.Time) []outcome {
 	var out []outcome
 next:
@@ -207,7 +227,7 @@ next:
 			continue
 		}
 		a, b := r.sent.Add(-tl.grace), r.done.Add(admitSlack)
-		for _, s := range append(tl.keyFull[r.key], tl.totalFull...) {
+		for _, s := range append(tl.keyFull[fullAt{r.key, r.cost}], tl.totalFull[r.cost]...) {
 			if s.overlaps(a, b) {
 				continue next
 			}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -41,6 +42,7 @@ var rude = []behaviour{finishes, finishes, cancels, resets, posts}
 // response (it gave up or was reset).
 type outcome struct {
 	key        string
+	cost       int // the units it asked for (1 without costs)
 	sent, done time.Time
 	status     int
 }
@@ -48,6 +50,7 @@ type outcome struct {
 // traffic runs clients against a fleet until halted, recording outcomes.
 type traffic struct {
 	urls       []string
+	maxCost    int // each request costs 1 to maxCost units (X-Cost)
 	streamHold time.Duration
 	client     *http.Client
 	ctx        context.Context // ends every request in flight at halt
@@ -58,10 +61,11 @@ type traffic struct {
 	outcomes []outcome
 }
 
-func startTraffic(t *testing.T, urls []string, streamHold time.Duration, loads ...tenantLoad) *traffic {
+func startTraffic(t *testing.T, urls []string, maxCost int, streamHold time.Duration, loads ...tenantLoad) *traffic {
 	t.Helper()
 	tr := &traffic{
 		urls:       urls,
+		maxCost:    maxCost,
 		streamHold: streamHold,
 		client:     &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 10 * time.Second},
 	}
@@ -89,8 +93,8 @@ func (tr *traffic) run(l tenantLoad) {
 			return
 		}
 		b := l.mix[rand.IntN(len(l.mix))]
-		o := outcome{key: l.key, sent: time.Now()}
-		o.status = tr.send(b, l.key, tr.urls[rand.IntN(len(tr.urls))])
+		o := outcome{key: l.key, cost: 1 + rand.IntN(tr.maxCost), sent: time.Now()}
+		o.status = tr.send(b, o, tr.urls[rand.IntN(len(tr.urls))])
 		o.done = time.Now()
 		tr.mu.Lock()
 		tr.outcomes = append(tr.outcomes, o)
@@ -104,8 +108,8 @@ func (tr *traffic) run(l tenantLoad) {
 	}
 }
 
-// send makes one request and returns its status (0: no response).
-func (tr *traffic) send(b behaviour, key, base string) int {
+// send makes o's request and returns its status (0: no response).
+func (tr *traffic) send(b behaviour, o outcome, base string) int {
 	ms := 50 + rand.IntN(250)
 	ctx := tr.ctx
 	method, body := http.MethodGet, ""
@@ -123,7 +127,7 @@ func (tr *traffic) send(b behaviour, key, base string) int {
 		if rand.IntN(2) == 0 {
 			after = time.Duration(10+rand.IntN(290)) * time.Millisecond
 		}
-		resetAfterSending(base, key, ms, after)
+		resetAfterSending(base, o, ms, after)
 		return 0
 	case posts:
 		method, body = http.MethodPost, strings.Repeat("x", 4096)
@@ -134,7 +138,8 @@ func (tr *traffic) send(b behaviour, key, base string) int {
 		}
 	}
 	req, _ := http.NewRequestWithContext(ctx, method, fmt.Sprintf("%s/work?ms=%d", base, ms), strings.NewReader(body))
-	req.Header.Set("X-Tenant", key)
+	req.Header.Set("X-Tenant", o.key)
+	req.Header.Set("X-Cost", strconv.Itoa(o.cost))
 	resp, err := tr.client.Do(req)
 	if err != nil {
 		return 0
@@ -148,13 +153,13 @@ func (tr *traffic) send(b behaviour, key, base string) int {
 
 // resetAfterSending sends a request on a raw connection and resets the
 // connection (RST) after a while, as a client that vanishes does.
-func resetAfterSending(base, key string, ms int, after time.Duration) {
+func resetAfterSending(base string, o outcome, ms int, after time.Duration) {
 	u, _ := url.Parse(base)
 	c, err := net.Dial("tcp", u.Host)
 	if err != nil {
 		return
 	}
-	fmt.Fprintf(c, "GET /work?ms=%d HTTP/1.1\r\nHost: %s\r\nX-Tenant: %s\r\n\r\n", ms, u.Host, key)
+	fmt.Fprintf(c, "GET /work?ms=%d HTTP/1.1\r\nHost: %s\r\nX-Tenant: %s\r\nX-Cost: %d\r\n\r\n", ms, u.Host, o.key, o.cost)
 	time.Sleep(after)
 	c.(*net.TCPConn).SetLinger(0)
 	c.Close()

@@ -45,6 +45,7 @@ type faultSite struct {
 	tenantMax  int
 	total      int
 	wait       time.Duration
+	cost       bool // requests cost X-Cost units
 }
 
 // fleetMember is one Caddy process of a fleet under test.
@@ -61,6 +62,9 @@ func (s faultSite) render(m *fleetMember, backend string) string {
 	var total, master string
 	if s.total > 0 {
 		total = fmt.Sprintf("\n\t\ttotal %d", s.total)
+	}
+	if s.cost {
+		total += "\n\t\tcost {header.X-Cost}"
 	}
 	if s.masterName != "" {
 		master = "\n\t\t\tmaster_name " + s.masterName

@@ -64,6 +64,7 @@ type faultEnv struct {
 	proxies []*faultProxy
 	rec     *recorder
 	caps    caps
+	maxCost int // 1: every request costs 1
 	fleet   []*fleetMember
 	traffic *traffic
 	start   time.Time
@@ -89,7 +90,10 @@ func newFaultEnv(t *testing.T, onError string) *faultEnv {
 // with the suite's lease and timeout.
 func startFaultFleet(t *testing.T, site faultSite, c caps, addrs ...string) *faultEnv {
 	t.Helper()
-	e := &faultEnv{t: t, timing: timings(), rec: newRecorder(t), caps: c}
+	e := &faultEnv{t: t, timing: timings(), rec: newRecorder(t), caps: c, maxCost: 1}
+	if site.cost {
+		e.maxCost = maxCost
+	}
 	site.lease, site.timeout, site.wait = e.timing.lease, storeTimeout, 300*time.Millisecond
 	site.tenantMax, site.total = c.tenant, c.total
 	var sites []faultSite
@@ -131,7 +135,7 @@ type cycle struct{ began, healed time.Time }
 // followed by bound and a margin.
 func (e *faultEnv) repeat(n int, bound time.Duration, fault func(e *faultEnv) (healed time.Time)) []cycle {
 	e.start = time.Now()
-	e.traffic = startTraffic(e.t, e.urls(), e.timing.lease*3/2, faultLoad...)
+	e.traffic = startTraffic(e.t, e.urls(), e.maxCost, e.timing.lease*3/2, faultLoad...)
 	var cycles []cycle
 	for range n {
 		time.Sleep(e.timing.warm)
@@ -331,6 +335,38 @@ func TestFaultsTotal(t *testing.T) {
 	})
 	end := time.Now()
 	e.check("client mix, no fault, with a total", end, end, 0, false)
+}
+
+// TestFaultsCost runs faults of each kind with requests of costs 1 to 3
+// (X-Cost) under a tenant cap of 6 units: the caps hold in units at the
+// backend as they do in requests, with the same bounds after healing.
+func TestFaultsCost(t *testing.T) {
+	var table []windows
+	for _, f := range faultCases {
+		switch f.name {
+		case "latency 100ms (within timeout)", "connections reset", "restart with empty data", "SIGSTOP for 2× the lease, SIGCONT":
+		default:
+			continue
+		}
+		t.Run(strings.NewReplacer(" ", "_", ",", "").Replace(f.name), func(t *testing.T) {
+			r := startRedis(t)
+			var proxies []*faultProxy
+			var addrs []string
+			for range 3 {
+				proxies = append(proxies, newFaultProxy(t, r.addr))
+				addrs = append(addrs, proxies[len(proxies)-1].addr)
+			}
+			e := startFaultFleet(t, faultSite{onError: f.onError, cost: true}, caps{tenant: 6}, addrs...)
+			e.redis, e.proxies = r, proxies
+			bound := e.renewalBound()
+			began, healed := e.run(bound, f.inject)
+			if f.exact {
+				began = time.Now()
+			}
+			table = append(table, e.check(f.name+", costs 1-3, on_error "+f.onError, began, healed, bound, f.outage))
+		})
+	}
+	printTable(t, table)
 }
 
 // reloadEvery reloads every instance every interval for d, alternating the

@@ -77,9 +77,12 @@ func (z *redisZone) fallback(ctx context.Context, req *limiter.Request, opt limi
 	}
 	res := z.local.Acquire(ctx, req, opt)
 	if res.Outcome == limiter.Admitted {
+		// The lease carries what the request holds in the fleet's terms:
+		// its cost clamped to the whole caps, not to this instance's share.
 		sets, _ := z.keys(req)
-		req.Lease = z.book.member(req.Units())
-		z.book.hold(req.Lease, z.tag, sets, req.Units())
+		units := z.units(z.local.LimitsOf(req), req)
+		req.Lease = z.book.member(units)
+		z.book.hold(req.Lease, z.tag, sets, units)
 	}
 	return res
 }
