@@ -153,3 +153,40 @@ func TestCostBigRequestNotStarved(t *testing.T) {
 		})
 	}
 }
+
+// TestCostPlaceholderInHandleErrors: {http.inflight.cost} carries a
+// refused request's cost to handle_errors, beside the limit and reason,
+// and a cost that is not a positive integer is a 500 that takes nothing.
+func TestCostPlaceholderInHandleErrors(t *testing.T) {
+	b := newBackend(t)
+	port := freePort(t)
+	load(t, fmt.Sprintf(`http://127.0.0.1:%d {
+	inflight {
+		limit tenant {header.X-Tenant} 10
+		cost {header.X-Cost}
+		zone costph
+	}
+	reverse_proxy %s
+	handle_errors {
+		respond "{http.inflight.limit} {http.inflight.reason} {http.inflight.cost}" {err.status_code}
+	}
+}
+`, port, b.addr))
+	url := fmt.Sprintf("http://127.0.0.1:%d", port)
+	c := client("127.0.0.1")
+	held := hold(t, b, context.Background(), c, url+"/hold", "X-Tenant", "t", "X-Cost", "8")
+	if r := get(context.Background(), c, url+"/", "X-Tenant", "t", "X-Cost", "5"); r.status != 429 || r.body != "tenant full 5" {
+		t.Fatalf("cost 5 beside 8 of 10: %d %q, want 429 %q", r.status, r.body, "tenant full 5")
+	}
+	if r := get(context.Background(), c, url+"/", "X-Tenant", "t", "X-Cost", "2"); r.status != 200 {
+		t.Fatalf("cost 2 beside 8 of 10: %d, want 200", r.status)
+	}
+	for _, bad := range []string{"0", "-1", "lots", ""} {
+		if r := get(context.Background(), c, url+"/", "X-Tenant", "u", "X-Cost", bad); r.status != 500 {
+			t.Fatalf("cost %q: %d, want 500", bad, r.status)
+		}
+	}
+	b.open()
+	<-held
+	eventually(t, "no unit in flight", func() bool { return metric(t, "caddy_inflight_units", `zone="costph"`) == 0 })
+}
