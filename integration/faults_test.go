@@ -217,6 +217,10 @@ func (e *faultEnv) wantOutages(n int) {
 	}
 }
 
+// storeBackOff is how long the store leaves Redis alone after a failed
+// call (book.available).
+const storeBackOff = time.Second
+
 // renewalBound is how soon after a fault the issue wants the fleet exact
 // and whole again: one renewal interval, plus the renewal's own round trip.
 func (e *faultEnv) renewalBound() time.Duration { return e.timing.lease/3 + storeTimeout }

@@ -57,10 +57,17 @@ func TestFaultsSentinel(t *testing.T) {
 	if os.Getenv("INFLIGHT_FAULTS_LONG") != "" {
 		failovers = 3
 	}
-	cycles := e.repeat(failovers, e.renewalBound(), func(e *faultEnv) time.Time {
+	// An instance learns of the promotion from the sentinels a moment
+	// after it, and its last call to the dead master leaves Redis alone for
+	// the store's back-off (a second, see book.available), admitting
+	// locally meanwhile (on_error open): the bound adds that back-off to
+	// the renewal interval. Measured today 1.3–1.7 s in 5 of 6 runs, the
+	// code before this store changes included.
+	bound := e.renewalBound() + storeBackOff
+	cycles := e.repeat(failovers, bound, func(e *faultEnv) time.Time {
 		return s.failover(t)
 	})
-	printTable(t, []windows{e.checkCycles(fmt.Sprintf("Sentinel: master SIGKILLed, replica promoted, %d times", failovers), cycles, e.renewalBound(), true)})
+	printTable(t, []windows{e.checkCycles(fmt.Sprintf("Sentinel: master SIGKILLed, replica promoted, %d times", failovers), cycles, bound, true)})
 	e.wantOutages(failovers)
 }
 
