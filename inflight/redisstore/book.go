@@ -32,6 +32,13 @@ var books = struct {
 	m map[string]*book
 }{m: map[string]*book{}}
 
+// keySchema names the layout of a zone's keys (leases carrying their
+// units, a units counter beside each set), after the key prefix: instances
+// that count otherwise (before 2026-12) use other keys, so a fleet halfway
+// through an upgrade counts in two groups rather than misreading each
+// other's sets.
+const keySchema = "u1"
+
 // scriptChunk bounds the leases one renewal or release script handles, so
 // that no script holds Redis for long.
 const scriptChunk = 512
@@ -161,7 +168,7 @@ func (b *book) zone(id string, limits []string, hasTotal bool, local *limiter.Zo
 	defer b.mu.Unlock()
 	// The braces are a Redis Cluster hash tag: all of a zone's keys live in
 	// one slot, as the scripts need. key_prefix has no braces (Validate).
-	tag := b.prefix + ":{" + id + "}"
+	tag := b.prefix + ":" + keySchema + ":{" + id + "}"
 	z := b.zones[tag]
 	if z == nil || z.local != local {
 		// A zone that left and came back has a new local zone: the old
@@ -611,7 +618,7 @@ func (b *book) pipeline(op string, zones []string, fill func(context.Context, re
 // listen wakes a zone's waiters when any instance releases one of its
 // slots, until stop is closed.
 func (b *book) listen(client redis.UniversalClient, stop chan struct{}) {
-	pubsub := client.PSubscribe(storeContext, b.prefix+":{*}:released")
+	pubsub := client.PSubscribe(storeContext, b.prefix+":"+keySchema+":{*}:released")
 	defer pubsub.Close()
 	messages := pubsub.Channel()
 	for {

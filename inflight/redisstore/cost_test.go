@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -369,4 +370,30 @@ func TestCountersHealThemselves(t *testing.T) {
 	if got := unitCounters(t, cli, "t")[counter]; got != 4 {
 		t.Fatalf("counter %d after releasing a lease Redis lost, want 4", got)
 	}
+}
+
+// TestOldLayoutKeysAreNotRead: an instance from before leases carried
+// their units (keys without the layout's name) fills its sets; this one
+// counts in its own keys, so neither misreads the other's members during a
+// rolling upgrade.
+func TestOldLayoutKeysAreNotRead(t *testing.T) {
+	addr, cli := startRedis(t)
+	s := newStore(t, store(addr, nil))
+	limits := &limiter.Limits{Max: []int64{2}}
+	z, _ := zoneOf(s, "upgrade", limits)
+	first := request(limits, "k")
+	mustAdmit(t, z, first, "first")
+	keys, err := cli.Keys(context.Background(), "t:"+keySchema+":*:client:*").Result()
+	keys = slices.DeleteFunc(keys, func(k string) bool { return strings.HasSuffix(k, ":u") }) // its counter
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("keys of the layout %s: %v %v, want one set", keySchema, keys, err)
+	}
+	old := strings.Replace(keys[0], ":"+keySchema+":", ":", 1)
+	for i := range 5 {
+		cli.ZAdd(context.Background(), old, redis.Z{Score: float64(time.Now().Add(time.Hour).UnixMilli()), Member: fmt.Sprint("old:", i)})
+	}
+	second := request(limits, "k")
+	mustAdmit(t, z, second, "second, beside an old instance's full set")
+	z.Release(first)
+	z.Release(second)
 }
