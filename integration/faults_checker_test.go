@@ -227,7 +227,8 @@ next:
 			continue
 		}
 		a, b := r.sent.Add(-tl.grace), r.done.Add(admitSlack)
-		for _, s := range append(tl.keyFull[fullAt{r.key, r.cost}], tl.totalFull[r.cost]...) {
+		cost := max(r.cost, 1)
+		for _, s := range append(tl.keyFull[fullAt{r.key, cost}], tl.totalFull[cost]...) {
 			if s.overlaps(a, b) {
 				continue next
 			}
@@ -291,6 +292,7 @@ func TestFaultChecker(t *testing.T) {
 		{100, "a", +1}, {105, "a", -1}, // an overlap of 5 ms: a cancellation seen late
 		{200, "a", +1}, {300, "a", +1}, {400, "a", -1}, {900, "a", -1}, // over from 200 to 900, last admitted at 300
 		{1000, "a", -1}, {1000, "a", -1}, // a empty from 1000 on
+		{1500, "a", +1}, {1800, "a", -1}, // a holds 1 of 2 from 1500 to 1800
 	} {
 		rec.events = append(rec.events, event{at(e.ms), e.key, e.delta})
 	}
@@ -307,9 +309,11 @@ func TestFaultChecker(t *testing.T) {
 	refusals := []outcome{
 		{key: "a", sent: at(500), done: at(501), status: 429},   // a over its cap: deserved
 		{key: "a", sent: at(1200), done: at(1201), status: 429}, // a empty for longer than the grace: capacity lost
+		{key: "a", cost: 2, sent: at(1700), done: at(1701), status: 429}, // 1 + 2 > 2: deserved
+		{key: "a", cost: 1, sent: at(1710), done: at(1711), status: 429}, // 1 + 1 fits: capacity lost
 	}
 	lost := tl.undeserved(refusals, at(0), at(2000))
-	if len(lost) != 1 || lost[0].sent != at(1200) {
-		t.Errorf("undeserved refusals %v, want the one at +1200ms", lost)
+	if len(lost) != 2 || lost[0].sent != at(1200) || lost[1].sent != at(1710) {
+		t.Errorf("undeserved refusals %v, want those at +1200ms and +1710ms (cost 1 beside 1 of 2)", lost)
 	}
 }
