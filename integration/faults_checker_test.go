@@ -307,8 +307,8 @@ func TestFaultChecker(t *testing.T) {
 		t.Errorf("over-admission window from +250ms until +300ms: %v, want 0 (the admission at +300ms is after it)", got)
 	}
 	refusals := []outcome{
-		{key: "a", sent: at(500), done: at(501), status: 429},   // a over its cap: deserved
-		{key: "a", sent: at(1200), done: at(1201), status: 429}, // a empty for longer than the grace: capacity lost
+		{key: "a", sent: at(500), done: at(501), status: 429},            // a over its cap: deserved
+		{key: "a", sent: at(1200), done: at(1201), status: 429},          // a empty for longer than the grace: capacity lost
 		{key: "a", cost: 2, sent: at(1700), done: at(1701), status: 429}, // 1 + 2 > 2: deserved
 		{key: "a", cost: 1, sent: at(1710), done: at(1711), status: 429}, // 1 + 1 fits: capacity lost
 	}
