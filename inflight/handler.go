@@ -36,9 +36,9 @@ const totalName = "total"
 const RefusedEvent = "inflight_refused"
 
 // Handler caps the number of requests in flight per key. A request takes one
-// slot in every limit (and the total) when it enters the handler, or none if
-// any of them is full, and gives them back when the rest of the handler
-// chain has returned: the response fully written, streams and upgraded
+// slot (or, with Cost, its cost in units) in every limit and the total when
+// it enters the handler, or none if any of them has no room, and gives them
+// back when the rest of the handler chain has returned: the response fully written, streams and upgraded
 // connections included, whether it ended normally, with an error or a panic.
 //
 // A request over a cap is refused at once with `status_code` and
