@@ -396,21 +396,28 @@ func (b *book) maintain() {
 }
 
 // renewLoop renews the leases held every lease/3, and at once when Redis
-// answers again after an outage, until stop is closed.
+// answers again after an outage, until stop is closed; then it also removes
+// at once the leases released meanwhile, which would otherwise hold their
+// units until maintain's next tick.
 func (b *book) renewLoop(stop chan struct{}) {
 	tick := time.NewTicker(b.lease / 3)
 	defer tick.Stop()
 	for {
+		again := false
 		select {
 		case <-stop:
 			return
 		case <-tick.C:
 		case <-b.renewNow:
+			again = true
 		}
 		if !b.tryEnter() {
 			return
 		}
 		b.renew()
+		if again {
+			b.removeReleased(true)
+		}
 		b.exit()
 	}
 }
