@@ -345,8 +345,9 @@ func TestFaultsTotal(t *testing.T) {
 }
 
 // TestFaultsCost runs faults of each kind with requests of costs 1 to 3
-// (X-Cost) under a tenant cap of 6 units: the caps hold in units at the
-// backend as they do in requests, with the same bounds after healing.
+// (X-Cost, one per tenant) under a tenant cap of 6 units: the caps hold in
+// units at the backend as they do in requests, with the same bounds after
+// healing.
 func TestFaultsCost(t *testing.T) {
 	var table []windows
 	for _, f := range faultCases {
