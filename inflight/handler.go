@@ -38,8 +38,9 @@ const RefusedEvent = "inflight_refused"
 // Handler caps the number of requests in flight per key. A request takes one
 // slot (or, with Cost, its cost in units) in every limit and the total when
 // it enters the handler, or none if any of them has no room, and gives them
-// back when the rest of the handler chain has returned: the response fully written, streams and upgraded
-// connections included, whether it ended normally, with an error or a panic.
+// back when the rest of the handler chain has returned: the response fully
+// written, streams and upgraded connections included, whether it ended
+// normally, with an error or a panic.
 //
 // A request over a cap is refused at once with `status_code` and
 // `Retry-After`, or, with `wait`, queued until a slot frees. On refusal the
@@ -196,7 +197,8 @@ type Handler struct {
 	// IETF draft "RateLimit header fields for HTTP": `RateLimit-Policy`
 	// gives each named limit's cap for the request's key as its quota `q`
 	// (the max, or the request's own from a placeholder, split by
-	// replicas; `qu="concurrent-requests"`), and `RateLimit` the units the
+	// replicas; `qu="concurrent-requests"`, left out with a cost, whose
+	// units the draft has no name for), and `RateLimit` the units the
 	// key has left as `r` (the cap less the units its requests hold, this
 	// one included once admitted; never below 0); one list member per
 	// limit, named after the limit, without its key. A request whose key
