@@ -287,8 +287,8 @@ func (h *Handler) Validate() error {
 	switch {
 	case len(h.Limits) == 0 && h.Total == 0 && h.TotalAdaptive == nil:
 		return fmt.Errorf("inflight: no limit: give a max (inflight 20), a limit or a total")
-	case h.Total < 0:
-		return fmt.Errorf("inflight: total %d is not allowed: want a positive integer (0 for none)", h.Total)
+	case h.Total < 0 || h.Total > limiter.MaxCost:
+		return fmt.Errorf("inflight: total %d is not allowed: want %s (0 for none)", h.Total, CapRange)
 	case h.StatusCode < 400 || h.StatusCode > 599:
 		return fmt.Errorf("inflight: status_code %d is not allowed: want 400-599", h.StatusCode)
 	case h.RetryAfter < 0:
@@ -305,6 +305,9 @@ func (h *Handler) Validate() error {
 		return fmt.Errorf("inflight: wait_body_buffer %d is not allowed: want a positive number of bytes", h.WaitBodyBuffer)
 	case h.MaxKeys < 0:
 		return fmt.Errorf("inflight: max_keys %d is not allowed: want a positive integer (0 for none)", h.MaxKeys)
+	}
+	if err := CheckPriority(h.Priority); err != nil {
+		return fmt.Errorf("inflight: %w", err)
 	}
 	h.warnIneffective()
 	return nil

@@ -104,7 +104,9 @@ func (s *Store) Provision(ctx caddy.Context) error {
 	s.Username, s.Password = repl.ReplaceAll(s.Username, ""), repl.ReplaceAll(s.Password, "")
 	s.SentinelUsername, s.SentinelPassword = repl.ReplaceAll(s.SentinelUsername, ""), repl.ReplaceAll(s.SentinelPassword, "")
 	if len(s.Address) == 0 {
-		s.Address = []string{"127.0.0.1:6379"}
+		s.Address = []string{defaultAddress}
+		s.logger.Warn("store redis names no address: using Redis's default, "+defaultAddress+"; the fleet shares one cap only if every instance reaches the same Redis there",
+			zap.String("address", defaultAddress))
 	}
 	if s.Lease == 0 {
 		s.Lease = caddy.Duration(30 * time.Second)
@@ -137,6 +139,10 @@ func (s *Store) Provision(ctx caddy.Context) error {
 	s.checkAtStart()
 	return nil
 }
+
+// defaultAddress is where the store looks for Redis when no address is
+// given: Redis's own default.
+const defaultAddress = "127.0.0.1:6379"
 
 // redisOptions are go-redis's options for the store's settings.
 func (s *Store) redisOptions() *redis.UniversalOptions {
@@ -184,8 +190,8 @@ func (s *Store) Validate() error {
 		return errors.New("inflight: store redis: sentinel_username and sentinel_password are not allowed without master_name: want master_name with the sentinels' addresses")
 	case s.Cluster && s.MasterName != "":
 		return fmt.Errorf("inflight: store redis: cluster with master_name %q is not allowed: want a cluster or sentinels", s.MasterName)
-	case badAddress(s.Address) != "":
-		return fmt.Errorf("inflight: store redis: address %q is not allowed: want host:port, such as 127.0.0.1:6379", badAddress(s.Address))
+	case checkAddresses(s.Address) != nil:
+		return checkAddresses(s.Address)
 	case strings.ContainsAny(s.KeyPrefix, "{}"):
 		// A brace would change the Redis Cluster hash tag that keeps a
 		// zone's keys in one slot.
@@ -194,16 +200,16 @@ func (s *Store) Validate() error {
 	return nil
 }
 
-// badAddress returns the first address that is not host:port with a port
-// number, if any.
-func badAddress(addrs []string) string {
+// checkAddresses refuses the first address that is not host:port with a
+// port number.
+func checkAddresses(addrs []string) error {
 	for _, a := range addrs {
 		_, port, err := net.SplitHostPort(a)
 		if n, perr := strconv.Atoi(port); err != nil || perr != nil || n < 1 || n > 65535 {
-			return a
+			return fmt.Errorf("inflight: store redis: address %q is not allowed: want host:port, such as 127.0.0.1:6379", a)
 		}
 	}
-	return ""
+	return nil
 }
 
 // Cleanup drops this config's use of the shared client; it closes once no
@@ -263,6 +269,9 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		var err error
 		switch opt {
 		case "address":
+			if err := checkAddresses(args); err != nil {
+				return d.WrapErr(err)
+			}
 			s.Address = append(s.Address, args...)
 		case "cluster":
 			s.Cluster = true
