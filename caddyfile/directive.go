@@ -173,6 +173,11 @@ func parseLimitHeaders(h httpcaddyfile.Helper, hd *inflight.Handler) error {
 	if len(hd.LimitHeaders) == 0 {
 		return h.Err("inflight: limit_headers: want the names of one or more of this block's limits, or total")
 	}
+	for i, name := range hd.LimitHeaders {
+		if slices.Contains(hd.LimitHeaders[:i], name) {
+			return h.Errf("inflight: limit_headers %q is given twice: name each limit once", name)
+		}
+	}
 	return nil
 }
 

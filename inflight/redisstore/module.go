@@ -174,28 +174,50 @@ func (s *Store) redisOptions() *redis.UniversalOptions {
 // Validate checks the settings.
 func (s *Store) Validate() error {
 	switch {
-	case s.OnError != "open" && s.OnError != "closed":
-		return fmt.Errorf("inflight: store redis: on_error %q is not allowed: want open or closed", s.OnError)
+	case checkOnError(s.OnError) != nil:
+		return checkOnError(s.OnError)
 	case s.Lease < caddy.Duration(time.Second):
 		return fmt.Errorf("inflight: store redis: lease %s is not allowed: want at least 1s", time.Duration(s.Lease))
 	case s.Timeout <= 0:
 		return fmt.Errorf("inflight: store redis: timeout %s is not allowed: want a positive duration", time.Duration(s.Timeout))
 	case s.DB < 0:
 		return fmt.Errorf("inflight: store redis: db %d is not allowed: want a database number, 0 or more", s.DB)
+	case checkAddresses(s.Address) != nil:
+		return checkAddresses(s.Address)
+	case checkKeyPrefix(s.KeyPrefix) != nil:
+		return checkKeyPrefix(s.KeyPrefix)
+	}
+	return s.checkTopology()
+}
+
+// checkTopology refuses settings that do not go together: go-redis would
+// ignore one of them.
+func (s *Store) checkTopology() error {
+	switch {
 	case s.DB != 0 && s.MasterName == "" && (s.Cluster || len(s.Address) > 1):
-		// go-redis would ignore it: a cluster has database 0 only.
+		// A cluster has database 0 only.
 		return fmt.Errorf("inflight: store redis: db %d is not allowed with a cluster: want 0 (a Redis Cluster has only database 0)", s.DB)
 	case (s.SentinelUsername != "" || s.SentinelPassword != "") && s.MasterName == "":
 		// go-redis would drop them and take the address for Redis itself.
 		return errors.New("inflight: store redis: sentinel_username and sentinel_password are not allowed without master_name: want master_name with the sentinels' addresses")
 	case s.Cluster && s.MasterName != "":
 		return fmt.Errorf("inflight: store redis: cluster with master_name %q is not allowed: want a cluster or sentinels", s.MasterName)
-	case checkAddresses(s.Address) != nil:
-		return checkAddresses(s.Address)
-	case strings.ContainsAny(s.KeyPrefix, "{}"):
-		// A brace would change the Redis Cluster hash tag that keeps a
-		// zone's keys in one slot.
-		return fmt.Errorf("inflight: store redis: key_prefix %q is not allowed: want no '{' or '}'", s.KeyPrefix)
+	}
+	return nil
+}
+
+func checkOnError(v string) error {
+	if v != "open" && v != "closed" {
+		return fmt.Errorf("inflight: store redis: on_error %q is not allowed: want open or closed", v)
+	}
+	return nil
+}
+
+// checkKeyPrefix refuses a brace, which would change the Redis Cluster hash
+// tag that keeps a zone's keys in one slot.
+func checkKeyPrefix(v string) error {
+	if strings.ContainsAny(v, "{}") {
+		return fmt.Errorf("inflight: store redis: key_prefix %q is not allowed: want no '{' or '}'", v)
 	}
 	return nil
 }
@@ -303,13 +325,23 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "timeout":
 			err = parseDuration(&s.Timeout, args[0], "a positive duration such as 250ms")
 		case "on_error":
+			if err := checkOnError(args[0]); err != nil {
+				return d.WrapErr(err)
+			}
 			s.OnError = args[0]
 		case "key_prefix":
+			if err := checkKeyPrefix(args[0]); err != nil {
+				return d.WrapErr(err)
+			}
 			s.KeyPrefix = args[0]
 		}
 		if err != nil {
 			return d.Errf("inflight: store redis: %s %q is not allowed: want %v", opt, args[0], err)
 		}
+	}
+	// At the block's closing brace: the settings that do not go together.
+	if err := s.checkTopology(); err != nil {
+		return d.WrapErr(err)
 	}
 	return nil
 }
