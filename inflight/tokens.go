@@ -76,6 +76,10 @@ func (t *TokensCost) setDefaults() {
 	}
 }
 
+// Check reports the first value that is not allowed; zero values are the
+// defaults' and allowed.
+func (t *TokensCost) Check() error { return t.validate() }
+
 func (t *TokensCost) validate() error {
 	switch {
 	case t.BytesPerToken < 0:
