@@ -54,7 +54,7 @@ type Handler struct {
 	Limits []Limit `json:"limits,omitempty"`
 
 	// Total caps the requests in flight through this handler (its zone)
-	// across all keys. 0 means no total cap.
+	// across all keys, up to 2^40-1. 0 means no total cap.
 	Total int `json:"total,omitempty"`
 
 	// TotalAdaptive makes the total cap adaptive instead: it finds the
@@ -99,7 +99,8 @@ type Handler struct {
 	MaxWaiting int `json:"max_waiting,omitempty"`
 
 	// Priority is a placeholder template giving each waiting request its
-	// class: `high`, `normal` or `low` (anything else is normal). When a slot
+	// class: `high`, `normal` or `low` (a value that is none of them counts
+	// as normal; a fixed one must be one of them). When a slot
 	// frees, the waiter with the highest weight × (1 + seconds waited / 30)
 	// goes first, with weights high 2, normal 1, low 0.5. With Fair, the
 	// class weight is also the key's default share. It must come from

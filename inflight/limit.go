@@ -28,8 +28,8 @@ type Limit struct {
 	// is not limited by this limit. Default: `{http.vars.client_ip}`.
 	Key string `json:"key,omitempty"`
 
-	// Max is how many requests with the same key may be in flight at once: a
-	// positive integer, or a placeholder string that resolves to one per
+	// Max is how many requests with the same key may be in flight at once: an
+	// integer from 1 to 2^40-1, or a placeholder string that resolves to one per
 	// request (for example an output of the `map` handler). A request whose
 	// placeholder does not resolve to a positive integer is answered with
 	// 500.
