@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"crypto/tls"
 	"encoding/hex"
@@ -174,20 +175,15 @@ func (s *Store) redisOptions() *redis.UniversalOptions {
 // Validate checks the settings.
 func (s *Store) Validate() error {
 	switch {
-	case checkOnError(s.OnError) != nil:
-		return checkOnError(s.OnError)
 	case s.Lease < caddy.Duration(time.Second):
 		return fmt.Errorf("inflight: store redis: lease %s is not allowed: want at least 1s", time.Duration(s.Lease))
 	case s.Timeout <= 0:
 		return fmt.Errorf("inflight: store redis: timeout %s is not allowed: want a positive duration", time.Duration(s.Timeout))
 	case s.DB < 0:
 		return fmt.Errorf("inflight: store redis: db %d is not allowed: want a database number, 0 or more", s.DB)
-	case checkAddresses(s.Address) != nil:
-		return checkAddresses(s.Address)
-	case checkKeyPrefix(s.KeyPrefix) != nil:
-		return checkKeyPrefix(s.KeyPrefix)
 	}
-	return s.checkTopology()
+	// The checks the Caddyfile parser also makes, at each option's line.
+	return cmp.Or(checkOnError(s.OnError), checkAddresses(s.Address), checkKeyPrefix(s.KeyPrefix), s.checkTopology())
 }
 
 // checkTopology refuses settings that do not go together: go-redis would
@@ -206,6 +202,7 @@ func (s *Store) checkTopology() error {
 	return nil
 }
 
+// checkOnError refuses an on_error that is neither open nor closed.
 func checkOnError(v string) error {
 	if v != "open" && v != "closed" {
 		return fmt.Errorf("inflight: store redis: on_error %q is not allowed: want open or closed", v)
