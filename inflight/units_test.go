@@ -1,8 +1,10 @@
 package inflight
 
 import (
+	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -199,4 +201,47 @@ func TestRefusalsCountFromTheZonesStart(t *testing.T) {
 	if got := z.refusedByReason(); len(got) != 2 || got[reasonFull] != 1 || got[reasonQueueFull] != 1 {
 		t.Fatalf("refused %v, want full 1 and queue_full 1", got)
 	}
+}
+
+// TestStateOfACostZoneIsInUnits: the state the live page reads gives, for
+// a zone whose requests have costs, the units in flight beside the
+// requests and the cap in units, and says the zone has costs: 3 requests
+// of cost 500 under a total of 2000 are 1500 units of 2000.
+func TestStateOfACostZoneIsInUnits(t *testing.T) {
+	url, release := serveHandler(t, map[string]any{"zone": "units-page", "total": 2000, "cost": "500"})
+	var held []*http.Response
+	for range 3 {
+		held = append(held, fetch(t, url, "X-Hold", "1"))
+	}
+	w := httptest.NewRecorder()
+	if err := serveState(w); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	for _, resp := range held {
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	var state struct {
+		Zones []struct {
+			Zone       string
+			Total      int64           `json:"total"`
+			TotalUnits int64           `json:"total_units"`
+			TotalMax   int64           `json:"total_max"`
+			Cost       json.RawMessage `json:"cost"`
+		}
+	}
+	if err := json.Unmarshal(w.Body.Bytes(), &state); err != nil {
+		t.Fatal(err)
+	}
+	for _, z := range state.Zones {
+		if z.Zone != "units-page" {
+			continue
+		}
+		if z.Total != 3 || z.TotalUnits != 1500 || z.TotalMax != 2000 || string(z.Cost) != `{"count":3,"sum":1500}` {
+			t.Fatalf("state: total %d, total_units %d, total_max %d, cost %s; want 3, 1500, 2000 and 3 costs of 1500 units", z.Total, z.TotalUnits, z.TotalMax, z.Cost)
+		}
+		return
+	}
+	t.Fatalf("no zone units-page in %s", w.Body)
 }
