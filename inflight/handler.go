@@ -374,7 +374,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	switch {
 	case res.Outcome == limiter.Admitted:
 		defer h.store.Release(&a.req)
-		h.costs.observe(a.req.Units())
+		if h.cost != nil {
+			h.costs.observe(a.req.Units())
+		}
 		if h.PerKeyMetrics {
 			h.zone.series.admit(h, a)
 			defer h.zone.series.release(h, a)
@@ -577,18 +579,20 @@ func (h *Handler) dimIndex(d int) int {
 
 func (h *Handler) initMetrics() {
 	h.rejected = map[string][]prometheus.Counter{}
-	for i, reason := range reasons {
-		n := &h.zone.stats.refused[i] // the admin API's count
+	for _, reason := range reasons {
 		cs := make([]prometheus.Counter, 0, len(h.Limits)+1)
 		for _, l := range h.Limits {
-			cs = append(cs, teeCounter{rejectedTotal.WithLabelValues(h.label, l.Name, reason), n})
+			cs = append(cs, rejectedTotal.WithLabelValues(h.label, l.Name, reason))
 		}
-		h.rejected[reason] = append(cs, teeCounter{rejectedTotal.WithLabelValues(h.label, totalName, reason), n})
+		h.rejected[reason] = append(cs, rejectedTotal.WithLabelValues(h.label, totalName, reason))
 	}
+	h.zone.startStats()
 	for _, o := range waitOutcomes {
 		h.waited[o] = teeObserver{waitSeconds.WithLabelValues(h.label, outcomeLabel(o)), &h.zone.stats.waits}
 	}
-	h.costs = costObserver{requestCost.WithLabelValues(h.label), &h.zone.units}
+	if h.cost != nil {
+		h.costs = costObserver{requestCost.WithLabelValues(h.label), &h.zone.units}
+	}
 }
 
 // admission is the per-request state, pooled so that admitting a request
