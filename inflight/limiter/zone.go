@@ -294,8 +294,14 @@ func (z *Zone) Hold(req *Request, units int64) {
 }
 
 // Release gives back the slots req holds and hands them to waiters that
-// now fit. It is safe after the zone is no longer used by any handler.
+// now fit. It is safe after the zone is no longer used by any handler. A
+// request that holds nothing (released already, or never admitted) makes
+// it panic, as semaphore.Weighted does: giving its units back again would
+// let more in than the caps allow.
 func (z *Zone) Release(req *Request) {
+	if !req.held {
+		panic("limiter: Release of a request that holds no units (released twice, or never admitted)")
+	}
 	if z.pending.Load() > 0 {
 		z.mu.Lock()
 		z.giveBack(req, true)
@@ -316,9 +322,6 @@ func (z *Zone) Release(req *Request) {
 // held), records the blockers they free for dispatch.
 func (z *Zone) giveBack(req *Request, collect bool) {
 	units := req.taken
-	if !req.held { // a copy of the admitted request: its cost, unclamped
-		units = req.cost()
-	}
 	for d, key := range req.Keys {
 		if key == "" {
 			continue

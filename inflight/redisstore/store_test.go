@@ -450,3 +450,40 @@ func TestLateRenewalLeavesNoLease(t *testing.T) {
 		t.Fatalf("the lease a late renewal wrote back stayed %v, want at most one renewal interval (%v)", took.Round(time.Millisecond), lease/3)
 	}
 }
+
+// A second Release of a request the store admitted panics, as the zone's
+// own does, and gives nothing back twice, here or in Redis.
+func TestSecondReleasePanics(t *testing.T) {
+	addr, cli := startRedis(t)
+	s := newStore(t, store(addr, nil))
+	limits := &limiter.Limits{Max: []int64{5}, Total: 5}
+	z, local := zoneOf(s, "twice", limits)
+	a, b := request(limits, "k"), request(limits, "k")
+	a.Cost, b.Cost = 3, 2
+	for _, r := range []*limiter.Request{a, b} {
+		if res := z.Acquire(context.Background(), r, limiter.WaitOptions{}); res.Outcome != limiter.Admitted {
+			t.Fatalf("cost %d: %v, want admitted", r.Cost, res.Outcome)
+		}
+	}
+	z.Release(a)
+	if !panics(func() { z.Release(a) }) {
+		t.Error("a second Release returned quietly, want a panic")
+	}
+	if n := local.Held(limiter.TotalDim); n != 2 {
+		t.Errorf("local total %d units after a second Release, want 2 (b's)", n)
+	}
+	big := request(limits, "k")
+	big.Cost = 4
+	if res := z.Acquire(context.Background(), big, limiter.WaitOptions{}); res.Outcome != limiter.Full {
+		t.Errorf("cost 4 beside b's 2 under a cap of 5: %v, want refused", res.Outcome)
+		z.Release(big)
+	}
+	z.Release(b)
+	eventually(t, "leases removed from Redis", func() bool { return members(t, cli, "t") == 0 })
+}
+
+func panics(f func()) (p bool) {
+	defer func() { p = recover() != nil }()
+	f()
+	return false
+}
