@@ -30,7 +30,8 @@
 //   - The total is an atomic counter of units and requests (see totalWord),
 //     raised only after the keyed dimensions have been checked under their
 //     locks, by compare-and-swap against its max; it never exceeds the max
-//     it was checked against.
+//     it was checked against, and every max is within MaxCost (units.go),
+//     so units never carry into the request count.
 //   - Once any Limits with MaxKeys has been used, each dimension also counts
 //     its keys (keys.n): the count changes only under the lock of the shard
 //     whose table gained or lost the key, and counting starts with every
@@ -142,7 +143,7 @@ type Request struct {
 func (req *Request) Units() int64 { return req.taken }
 
 // cost is req's cost within 1 to MaxCost.
-func (req *Request) cost() int64 { return min(max(req.Cost, 1), MaxCost) }
+func (req *Request) cost() int64 { return ClampCost(req.Cost) }
 
 // hash returns the hash of req's key in dimension d, from admission if it
 // kept it.
@@ -485,20 +486,9 @@ func (z *Zone) tryAcquire(req *Request, r *reservation) (Outcome, int) {
 	return outcome, refusedBy
 }
 
-// units returns the units req takes under lim: its cost, clamped to the
-// smallest cap it is checked against (see the invariants).
-func (z *Zone) units(lim *Limits, req *Request) int64 {
-	u := req.cost()
-	for d, key := range req.Keys {
-		if key != "" {
-			u = min(u, capFor(lim, req, d))
-		}
-	}
-	if c := totalCap(lim); z.hasTotal && c > 0 {
-		u = min(u, c)
-	}
-	return max(u, 1)
-}
+// units returns the units req takes under lim, this instance's share of
+// the caps (see Limits.Units).
+func (z *Zone) units(lim *Limits, req *Request) int64 { return lim.Units(req, z.hasTotal, false) }
 
 // startCounting makes the zone count each dimension's keys, from the keys
 // its tables hold. It locks every shard, so no key comes or goes unseen.
@@ -539,12 +529,7 @@ func (z *Zone) takeTotal(max, units int64) bool {
 }
 
 // totalCap is the zone-wide cap this instance enforces (0: none).
-func totalCap(lim *Limits) int64 {
-	if lim.Adaptive != nil {
-		return lim.Adaptive.Limit()
-	}
-	return split(lim.Total, lim.Divisor)
-}
+func totalCap(lim *Limits) int64 { return lim.capOf(nil, TotalDim, false) }
 
 // LimitsOf returns the limits that apply to req now: its own, or the
 // zone's latest once a reload retired its own. A shared store checks its
@@ -563,32 +548,8 @@ func (z *Zone) limitsFor(req *Request) *Limits {
 	return req.Limits
 }
 
-func capFor(lim *Limits, req *Request, d int) int64 {
-	if d < len(lim.Max) && lim.Max[d] > 0 {
-		return split(lim.Max[d], lim.Divisor)
-	}
-	return split(req.Max[d], lim.Divisor)
-}
-
-// WholeCap returns the cap of dimension d (TotalDim: the total) for req,
-// not split by Divisor: what a store shared by the whole fleet enforces.
-func (l *Limits) WholeCap(req *Request, d int) int64 {
-	if d == TotalDim {
-		return l.Total
-	}
-	if d < len(l.Max) && l.Max[d] > 0 {
-		return l.Max[d]
-	}
-	return req.Max[d]
-}
-
-// split is ceil(n/div), for caps shared by div instances.
-func split(n, div int64) int64 {
-	if div <= 1 {
-		return n
-	}
-	return (n + div - 1) / div
-}
+// capFor is the cap this instance enforces in dimension d for req.
+func capFor(lim *Limits, req *Request, d int) int64 { return lim.capOf(req, d, false) }
 
 // slot is a key's shard and hash, for one admission.
 type slot struct {

@@ -108,24 +108,9 @@ func (z *redisZone) keys(req *limiter.Request) ([]string, []int) {
 }
 
 // units returns the units req takes in Redis under lim: its cost, clamped
-// to the smallest cap of the fleet it is checked against, so that a cost
-// above a cap is admitted alone once the cap is free.
+// to the fleet's caps (see limiter.Limits.Units).
 func (z *redisZone) units(lim *limiter.Limits, req *limiter.Request) int64 {
-	u := min(max(req.Cost, 1), limiter.MaxCost)
-	clamp := func(d int) {
-		if c := lim.WholeCap(req, d); c > 0 {
-			u = min(u, c)
-		}
-	}
-	for d, k := range req.Keys {
-		if k != "" {
-			clamp(d)
-		}
-	}
-	if z.hasTotal {
-		clamp(limiter.TotalDim)
-	}
-	return u
+	return lim.Units(req, z.hasTotal, true)
 }
 
 // claim is one request of an admission call, as the script sees it.
