@@ -204,6 +204,7 @@ func (q *SharedQueue) wait(ctx context.Context, req *Request, opt WaitOptions, d
 // leave takes w out of the queue. mu must be held.
 func (q *SharedQueue) leave(w *waiter) {
 	q.dequeue(w)
+	q.freed = q.freed[:0] // every call tries every waiter: nothing to serve
 	w.left = true
 	q.zone.DoneWaitingOutside()
 	if q.queued.Load() == 0 {
