@@ -50,10 +50,9 @@ func (z *Zone) serve(b blocker, now time.Time) {
 		r := reservation{f: f, now: now}
 		o, d := z.tryAcquire(f.head.req, &r)
 		if o != Admitted {
-			nb := z.blockerOf(f.head.req, o, d)
-			z.file(f, nb)
+			z.file(f, o, d)
 			if r.byHold {
-				z.freed = append(z.freed, nb)
+				z.freed = append(z.freed, z.blockerOf(f.head.req, o, d))
 			}
 			return
 		}

@@ -33,6 +33,8 @@ type filing struct {
 type listing struct {
 	f     *flow
 	b     blocker
+	dim   int  // the dimension refused (TotalDim: the total)
+	keys  bool // refused by the dimension's key bound, not a count
 	lane  *lane
 	idx   int
 	place float64 // fair: the key's tag when listed
@@ -94,8 +96,10 @@ func (q *queue) filingOf(b blocker) *filing {
 	return q.blocked[b.key]
 }
 
-// file lists f under blocker b, unless it is listed there already.
-func (q *queue) file(f *flow, b blocker) {
+// file lists f under what refused its head: outcome o on dimension d
+// (see blockerOf), unless it is listed there already.
+func (q *queue) file(f *flow, o Outcome, d int) {
+	b := q.blockerOf(f.head.req, o, d)
 	for _, e := range f.listed {
 		if e.b == b {
 			return
@@ -110,7 +114,7 @@ func (q *queue) file(f *flow, b blocker) {
 			q.blocked[b.key] = fl
 		}
 	}
-	e := &listing{f: f, b: b, lane: fl.laneFor(f)}
+	e := &listing{f: f, b: b, dim: d, keys: o == KeysFull, lane: fl.laneFor(f)}
 	if f.fair {
 		e.place = q.vclock.place(f.fairKey)
 	}
@@ -135,6 +139,18 @@ func (q *queue) unlist(f *flow) {
 		q.freed = append(q.freed, e.b)
 	}
 	f.listed = nil
+}
+
+// held returns the dimensions (TotalDim: the total) whose counts refused
+// f, for a ledger to hold their room (see Claim.Hold).
+func (f *flow) held() []int {
+	var dims []int
+	for _, e := range f.listed {
+		if !e.keys {
+			dims = append(dims, e.dim)
+		}
+	}
+	return dims
 }
 
 // headLeft keeps f's places after its head left it (a waiter that gave

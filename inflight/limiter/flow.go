@@ -83,10 +83,10 @@ func shareOf(w float64, c Class) float64 {
 	return classWeight(c)
 }
 
-// enqueue queues req, refused by b, as a waiter counted under perKey (0:
+// enqueue queues req, refused with outcome o by dimension d, as a waiter counted under perKey (0:
 // not counted), in its flow, making the flow if it is new, and lists the
-// flow under b.
-func (q *queue) enqueue(req *Request, opt WaitOptions, perKey uint64, b blocker) *waiter {
+// flow under what refused req.
+func (q *queue) enqueue(req *Request, opt WaitOptions, perKey uint64, o Outcome, d int) *waiter {
 	q.seq++
 	w := &waiter{Place: Place{Class: opt.Class, Arrived: q.clock.Now(), Seq: q.seq}, req: req, ready: make(chan struct{}), perKey: perKey}
 	q.queued.Add(1)
@@ -115,7 +115,7 @@ func (q *queue) enqueue(req *Request, opt WaitOptions, perKey uint64, b blocker)
 	}
 	f.tail = w
 	f.n++
-	q.file(f, b)
+	q.file(f, o, d)
 	if w.perKey != 0 {
 		q.perKey[w.perKey]++
 	}

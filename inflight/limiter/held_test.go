@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -78,4 +79,86 @@ func TestWaiterNeedingTwoCapsIsNotPassedForEver(t *testing.T) {
 	if z.KeyUnits(0, "T") != 10 || z.KeyUnits(1, "C") != 10 {
 		t.Fatalf("with it admitted: T holds %d, C %d units; want 10 and 10 (it alone)", z.KeyUnits(0, "T"), z.KeyUnits(1, "C"))
 	}
+}
+
+// The same under a shared queue over a ledger in memory: each call sends
+// the waiter first with the constraints it was refused by, which the
+// ledger holds against the newcomers of the call.
+func TestSharedWaiterNeedingTwoCapsIsNotPassedForEver(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const rounds, service = 50, time.Second
+		z := NewZone(2, false, nil)
+		l := newMemLedger(1000, 1000)
+		q := NewSharedQueue(z, l, time.Hour)
+		lim := &Limits{Max: []int64{10, 10}}
+		var onT, onC []*Request
+		n := 0
+		arrive := func(tenant, client string) *Request {
+			n++
+			if tenant == "" {
+				tenant = fmt.Sprint("tenant", n)
+			}
+			if client == "" {
+				client = fmt.Sprint("client", n)
+			}
+			r := req(lim, tenant, client)
+			if res, err := q.Acquire(context.Background(), r, WaitOptions{}); err == nil && res.Outcome == Admitted {
+				return r
+			}
+			return nil
+		}
+		for range 9 {
+			onT = append(onT, arrive("T", ""))
+			onC = append(onC, arrive("", "C"))
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		done := make(chan Result, 1)
+		big := costly(lim, 10, "T", "C")
+		go func() {
+			res, _ := q.Acquire(ctx, big, WaitOptions{Wait: time.Hour})
+			done <- res
+		}()
+		synctest.Wait()
+		admittedIn := -1
+		for round := range rounds {
+			time.Sleep(service)
+			ending := &onT
+			tenant, client := "T", ""
+			if round%2 == 1 {
+				ending, tenant, client = &onC, "", "C"
+			}
+			held := *ending
+			*ending = nil
+			for _, r := range held {
+				if r != nil {
+					l.release(q, r)
+					synctest.Wait()
+				}
+				if r := arrive(tenant, client); r != nil {
+					*ending = append(*ending, r)
+				}
+			}
+			synctest.Wait()
+			if q.Waiting() == 0 {
+				admittedIn = round + 1
+				break
+			}
+		}
+		if admittedIn < 0 {
+			t.Fatalf("cost-10 request needing T and C still waits after %d service times", rounds)
+		}
+		res := <-done
+		if res.Outcome != Admitted || admittedIn > 3 {
+			t.Fatalf("cost-10 request: outcome %d after %d rounds, want admitted within 3 service times", res.Outcome, admittedIn)
+		}
+		t.Logf("cost-10 request needing two caps admitted through the ledger after %d service times", admittedIn)
+		q.Release(big)
+		for _, r := range append(onT, onC...) {
+			q.Release(r)
+		}
+		if l.totalHeld() != 0 || z.Held(0) != 0 || z.Held(1) != 0 {
+			t.Fatalf("after every release: ledger %d units, zone %d and %d; want 0", l.totalHeld(), z.Held(0), z.Held(1))
+		}
+	})
 }

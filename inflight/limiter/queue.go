@@ -211,7 +211,7 @@ func (z *Zone) Acquire(ctx context.Context, req *Request, opt WaitOptions) Resul
 		z.mu.Unlock()
 		return Result{Outcome: QueueFull, Dim: d}
 	}
-	w := z.enqueue(req, opt, perKey, z.blockerOf(req, o, d))
+	w := z.enqueue(req, opt, perKey, o, d)
 	z.mu.Unlock()
 	if opt.Queued != nil {
 		opt.Queued()

@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"sync"
 	"testing"
@@ -10,16 +11,19 @@ import (
 	"time"
 )
 
-// memLedger is a Ledger in memory: a cap per key of dimension 0 and a
-// total, in units; a constraint that refused a request refuses every later
-// one of the same Take that needs it. gate, if set, holds every Take until
-// it is closed.
+// memLedger is a Ledger in memory: a cap per key of every dimension (the
+// smaller of keyCap and the claim's) and a total, in units; a constraint
+// that refused a waiting claim, and those it holds, refuse every later one
+// of the same Take that needs them. gate, if set, holds every Take until it
+// is closed.
 type memLedger struct {
 	mu        sync.Mutex
 	keyCap    int64
 	totalCap  int64
-	held      map[string]int64
+	held      map[string]int64 // by dimension/key
 	total     int64
+	leases    map[string]Claim
+	next      int
 	takes     int
 	fail      bool
 	gate      chan struct{}
@@ -27,10 +31,12 @@ type memLedger struct {
 }
 
 func newMemLedger(keyCap, totalCap int64) *memLedger {
-	return &memLedger{keyCap: keyCap, totalCap: totalCap, held: map[string]int64{}}
+	return &memLedger{keyCap: keyCap, totalCap: totalCap, held: map[string]int64{}, leases: map[string]Claim{}}
 }
 
-func (l *memLedger) Take(reqs []*Request, waits []bool) ([]Verdict, error) {
+func memKey(d int, key string) string { return fmt.Sprint(d, "/", key) }
+
+func (l *memLedger) Take(claims []Claim) ([]Verdict, error) {
 	if l.gate != nil {
 		<-l.gate
 	}
@@ -40,24 +46,45 @@ func (l *memLedger) Take(reqs []*Request, waits []bool) ([]Verdict, error) {
 	if l.fail {
 		return nil, errors.New("no answer")
 	}
-	out := make([]Verdict, len(reqs))
-	refusedKey, refusedTotal := map[string]bool{}, false
-	for i, r := range reqs {
-		key := r.Keys[0]
-		u := min(r.cost(), l.keyCap, l.totalCap)
-		switch {
-		case refusedKey[key] || l.held[key]+u > l.keyCap:
-			refusedKey[key] = true
-			out[i] = Verdict{Outcome: Full, Dim: 0}
-		case refusedTotal || l.total+u > l.totalCap:
-			refusedTotal = true
-			out[i] = Verdict{Outcome: Full, Dim: TotalDim}
-		default:
-			l.held[key] += u
-			l.total += u
-			r.taken, r.held, r.Lease = u, true, "lease"
-			out[i] = Verdict{Outcome: Admitted}
+	out := make([]Verdict, len(claims))
+	reserved := map[string]bool{}
+	const total = "total"
+	for i, c := range claims {
+		u := min(c.Units, l.keyCap, l.totalCap)
+		refused := TotalDim - 1
+		for d, key := range c.Keys {
+			if key != "" && (reserved[memKey(d, key)] || l.held[memKey(d, key)]+u > min(l.keyCap, c.Caps[d])) {
+				refused = d
+				break
+			}
 		}
+		if refused < TotalDim && (reserved[total] || l.total+u > l.totalCap) {
+			refused = TotalDim
+		}
+		if refused >= TotalDim {
+			out[i] = Verdict{Outcome: Full, Dim: refused}
+			if c.Waits {
+				for _, d := range append([]int{refused}, c.Hold...) {
+					if d == TotalDim {
+						reserved[total] = true
+					} else {
+						reserved[memKey(d, c.Keys[d])] = true
+					}
+				}
+			}
+			continue
+		}
+		c.Units = u
+		for d, key := range c.Keys {
+			if key != "" {
+				l.held[memKey(d, key)] += u
+			}
+		}
+		l.total += u
+		l.next++
+		lease := fmt.Sprint("lease", l.next)
+		l.leases[lease] = c
+		out[i] = Verdict{Outcome: Admitted, Lease: lease}
 	}
 	if l.afterTake != nil {
 		l.afterTake()
@@ -65,18 +92,42 @@ func (l *memLedger) Take(reqs []*Request, waits []bool) ([]Verdict, error) {
 	return out, nil
 }
 
-func (l *memLedger) Give(r *Request) {
+func (l *memLedger) Give(lease string) {
 	l.mu.Lock()
-	l.held[r.Keys[0]] -= r.taken
-	l.total -= r.taken
-	l.mu.Unlock()
+	defer l.mu.Unlock()
+	c, ok := l.leases[lease]
+	if !ok {
+		panic("memLedger: a lease given back twice")
+	}
+	delete(l.leases, lease)
+	for d, key := range c.Keys {
+		if key != "" {
+			l.held[memKey(d, key)] -= c.Units
+		}
+	}
+	l.total -= c.Units
+}
+
+func (l *memLedger) Record(c Claim) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.next++
+	lease := fmt.Sprint("alone", l.next)
+	l.leases[lease] = c
+	for d, key := range c.Keys {
+		if key != "" {
+			l.held[memKey(d, key)] += c.Units
+		}
+	}
+	l.total += c.Units
+	return lease
 }
 
 func (l *memLedger) Idle() {}
 
 // release gives r back and wakes q, as a release notice would.
 func (l *memLedger) release(q *SharedQueue, r *Request) {
-	l.Give(r)
+	q.Release(r)
 	q.Wake()
 }
 
@@ -188,7 +239,7 @@ func TestSharedQueueLeftDuringTakeGivesBack(t *testing.T) {
 		}()
 		synctest.Wait()
 		l.gate = make(chan struct{})
-		l.Give(holder)
+		q.Release(holder)
 		q.Wake()
 		synctest.Wait() // the batch is held in Take
 		cancel()

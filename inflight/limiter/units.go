@@ -56,11 +56,6 @@ func (l *Limits) capOf(req *Request, d int, whole bool) int64 {
 // total, 0 for none) for req, in units.
 func (l *Limits) Cap(req *Request, d int) int64 { return l.capOf(req, d, false) }
 
-// WholeCap returns the cap of dimension d (TotalDim: the total) for req,
-// not split by Divisor, within the unit range: what a store shared by the
-// whole fleet enforces.
-func (l *Limits) WholeCap(req *Request, d int) int64 { return l.capOf(req, d, true) }
-
 // split is ceil(n/div), for caps shared by div instances; it never
 // overflows.
 func split(n, div int64) int64 {

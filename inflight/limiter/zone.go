@@ -137,8 +137,6 @@ type Request struct {
 	Cost int64
 	// Limits are the caps of the handler that admits the request.
 	Limits *Limits
-	// Lease identifies the slots a shared store granted, for its Release.
-	Lease string
 
 	// hashes keep the keys' hashes from admission to release, which then
 	// need not hash again; valid while held is set.
@@ -146,6 +144,9 @@ type Request struct {
 	held   bool
 	// taken is the units the request holds, set at admission.
 	taken int64
+	// lease identifies what a Ledger took for the request (see
+	// SharedQueue): an opaque value the ledger returned.
+	lease string
 }
 
 // Units returns the units req holds while admitted: its cost, clamped.
@@ -282,10 +283,10 @@ func (z *Zone) tryNow(req *Request) (Outcome, int) {
 	return z.tryAcquire(req, nil)
 }
 
-// Hold counts units of req in every dimension without checking any cap:
-// for requests a shared store admitted, so that local counts (metrics, and
-// the caps enforced locally while the store is unreachable) include them.
-func (z *Zone) Hold(req *Request, units int64) {
+// hold counts units of req in every dimension without checking any cap:
+// for requests a Ledger admitted, so that local counts (metrics, and the
+// caps enforced locally while the ledger cannot answer) include them.
+func (z *Zone) hold(req *Request, units int64) {
 	for d, key := range req.Keys {
 		if key == "" {
 			continue
@@ -540,12 +541,6 @@ func (z *Zone) takeTotal(max, units int64) bool {
 
 // totalCap is the zone-wide cap this instance enforces (0: none).
 func totalCap(lim *Limits) int64 { return lim.capOf(nil, TotalDim, false) }
-
-// LimitsOf returns the limits that apply to req now: its own, or the
-// zone's latest once a reload retired its own. A shared store checks its
-// waiters against them, so they move to new limits on reload as the
-// in-process queue's do.
-func (z *Zone) LimitsOf(req *Request) *Limits { return z.limitsFor(req) }
 
 // limitsFor returns the limits that apply to req: its own, or the zone's
 // latest once its own were retired by a reload.

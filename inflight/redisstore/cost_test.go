@@ -182,8 +182,9 @@ func TestUnitCountersBackAtZero(t *testing.T) {
 		zc, _ := zoneOf(crashed, "expiry", limits)
 		req := costly(limits, "k", 3)
 		mustAdmit(t, zc, req, "the instance that crashes")
+		member := onlyLease(t, crashed.book)
 		crashed.book.mu.Lock()
-		delete(crashed.book.leases, req.Lease) // neither renewed nor released
+		delete(crashed.book.leases, member) // neither renewed nor released
 		crashed.book.mu.Unlock()
 		time.Sleep(1100 * time.Millisecond)
 		z, _ := zoneOf(secondInstance(t, addr), "expiry", limits)
