@@ -33,7 +33,7 @@ import (
 // memory (the caps themselves are the ledger's).
 //
 // Invariants, besides the queue's: its waiters are counted in the zone's
-// WaitOutside (max_waiting bounds every queue of the zone together) and,
+// waitOutside (max_waiting bounds every queue of the zone together) and,
 // while it has any, it is listed in the zone's shared queues (their keys
 // are shown, and max_waiting_per_key counts them all). Held room is the
 // queue's: a flow is listed under every constraint the ledger refused it
@@ -207,14 +207,14 @@ func (q *SharedQueue) run(batch []*newcomerCall) {
 // wait queues a copy of req (a batch may admit it after req's caller has
 // gone, and then gives it back), refused by dimension dim.
 func (q *SharedQueue) wait(ctx context.Context, req *Request, opt WaitOptions, dim int) Result {
-	others := q.zone.waitingElsewhere(q, req, opt)
+	others := q.waitingElsewhere(req, opt)
 	q.mu.Lock()
 	perKey, over := q.perKeyRoom(req, opt, others)
 	if over {
 		q.mu.Unlock()
 		return Result{Outcome: QueueFull, Dim: opt.KeyDim}
 	}
-	if !q.zone.WaitOutside(opt.MaxWaiting) {
+	if !q.zone.waitOutside(opt.MaxWaiting) {
 		q.mu.Unlock()
 		return Result{Outcome: QueueFull, Dim: dim}
 	}
@@ -256,7 +256,7 @@ func (q *SharedQueue) leave(w *waiter) {
 	q.dequeue(w)
 	q.freed = q.freed[:0] // every call tries every waiter: nothing to serve
 	w.left = true
-	q.zone.DoneWaitingOutside()
+	q.zone.doneWaitingOutside()
 	if q.queued.Load() == 0 {
 		q.zone.listShared(q, false)
 		q.Wake() // the serving goroutine ends now, not at its next poll

@@ -188,7 +188,7 @@ type Zone struct {
 	latest atomic.Pointer[Limits]
 
 	// outside counts the requests waiting in shared queues (see
-	// WaitOutside), and shared lists the queues that have any.
+	// waitOutside), and shared lists the queues that have any.
 	outside atomic.Int64
 	shared  sharedQueues
 
