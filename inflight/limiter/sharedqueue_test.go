@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -323,4 +324,48 @@ func TestSharedQueuesShareMaxWaitingPerKey(t *testing.T) {
 			t.Fatalf("%d still counted waiting", z.WaitingOutside())
 		}
 	})
+}
+
+// TestSharedQueueMaxKeysUnderConcurrentWaiters: under max_keys, waiters
+// and newcomers of a shared queue never exceed the key bound in the zone
+// or a key's cap in the ledger, and leave every count at zero; the calls
+// write no field of a waiting request that the queue reads (go test -race).
+func TestSharedQueueMaxKeysUnderConcurrentWaiters(t *testing.T) {
+	z := NewZone(1, true, nil)
+	l := newMemLedger(2, 1000)
+	l.afterTake = func() { time.Sleep(100 * time.Microsecond) } // a call takes a while
+	q := NewSharedQueue(z, l, 5*time.Millisecond)
+	lim := &Limits{Max: []int64{2}, Total: 1000, MaxKeys: 3}
+	const workers, rounds = 24, 20
+	var over, admitted atomic.Int64
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range rounds {
+				r := costly(lim, int64(1+i%2), fmt.Sprint("key", (w+i)%4))
+				res, err := q.Acquire(context.Background(), r, WaitOptions{Wait: time.Second, Class: Class(w % 3)})
+				if err != nil || res.Outcome != Admitted {
+					continue
+				}
+				admitted.Add(1)
+				if z.Keys(0) > 3 {
+					over.Add(1)
+				}
+				time.Sleep(50 * time.Microsecond)
+				l.release(q, r)
+			}
+		})
+	}
+	wg.Wait()
+	l.mu.Lock()
+	for k, n := range l.held {
+		if n != 0 {
+			t.Errorf("ledger: key %s holds %d units after every release", k, n)
+		}
+	}
+	l.mu.Unlock()
+	if over.Load() != 0 || admitted.Load() == 0 || z.Keys(0) != 0 || z.Held(TotalDim) != 0 || l.totalHeld() != 0 {
+		t.Fatalf("%d admissions over the key bound, %d admitted; after: %d keys, %d units in the zone, %d in the ledger; want 0 over, some admitted, all 0",
+			over.Load(), admitted.Load(), z.Keys(0), z.Held(TotalDim), l.totalHeld())
+	}
 }
