@@ -83,9 +83,9 @@ func shareOf(w float64, c Class) float64 {
 	return classWeight(c)
 }
 
-// enqueue queues req, refused with outcome o by dimension d, as a waiter counted under perKey (0:
-// not counted), in its flow, making the flow if it is new, and lists the
-// flow under what refused req.
+// enqueue queues req, refused with outcome o by dimension d, as a waiter
+// counted under perKey (0: not counted), in its flow, making the flow if
+// it is new, and lists the flow under what refused req.
 func (q *queue) enqueue(req *Request, opt WaitOptions, perKey uint64, o Outcome, d int) *waiter {
 	q.seq++
 	w := &waiter{Place: Place{Class: opt.Class, Arrived: q.clock.Now(), Seq: q.seq}, req: req, ready: make(chan struct{}), perKey: perKey}
