@@ -162,3 +162,39 @@ func TestSharedWaiterNeedingTwoCapsIsNotPassedForEver(t *testing.T) {
 		}
 	})
 }
+
+// When aging makes another waiter the best on a constraint whose room is
+// held, that waiter is served as soon as a try meets its hold: a normal
+// request F holds tenant x's room while it waits for client y; a high one,
+// G, that needs x arrived later; once G has overtaken F in the queue order
+// and y frees, G is admitted (x is empty), and F after it, rather than
+// both waiting for each other's hold.
+func TestHeldRoomGoesToWhoeverBecameBest(t *testing.T) {
+	clock := newFakeClock()
+	z := NewZone(2, false, clock)
+	lim := &Limits{Max: []int64{1, 1}}
+	onX, onY := req(lim, "x", "c0"), req(lim, "t0", "y")
+	mustAdmit(t, z, onX)
+	mustAdmit(t, z, onY)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	opt := WaitOptions{Wait: time.Hour}
+	f := enqueue(t, ctx, z, "F", req(lim, "x", "y"), opt) // refused by x
+	z.Release(onX)                                        // F is refused by y now, and holds x
+	clock.Advance(60 * time.Second)
+	opt.Class = High
+	g := enqueue(t, ctx, z, "G", req(lim, "x", "c1"), opt) // refused by x's hold: F is better
+	clock.Advance(40 * time.Second)                        // G has overtaken F
+	z.Release(onY)                                         // serves y, then x: a release grants synchronously
+	if n := z.Waiting(); n != 1 {
+		t.Fatalf("after y freed, with x empty: %d waiting, want 1 (G admitted): F and G wait for each other's hold", n)
+	}
+	if res := <-g.res; res.Outcome != Admitted {
+		t.Fatalf("G: outcome %d, want admitted", res.Outcome)
+	}
+	z.Release(g.req)
+	if res := <-f.res; res.Outcome != Admitted {
+		t.Fatalf("F: outcome %d, want admitted once G left x", res.Outcome)
+	}
+	z.Release(f.req)
+}
