@@ -30,7 +30,7 @@ type Ledger interface {
 
 // A Claim is what one request asks of a Ledger: Units in the count of each
 // dimension it has a key in, and in the total, each within its cap (the
-// fleet's, in units: see Limits.Units).
+// fleet's, in units: see Limits.units).
 type Claim struct {
 	// Keys holds one key per dimension; "" means none.
 	Keys []string

@@ -343,7 +343,7 @@ func (q *SharedQueue) call(batch []*newcomerCall) {
 // to it now: its units within the fleet's caps (not split by Divisor).
 func (q *SharedQueue) claimOf(req *Request, waits bool, hold []int) Claim {
 	lim := q.zone.limitsFor(req)
-	c := Claim{Keys: req.Keys, Caps: make([]int64, len(req.Keys)), Units: lim.Units(req, q.zone.hasTotal, true), Waits: waits, Hold: hold}
+	c := Claim{Keys: req.Keys, Caps: make([]int64, len(req.Keys)), Units: lim.units(req, q.zone.hasTotal, true), Waits: waits, Hold: hold}
 	for d, key := range req.Keys {
 		if key != "" {
 			c.Caps[d] = lim.capOf(req, d, true)

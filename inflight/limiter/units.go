@@ -12,13 +12,13 @@ package limiter
 // less meaning 1.
 func ClampCost(cost int64) int64 { return min(max(cost, 1), MaxCost) }
 
-// Units returns the units req takes under l: its cost, clamped to the
+// units returns the units req takes under l: its cost, clamped to the
 // unit range and to the smallest cap it is checked against (each
 // dimension it has a key in, and the total if the zone counts one), so
 // that a request is never refused for its size alone: it is admitted alone
 // once the cap is free. whole says which caps: the fleet's (a store shared
 // by it) or this instance's share of them (see Limits.Divisor).
-func (l *Limits) Units(req *Request, hasTotal, whole bool) int64 {
+func (l *Limits) units(req *Request, hasTotal, whole bool) int64 {
 	u := ClampCost(req.Cost)
 	for d, key := range req.Keys {
 		if key != "" {

@@ -498,8 +498,8 @@ func (z *Zone) tryAcquire(req *Request, r *reservation) (Outcome, int) {
 }
 
 // units returns the units req takes under lim, this instance's share of
-// the caps (see Limits.Units).
-func (z *Zone) units(lim *Limits, req *Request) int64 { return lim.Units(req, z.hasTotal, false) }
+// the caps (see Limits.units).
+func (z *Zone) units(lim *Limits, req *Request) int64 { return lim.units(req, z.hasTotal, false) }
 
 // startCounting makes the zone count each dimension's keys, from the keys
 // its tables hold. It locks every shard, so no key comes or goes unseen.
