@@ -625,7 +625,7 @@ func (h *Handler) recycle(a *admission) {
 	clear(a.req.Keys)
 	clear(a.req.Max)
 	clear(a.labels)
-	a.req.Limits, a.req.Lease, a.req.Cost = nil, "", 0
+	a.req.Limits, a.req.Cost = nil, 0
 	a.watch.r, a.watch.body = nil, nil
 	a.waiting.zone = nil
 	a.measured = measuredWriter{}

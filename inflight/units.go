@@ -77,7 +77,7 @@ type waitUnits struct {
 
 // start counts req's cost as waiting.
 func (w *waitUnits) start(req *limiter.Request) {
-	w.units = min(max(req.Cost, 1), limiter.MaxCost)
+	w.units = limiter.ClampCost(req.Cost)
 	w.zone.waiting.Add(w.units)
 }
 
