@@ -17,6 +17,7 @@ import (
 	"github.com/dustin/go-humanize"
 
 	"github.com/caddy-inflight/caddy-inflight/inflight"
+	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
 
 func init() {
@@ -131,16 +132,19 @@ func parse(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 		case "wait_body_buffer":
 			hd.WaitBodyBuffer, err = byteSize(h, opt)
 		case "priority":
-			hd.Priority, err = oneArg(h, opt, "a placeholder such as {tenant_priority}")
+			hd.Priority, err = checked(h, opt, "high, normal or low, or a placeholder such as {tenant_priority}", inflight.CheckPriority)
 		case "fair":
 			hd.Fair, err = oneArg(h, opt, "the name of a limit, such as fair tenant")
 		case "weight":
-			hd.Weight, err = oneArg(h, opt, "a placeholder such as {tenant_weight}, or a number")
+			hd.Weight, err = checked(h, opt, "a placeholder such as {tenant_weight}, or a number", inflight.CheckWeight)
 		case "max_keys":
 			hd.MaxKeys, err = positiveInt(h, opt)
 		case "metrics":
 			err = parseMetrics(h, hd)
 		case "store":
+			if hd.TotalAdaptive != nil {
+				return nil, h.Errf("inflight: %v", inflight.ErrAdaptiveWithStore)
+			}
 			err = parseStore(h, hd)
 		case "limit_headers":
 			err = parseLimitHeaders(h, hd)
@@ -168,6 +172,11 @@ func parseLimitHeaders(h httpcaddyfile.Helper, hd *inflight.Handler) error {
 	hd.LimitHeaders = h.RemainingArgs()
 	if len(hd.LimitHeaders) == 0 {
 		return h.Err("inflight: limit_headers: want the names of one or more of this block's limits, or total")
+	}
+	for i, name := range hd.LimitHeaders {
+		if slices.Contains(hd.LimitHeaders[:i], name) {
+			return h.Errf("inflight: limit_headers %q is given twice: name each limit once", name)
+		}
 	}
 	return nil
 }
@@ -225,11 +234,14 @@ func parseTotal(h httpcaddyfile.Helper, hd *inflight.Handler) error {
 	}
 	if args[0] != "adaptive" {
 		n, err := strconv.Atoi(args[0])
-		if err != nil || n <= 0 {
-			return h.Errf("inflight: total %q is not allowed: want a positive integer, or adaptive", args[0])
+		if err != nil || n <= 0 || n > limiter.MaxCost {
+			return h.Errf("inflight: total %q is not allowed: want %s, or adaptive", args[0], inflight.CapRange)
 		}
 		hd.Total = n
 		return nil
+	}
+	if hd.StoreRaw != nil {
+		return h.Errf("inflight: %v", inflight.ErrAdaptiveWithStore)
 	}
 	at := new(inflight.AdaptiveTotal)
 	hd.TotalAdaptive = at
@@ -322,6 +334,17 @@ func parseStore(h httpcaddyfile.Helper, hd *inflight.Handler) error {
 	}
 	hd.StoreRaw = caddyconfig.JSONModuleObject(unm, "type", name, nil)
 	return nil
+}
+
+// checked reads one argument and refuses it, at its line, if check does.
+func checked(h httpcaddyfile.Helper, opt, want string, check func(string) error) (string, error) {
+	v, err := oneArg(h, opt, want)
+	if err == nil {
+		if err = check(v); err != nil {
+			err = h.Errf("inflight: %v", err)
+		}
+	}
+	return v, err
 }
 
 func oneArg(h httpcaddyfile.Helper, opt, want string) (string, error) {

@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
-	"strings"
 
 	"go.uber.org/zap"
 
@@ -31,10 +30,8 @@ func (h *Handler) compileFair() error {
 	if h.Weight == "" {
 		return nil
 	}
-	if !strings.Contains(h.Weight, "{") {
-		if w, err := strconv.ParseFloat(h.Weight, 64); err != nil || !(w >= limiter.MinWeight && w <= limiter.MaxWeight) {
-			return fmt.Errorf("weight %q is not allowed: want a number from %v to %v, or a placeholder such as {tenant_weight}", h.Weight, limiter.MinWeight, limiter.MaxWeight)
-		}
+	if err := CheckWeight(h.Weight); err != nil {
+		return err
 	}
 	h.weight = compileTemplate(h.Weight)
 	return nil

@@ -54,7 +54,7 @@ type Handler struct {
 	Limits []Limit `json:"limits,omitempty"`
 
 	// Total caps the requests in flight through this handler (its zone)
-	// across all keys. 0 means no total cap.
+	// across all keys, up to 2^40-1. 0 means no total cap.
 	Total int `json:"total,omitempty"`
 
 	// TotalAdaptive makes the total cap adaptive instead: it finds the
@@ -99,7 +99,8 @@ type Handler struct {
 	MaxWaiting int `json:"max_waiting,omitempty"`
 
 	// Priority is a placeholder template giving each waiting request its
-	// class: `high`, `normal` or `low` (anything else is normal). When a slot
+	// class: `high`, `normal` or `low` (a value that is none of them counts
+	// as normal; a fixed one must be one of them). When a slot
 	// frees, the waiter with the highest weight × (1 + seconds waited / 30)
 	// goes first, with weights high 2, normal 1, low 0.5. With Fair, the
 	// class weight is also the key's default share. It must come from
@@ -287,8 +288,8 @@ func (h *Handler) Validate() error {
 	switch {
 	case len(h.Limits) == 0 && h.Total == 0 && h.TotalAdaptive == nil:
 		return fmt.Errorf("inflight: no limit: give a max (inflight 20), a limit or a total")
-	case h.Total < 0:
-		return fmt.Errorf("inflight: total %d is not allowed: want a positive integer (0 for none)", h.Total)
+	case h.Total < 0 || h.Total > limiter.MaxCost:
+		return fmt.Errorf("inflight: total %d is not allowed: want %s (0 for none)", h.Total, CapRange)
 	case h.StatusCode < 400 || h.StatusCode > 599:
 		return fmt.Errorf("inflight: status_code %d is not allowed: want 400-599", h.StatusCode)
 	case h.RetryAfter < 0:
@@ -305,6 +306,9 @@ func (h *Handler) Validate() error {
 		return fmt.Errorf("inflight: wait_body_buffer %d is not allowed: want a positive number of bytes", h.WaitBodyBuffer)
 	case h.MaxKeys < 0:
 		return fmt.Errorf("inflight: max_keys %d is not allowed: want a positive integer (0 for none)", h.MaxKeys)
+	}
+	if err := CheckPriority(h.Priority); err != nil {
+		return fmt.Errorf("inflight: %w", err)
 	}
 	h.warnIneffective()
 	return nil
@@ -370,7 +374,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	switch {
 	case res.Outcome == limiter.Admitted:
 		defer h.store.Release(&a.req)
-		h.costs.observe(a.req.Units())
+		if h.cost != nil {
+			h.costs.observe(a.req.Units())
+		}
 		if h.PerKeyMetrics {
 			h.zone.series.admit(h, a)
 			defer h.zone.series.release(h, a)
@@ -573,18 +579,20 @@ func (h *Handler) dimIndex(d int) int {
 
 func (h *Handler) initMetrics() {
 	h.rejected = map[string][]prometheus.Counter{}
-	for i, reason := range reasons {
-		n := &h.zone.stats.refused[i] // the admin API's count
+	for _, reason := range reasons {
 		cs := make([]prometheus.Counter, 0, len(h.Limits)+1)
 		for _, l := range h.Limits {
-			cs = append(cs, teeCounter{rejectedTotal.WithLabelValues(h.label, l.Name, reason), n})
+			cs = append(cs, rejectedTotal.WithLabelValues(h.label, l.Name, reason))
 		}
-		h.rejected[reason] = append(cs, teeCounter{rejectedTotal.WithLabelValues(h.label, totalName, reason), n})
+		h.rejected[reason] = append(cs, rejectedTotal.WithLabelValues(h.label, totalName, reason))
 	}
+	h.zone.startStats()
 	for _, o := range waitOutcomes {
 		h.waited[o] = teeObserver{waitSeconds.WithLabelValues(h.label, outcomeLabel(o)), &h.zone.stats.waits}
 	}
-	h.costs = costObserver{requestCost.WithLabelValues(h.label), &h.zone.units}
+	if h.cost != nil {
+		h.costs = costObserver{requestCost.WithLabelValues(h.label), &h.zone.units}
+	}
 }
 
 // admission is the per-request state, pooled so that admitting a request

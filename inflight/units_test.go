@@ -1,8 +1,10 @@
 package inflight
 
 import (
+	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -75,14 +77,16 @@ func TestRequestSeriesCountRequestsAndUnitsBeside(t *testing.T) {
 	}
 }
 
-// TestWaitingUnitsAndCostsThroughTheHandler: a request waiting counts its
-// units as waiting until its wait ends, and each admitted request adds its
-// units to the cost histogram, in metrics and the admin API.
+// TestWaitingUnitsAndCostsThroughTheHandler: with a cost, a request
+// waiting counts its units as waiting until its wait ends, and each
+// admitted request adds its units to the cost histogram, in metrics and
+// the admin API.
 func TestWaitingUnitsAndCostsThroughTheHandler(t *testing.T) {
 	url, release := serveHandler(t, map[string]any{
 		"zone":   "units-wait",
-		"limits": []any{map[string]any{"name": "client", "max": 1}},
+		"limits": []any{map[string]any{"name": "client", "max": 2}},
 		"wait":   "30s",
+		"cost":   "2",
 	})
 	zoneLabels := map[string]string{"zone": "units-wait"}
 	before, _ := sample(t, "caddy_inflight_request_cost", zoneLabels)
@@ -100,8 +104,8 @@ func TestWaitingUnitsAndCostsThroughTheHandler(t *testing.T) {
 		n, _ := sample(t, "caddy_inflight_waiting", zoneLabels)
 		return n == 1
 	})
-	if units, _ := sample(t, "caddy_inflight_waiting_units", zoneLabels); units != 1 {
-		t.Errorf("caddy_inflight_waiting_units %v with one request of cost 1 waiting, want 1", units)
+	if units, _ := sample(t, "caddy_inflight_waiting_units", zoneLabels); units != 2 {
+		t.Errorf("caddy_inflight_waiting_units %v with one request of cost 2 waiting, want 2", units)
 	}
 	release()
 	io.Copy(io.Discard, held.Body)
@@ -115,8 +119,8 @@ func TestWaitingUnitsAndCostsThroughTheHandler(t *testing.T) {
 		t.Errorf("caddy_inflight_waiting_units %v once nobody waits, want 0", units)
 	}
 	count, sum := sample(t, "caddy_inflight_request_cost", zoneLabels)
-	if count-before != 2 || sum != count {
-		t.Errorf("caddy_inflight_request_cost: %v more requests, sum %v of %v; want 2 more, each of 1", count-before, sum, count)
+	if count-before != 2 || sum != 2*count {
+		t.Errorf("caddy_inflight_request_cost: %v more requests, sum %v of %v; want 2 more, each of 2", count-before, sum, count)
 	}
 	var st ZoneState
 	eachZone(func(z *zone, _ bool) {
@@ -124,7 +128,7 @@ func TestWaitingUnitsAndCostsThroughTheHandler(t *testing.T) {
 			st = stateOf(z)
 		}
 	})
-	if st.Cost.Count != int64(count) || st.Cost.Sum != int64(sum) || st.WaitingUnits != 0 {
+	if st.Cost == nil || st.Cost.Count != int64(count) || st.Cost.Sum != int64(sum) || st.WaitingUnits != 0 {
 		t.Errorf("admin API: cost %+v, waiting units %d; want the histogram's %v and %v, and 0", st.Cost, st.WaitingUnits, count, sum)
 	}
 }
@@ -147,4 +151,97 @@ func TestWaitingUnitsAreTheCost(t *testing.T) {
 			t.Errorf("cost %d: %d units waiting after the wait, want 0", tc.cost, got)
 		}
 	}
+}
+
+// TestWithoutCostUnitsAreRequests: without a cost every request holds one
+// unit: the zone has no cost histogram and the admin API no cost, while
+// its requests, units and refusals are counted as with one.
+func TestWithoutCostUnitsAreRequests(t *testing.T) {
+	url, release := serveHandler(t, map[string]any{
+		"zone":   "units-none",
+		"limits": []any{map[string]any{"name": "client", "max": 1}},
+	})
+	held := fetch(t, url, "X-Hold", "1")
+	refused := fetch(t, url)
+	refused.Body.Close()
+	if refused.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("a second request with max 1: %d, want 429", refused.StatusCode)
+	}
+	var st ZoneState
+	eachZone(func(z *zone, _ bool) {
+		if z.label == "units-none" {
+			st = stateOf(z)
+		}
+	})
+	release()
+	io.Copy(io.Discard, held.Body)
+	held.Body.Close()
+	if count, _ := sample(t, "caddy_inflight_request_cost", map[string]string{"zone": "units-none"}); count != -1 {
+		t.Errorf("caddy_inflight_request_cost of a zone without cost: %v requests, want no series", count)
+	}
+	if l := st.Limits[0]; st.Cost != nil || l.Held != 1 || l.Units != 1 || st.Refused[reasonFull] != 1 {
+		t.Errorf("admin API: cost %+v, limit %+v, refused %v; want no cost, 1 request of 1 unit, 1 refused full", st.Cost, l, st.Refused)
+	}
+}
+
+// TestRefusalsCountFromTheZonesStart: a zone made under a name that
+// refused before (its limits changed on reload) counts its own refusals
+// only, as the metric counts them.
+func TestRefusalsCountFromTheZonesStart(t *testing.T) {
+	rejectedTotal.WithLabelValues("refusals", "client", reasonFull).Add(2)
+	limits := []Limit{{Name: "client", Key: DefaultKey, Max: Max{Fixed: 1}}}
+	z, _ := loadZone(zoneID("refusals", true, limits, false), "refusals", limits, false)
+	defer zones.Delete(z.id)
+	z.startStats()
+	if got := z.refusedByReason(); len(got) != 0 {
+		t.Fatalf("a new zone: refused %v, want none", got)
+	}
+	rejectedTotal.WithLabelValues("refusals", "client", reasonFull).Inc()
+	rejectedTotal.WithLabelValues("refusals", totalName, reasonQueueFull).Inc()
+	if got := z.refusedByReason(); len(got) != 2 || got[reasonFull] != 1 || got[reasonQueueFull] != 1 {
+		t.Fatalf("refused %v, want full 1 and queue_full 1", got)
+	}
+}
+
+// TestStateOfACostZoneIsInUnits: the state the live page reads gives, for
+// a zone whose requests have costs, the units in flight beside the
+// requests and the cap in units, and says the zone has costs: 3 requests
+// of cost 500 under a total of 2000 are 1500 units of 2000.
+func TestStateOfACostZoneIsInUnits(t *testing.T) {
+	url, release := serveHandler(t, map[string]any{"zone": "units-page", "total": 2000, "cost": "500"})
+	var held []*http.Response
+	for range 3 {
+		held = append(held, fetch(t, url, "X-Hold", "1"))
+	}
+	w := httptest.NewRecorder()
+	if err := serveState(w); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	for _, resp := range held {
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	var state struct {
+		Zones []struct {
+			Zone       string
+			Total      int64           `json:"total"`
+			TotalUnits int64           `json:"total_units"`
+			TotalMax   int64           `json:"total_max"`
+			Cost       json.RawMessage `json:"cost"`
+		}
+	}
+	if err := json.Unmarshal(w.Body.Bytes(), &state); err != nil {
+		t.Fatal(err)
+	}
+	for _, z := range state.Zones {
+		if z.Zone != "units-page" {
+			continue
+		}
+		if z.Total != 3 || z.TotalUnits != 1500 || z.TotalMax != 2000 || string(z.Cost) != `{"count":3,"sum":1500}` {
+			t.Fatalf("state: total %d, total_units %d, total_max %d, cost %s; want 3, 1500, 2000 and 3 costs of 1500 units", z.Total, z.TotalUnits, z.TotalMax, z.Cost)
+		}
+		return
+	}
+	t.Fatalf("no zone units-page in %s", w.Body)
 }

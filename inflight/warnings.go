@@ -29,8 +29,10 @@ func (h *Handler) warnIneffective() {
 	if h.MaxKeys != 0 && len(h.Limits) == 0 {
 		warn("max_keys", "there is no keyed limit, only total")
 	}
-	if len(h.LimitHeaders) > 0 && h.StoreRaw != nil {
-		warn("limit_headers", "with a store this instance's counts are not the fleet's, so no level is sent")
+	// StoreRaw is cleared once the store is loaded; compileLimitHeaders
+	// drops the levels when there is one.
+	if len(h.LimitHeaders) > 0 && h.levels == nil {
+		warn("limit_headers", "it is ignored with a store: no RateLimit fields are sent (this instance's counts are not the fleet's)")
 	}
 	if h.PlainKeys && !h.PerKeyMetrics {
 		warn("plain_keys", "per_key_metrics is off; the admin API shows anonymous keys")
