@@ -12,7 +12,7 @@ func benchmarkKeyed(b *testing.B, tmpl string, max int64) {
 	r, _ := request("198.51.100.7:5555", "X-Api-Key", "key-0123456789")
 	key := compileKey(tmpl)
 	z := limiter.NewZone(1, false, nil)
-	a := newAdmission(1)
+	a := struct{ req limiter.Request }{limiter.Request{Keys: make([]string, 1), Max: make([]int64, 1)}}
 	a.req.Limits = &limiter.Limits{Max: []int64{max}}
 	if max == 1 { // occupy the only slot: every iteration is refused
 		a.req.Keys[0] = key(r)

@@ -21,8 +21,8 @@ type zoneView struct {
 	store    Store
 }
 
-func (h *Handler) view() *zoneView {
-	return &zoneView{max: h.limits.Max, total: h.limits.Total, adaptive: h.limits.Adaptive != nil, store: h.store}
+func (g *Gate) view() *zoneView {
+	return &zoneView{max: g.limits.Max, total: g.limits.Total, adaptive: g.limits.Adaptive != nil, store: g.store}
 }
 
 // StoreHealth is a shared store's state, as the admin API shows it.
@@ -55,7 +55,7 @@ type zoneStats struct {
 }
 
 // reasons are the refusal reasons, in the order zoneStats counts them.
-var reasons = [...]string{reasonFull, reasonTimeout, reasonQueueFull, reasonKeysFull, reasonStore, reasonDryRun}
+var reasons = [...]string{reasonFull, reasonTimeout, reasonQueueFull, reasonKeysFull, reasonStore, ReasonDryRun}
 
 // refusedByReason returns the nonzero refusal counts by reason.
 func (s *zoneStats) refusedByReason() map[string]int64 {

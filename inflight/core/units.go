@@ -86,12 +86,3 @@ func (w *waitUnits) end() {
 		w.units = 0
 	}
 }
-
-// queued runs when a's request is queued: its units count as waiting, and
-// its client is watched while it waits if its body must be read for that.
-func (a *admission) queued() {
-	a.waiting.start(&a.req)
-	if a.watch.r != nil {
-		a.watch.start()
-	}
-}

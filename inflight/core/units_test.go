@@ -1,10 +1,11 @@
 package core
 
 import (
-	"io"
-	"net/http"
+	"context"
 	"testing"
+	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
@@ -75,55 +76,44 @@ func TestRequestSeriesCountRequestsAndUnitsBeside(t *testing.T) {
 	}
 }
 
-// TestWaitingUnitsAndCostsThroughTheHandler: a request waiting counts its
-// units as waiting until its wait ends, and each admitted request adds its
+// TestWaitingUnitsAndCostsThroughTheGate: a unit waiting counts its
+// units as waiting until its wait ends, and each admitted unit adds its
 // units to the cost histogram, in metrics and the admin API.
-func TestWaitingUnitsAndCostsThroughTheHandler(t *testing.T) {
-	url, release := serveHandler(t, map[string]any{
-		"zone":   "units-wait",
-		"limits": []any{map[string]any{"name": "client", "max": 1}},
-		"wait":   "30s",
+func TestWaitingUnitsAndCostsThroughTheGate(t *testing.T) {
+	g := testGate(t, "units-wait", &Config{
+		Zone:   "units-wait",
+		Limits: []Limit{{Name: "client", Key: "{client}", Max: Max{Fixed: 1}}},
+		Wait:   caddy.Duration(30 * time.Second),
 	})
 	zoneLabels := map[string]string{"zone": "units-wait"}
 	before, _ := sample(t, "caddy_inflight_request_cost", zoneLabels)
 	before = max(before, 0)
-	held := fetch(t, url, "X-Hold", "1")
-	done := make(chan *http.Response, 1)
-	go func() {
-		resp, err := http.Get(url)
-		if err != nil {
-			panic(err)
-		}
-		done <- resp
-	}()
-	eventually(t, "a request waits", func() bool {
+	held, waiter := g.newTicket("k"), g.newTicket("k")
+	if v := g.Admit(context.Background(), held, "", ""); v.Outcome != limiter.Admitted {
+		t.Fatalf("the first unit: %+v, want admitted", v)
+	}
+	done := make(chan Verdict, 1)
+	go func() { done <- g.Admit(context.Background(), waiter, "", "") }()
+	eventually(t, "a unit waits", func() bool {
 		n, _ := sample(t, "caddy_inflight_waiting", zoneLabels)
 		return n == 1
 	})
 	if units, _ := sample(t, "caddy_inflight_waiting_units", zoneLabels); units != 1 {
-		t.Errorf("caddy_inflight_waiting_units %v with one request of cost 1 waiting, want 1", units)
+		t.Errorf("caddy_inflight_waiting_units %v with one unit of cost 1 waiting, want 1", units)
 	}
-	release()
-	io.Copy(io.Discard, held.Body)
-	held.Body.Close()
-	resp := <-done
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("the waiter got %d, want 200", resp.StatusCode)
+	g.Release(held)
+	if v := <-done; v.Outcome != limiter.Admitted {
+		t.Fatalf("the waiter: %+v, want admitted", v)
 	}
+	g.Release(waiter)
 	if units, _ := sample(t, "caddy_inflight_waiting_units", zoneLabels); units != 0 {
 		t.Errorf("caddy_inflight_waiting_units %v once nobody waits, want 0", units)
 	}
 	count, sum := sample(t, "caddy_inflight_request_cost", zoneLabels)
 	if count-before != 2 || sum != count {
-		t.Errorf("caddy_inflight_request_cost: %v more requests, sum %v of %v; want 2 more, each of 1", count-before, sum, count)
+		t.Errorf("caddy_inflight_request_cost: %v more units, sum %v of %v; want 2 more, each of 1", count-before, sum, count)
 	}
-	var st ZoneState
-	eachZone(func(z *zone, _ bool) {
-		if z.label == "units-wait" {
-			st = stateOf(z)
-		}
-	})
+	st := stateOf(g.zone)
 	if st.Cost.Count != int64(count) || st.Cost.Sum != int64(sum) || st.WaitingUnits != 0 {
 		t.Errorf("admin API: cost %+v, waiting units %d; want the histogram's %v and %v, and 0", st.Cost, st.WaitingUnits, count, sum)
 	}
@@ -133,10 +123,10 @@ func TestWaitingUnitsAndCostsThroughTheHandler(t *testing.T) {
 // least, MaxCost at most) as waiting, and its end takes back exactly that.
 func TestWaitingUnitsAreTheCost(t *testing.T) {
 	var s unitStats
-	a := newAdmission(1)
+	a := newTicket(1)
 	a.waiting.zone = &s
 	for _, tc := range []struct{ cost, want int64 }{{7, 7}, {0, 1}, {-3, 1}, {limiter.MaxCost + 1, limiter.MaxCost}} {
-		a.req.Cost = tc.cost
+		a.Req.Cost = tc.cost
 		a.onQueued()
 		if got := s.waiting.Load(); got != tc.want {
 			t.Errorf("cost %d: %d units waiting, want %d", tc.cost, got, tc.want)
