@@ -19,7 +19,7 @@ func TestHalfCloseHoldsSlot(t *testing.T) {
 	}
 	defer up.Close()
 	answer := make(chan struct{})
-	var requests, active, most atomic.Int64
+	var probes, requests, active, most atomic.Int64
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	release := sync.OnceFunc(func() { close(answer) })
@@ -35,6 +35,7 @@ func TestHalfCloseHoldsSlot(t *testing.T) {
 				// The request, to the client's half-close; the harness's
 				// probes send none and are closed at once.
 				if n, _ := io.Copy(io.Discard, conn); n == 0 {
+					probes.Add(1)
 					return
 				}
 				requests.Add(1)
@@ -49,6 +50,11 @@ func TestHalfCloseHoldsSlot(t *testing.T) {
 	}()
 	at := addr(t)
 	c := startCaddy(t, l4(at, "\t\t\t\tinflight 1\n\t\t\t\tproxy "+up.Addr().String()+"\n"), "", at)
+	// The probe that found the port open may reach the handler after
+	// startCaddy saw the zone idle.
+	eventually(t, "the probe is proxied and its slot given back", func() bool {
+		return probes.Load() >= 1 && c.held(t, zoneOf(at)) == 0
+	})
 
 	first := dial(t, at, "127.0.0.1")
 	first.Write([]byte("request"))
