@@ -61,6 +61,11 @@ func TestWaitAdmittedOnClose(t *testing.T) {
 	at := addr(t)
 	c := startCaddy(t, l4(at, "\t\t\t\tinflight 1 {\n\t\t\t\t\twait 1m\n\t\t\t\t\tmax_waiting 1\n\t\t\t\t}\n\t\t\t\techo\n"), "", at)
 
+	// The probe that found the port open is admitted too, maybe after
+	// startCaddy saw the zone idle.
+	costs := func() float64 { return c.metric(t, "caddy_inflight_request_cost_count", `zone="`+zoneOf(at)+`"`) }
+	eventually(t, "the probe is admitted (counted in caddy_inflight_request_cost, as HTTP requests are) and given back", func() bool { return costs() == 1 && c.held(t, zoneOf(at)) == 0 })
+
 	first := dial(t, at, "127.0.0.1")
 	if !echoed(t, first) {
 		t.Fatal("the first connection was closed")
@@ -70,6 +75,12 @@ func TestWaitAdmittedOnClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "the second connection waits", func() bool { return c.zone(t, zoneOf(at)).Waiting == 1 })
+	if z := c.zone(t, zoneOf(at)); z.WaitingUnits != 1 {
+		t.Errorf("admin API: %d units waiting with one connection waiting, want 1, as an HTTP zone reports", z.WaitingUnits)
+	}
+	if got := c.metric(t, "caddy_inflight_waiting_units", `zone="`+zoneOf(at)+`"`); got != 1 {
+		t.Errorf("caddy_inflight_waiting_units = %v with one connection waiting, want 1", got)
+	}
 	if echoed(t, dial(t, at, "127.0.0.1")) {
 		t.Fatal("a third connection was admitted")
 	}
@@ -82,8 +93,11 @@ func TestWaitAdmittedOnClose(t *testing.T) {
 		t.Fatal("the waiting connection was closed, not admitted, when the first closed")
 	}
 	t.Logf("the waiting connection was served %v after the first closed; the third was closed (queue_full)", time.Since(started).Round(time.Millisecond))
-	if z := c.zone(t, zoneOf(at)); z.Waiting != 0 || z.Limits[0].Held != 1 {
-		t.Errorf("admin API: waiting %d held %d, want 0 and 1", z.Waiting, z.Limits[0].Held)
+	if z := c.zone(t, zoneOf(at)); z.Waiting != 0 || z.WaitingUnits != 0 || z.Limits[0].Held != 1 {
+		t.Errorf("admin API: waiting %d (%d units) held %d, want 0 (0) and 1", z.Waiting, z.WaitingUnits, z.Limits[0].Held)
+	}
+	if got := costs() - 1; got != 2 {
+		t.Errorf("caddy_inflight_request_cost_count grew by %v as 2 connections were admitted, want 2", got)
 	}
 }
 

@@ -165,6 +165,7 @@ func TestBadConfigRefused(t *testing.T) {
 		{"inflight 2 {\n\tfair tenant\n}", `inflight: fair "tenant" is not allowed: want the name of one of this block's limits`},
 		{"inflight 2 {\n\twait soon\n}", `inflight: wait "soon" is not allowed: want a duration such as 30s, or 0`},
 		{"inflight {\n\tzone db\n}", "inflight: no limit: give a max (inflight 20), a limit or a total"},
+		{"inflight {\n\tlimit conn {l4.conn.remote_addr} 2\n}", `inflight: limit conn: key "{l4.conn.remote_addr}" is not allowed: {l4.conn.remote_addr} includes the client's port, so every connection would be a key of its own; want {l4.conn.remote_ip}, the client's address, at /`},
 	} {
 		at := addr(t)
 		dir := t.TempDir()
@@ -187,8 +188,8 @@ func TestBadConfigRefused(t *testing.T) {
 			t.Fatalf("%q: Caddy started", tc.block)
 		}
 		logged := strings.ReplaceAll(string(out), `\"`, `"`) // JSON log lines
-		if err == nil || !strings.Contains(logged, tc.want) {
-			t.Errorf("%q: exit %v, output lacks %q:\n%s", tc.block, err, tc.want, out)
+		if err == nil || !strings.Contains(logged, tc.want) || !strings.Contains(logged, file+":") {
+			t.Errorf("%q: exit %v, output lacks %q at %s:<line>:\n%s", tc.block, err, tc.want, file, out)
 		}
 	}
 }
