@@ -1,7 +1,8 @@
 // Package layer4 is the caddy-l4 connection handler `inflight`
 // (layer4.handlers.inflight): it caps the connections one client, or any
-// key of a connection, may have open at once, with the engine, zones,
-// metrics and admin API of the HTTP handler `inflight`. It is a module of
+// key of a connection, may have open at once: an edge of inflight/core,
+// with the options, zones, admission, metrics and admin API of the HTTP
+// handler `inflight`. It is a module of
 // its own, so that builds without caddy-l4 never compile it:
 //
 //	xcaddy build --with github.com/mholt/caddy-l4 --with github.com/caddy-inflight/caddy-inflight/layer4
