@@ -78,28 +78,8 @@ func parse(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 		Subdirectives: subdirectives,
 		Placeholder:   "{tenant_*}",
 		OtherTotal:    func() bool { return hd.TotalAdaptive != nil },
-		Own: func(d *caddyfile.Dispenser, opt string) (bool, error) {
-			switch opt {
-			case "total":
-				return true, parseTotal(h, hd)
-			case "cost":
-				return true, parseCost(h, hd)
-			case "status":
-				var err error
-				hd.StatusCode, err = statusCode(h)
-				return true, err
-			case "retry_after":
-				dur, err := duration(d, opt, false)
-				hd.RetryAfter = caddy.Duration(dur)
-				return true, err
-			case "wait_body_buffer":
-				var err error
-				hd.WaitBodyBuffer, err = byteSize(h, opt)
-				return true, err
-			case "limit_headers":
-				return true, parseLimitHeaders(h, hd)
-			}
-			return false, nil
+		Own: func(_ *caddyfile.Dispenser, opt string) (bool, error) {
+			return parseHTTPOption(h, hd, opt)
 		},
 	})
 	if err != nil {
@@ -109,6 +89,31 @@ func parse(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 		return nil, err
 	}
 	return hd, nil
+}
+
+// parseHTTPOption reads one of the options only HTTP has, and reports
+// whether opt is one.
+func parseHTTPOption(h httpcaddyfile.Helper, hd *inflight.Handler, opt string) (bool, error) {
+	var err error
+	switch opt {
+	case "total": // a number, as every protocol's, or adaptive
+		err = parseTotal(h, hd)
+	case "cost":
+		err = parseCost(h, hd)
+	case "status":
+		hd.StatusCode, err = statusCode(h)
+	case "retry_after":
+		var d time.Duration
+		d, err = duration(h.Dispenser, opt, false)
+		hd.RetryAfter = caddy.Duration(d)
+	case "wait_body_buffer":
+		hd.WaitBodyBuffer, err = byteSize(h, opt)
+	case "limit_headers":
+		err = parseLimitHeaders(h, hd)
+	default:
+		return false, nil
+	}
+	return true, err
 }
 
 // parseLimitHeaders reads `limit_headers <limit>...`.
