@@ -21,6 +21,9 @@ package caddyinflight_test
 //	                    the one in docs/docker-labels.md as
 //	                    caddy-docker-proxy does and compares it with the
 //	                    caddyfile block after.
+//	go                  engine types as docs/design.md shows them: must
+//	                    parse, and every type, field and method shown must
+//	                    exist in inflight/limiter (docs_go_test.go).
 //	sh                  commands and their output: not checked here.
 //	caddyfile-layer4    a whole Caddyfile with caddy-l4's layer4 app, which
 //	                    this module does not build: adapted and validated
@@ -232,10 +235,13 @@ func documentSnippets(t *testing.T, d document, options map[string]bool) []snipp
 			if s.json == nil {
 				continue
 			}
+		case "go":
+			checkGoBlock(t, d.file, b.line, b.text)
+			continue
 		case "caddyfile-syntax", "sh", "yaml", "caddyfile-layer4":
 			continue
 		default:
-			t.Errorf("%s:%d: fenced block tagged %q: tag it caddyfile, caddyfile-fragment, caddyfile-syntax, caddyfile-layer4, json, sh or yaml (see readme_test.go)", d.file, b.line, b.tag)
+			t.Errorf("%s:%d: fenced block tagged %q: tag it caddyfile, caddyfile-fragment, caddyfile-syntax, caddyfile-layer4, json, go, sh or yaml (see readme_test.go)", d.file, b.line, b.tag)
 			continue
 		}
 		out = append(out, s)

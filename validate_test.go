@@ -202,3 +202,77 @@ func TestValidateSaysRedisRefusesThePassword(t *testing.T) {
 	}
 	t.Fatalf("validate logged %q, want the warning %q with the reason: authentication failed", lines, redisAbsent)
 }
+
+// handlerConfig is a whole config with one inflight handler, given as JSON.
+func handlerConfig(handler string) []byte {
+	return []byte(`{"apps": {"http": {"servers": {"s": {"listen": ["127.0.0.1:0"], "routes": [{"handle": [` + handler + `]}]}}}}}`)
+}
+
+// TestJSONRefusesWhatTheCaddyfileRefuses: a JSON config is refused at load
+// for the values the Caddyfile refuses at their line: a fixed cap beyond
+// the 40 bits of units a zone counts, a priority that is no class, a fixed
+// weight out of range, a Redis address without a port. Each error names
+// the setting, the value and what is allowed.
+func TestJSONRefusesWhatTheCaddyfileRefuses(t *testing.T) {
+	t.Setenv("XDG_DATA_HOME", t.TempDir())
+	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
+	for _, tc := range []struct{ handler, want string }{
+		{`{"handler": "inflight", "limits": [{"name": "tenant", "max": 1099511627776}]}`,
+			`max "1099511627776" is not allowed: want an integer from 1 to 1099511627775 (2^40-1), or a placeholder`},
+		{`{"handler": "inflight", "limits": [{"name": "tenant", "max": "9223372036854775807"}]}`,
+			`max "9223372036854775807" is not allowed: want an integer from 1 to 1099511627775 (2^40-1), or a placeholder`},
+		{`{"handler": "inflight", "total": 2199023255552}`,
+			`total 2199023255552 is not allowed: want an integer from 1 to 1099511627775 (2^40-1)`},
+		{`{"handler": "inflight", "total_adaptive": {"max": 1099511627776}}`,
+			`total adaptive: max 1099511627776 is not allowed: want an integer from min (1) to 1099511627775 (2^40-1)`},
+		{`{"handler": "inflight", "total": 5, "wait": "1s", "priority": "urgent"}`,
+			`priority "urgent" is not allowed: want high, normal or low, or a placeholder such as {tenant_priority}`},
+		{`{"handler": "inflight", "limits": [{"name": "tenant", "max": 5}], "wait": "1s", "fair": "tenant", "weight": "5000"}`,
+			`weight "5000" is not allowed: want a number from 0.001 to 1000`},
+		{`{"handler": "inflight", "total": 5, "store": {"type": "redis", "address": ["redis.internal"]}}`,
+			`address "redis.internal" is not allowed: want host:port, such as 127.0.0.1:6379`},
+	} {
+		var cfg caddy.Config
+		if err := json.Unmarshal(handlerConfig(tc.handler), &cfg); err != nil {
+			t.Fatal(err)
+		}
+		if err := caddy.Validate(&cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: error %v, want it to contain %q", tc.handler, err, tc.want)
+		}
+	}
+}
+
+// TestPriorityClassesAndPlaceholdersLoad: the classes, in any case, and a
+// placeholder are a priority.
+func TestPriorityClassesAndPlaceholdersLoad(t *testing.T) {
+	for _, p := range []string{"high", "Normal", "LOW", "{tenant_priority}"} {
+		validateQuietly(t, p, handlerConfig(`{"handler": "inflight", "total": 5, "wait": "1s", "priority": "`+p+`"}`))
+	}
+}
+
+// TestValidateWarnsOfWhatAStoreIgnoresOrAssumes: with a store, limit_headers
+// sends nothing (this instance's counts are not the fleet's), and a store
+// with no address uses Redis's default, 127.0.0.1:6379, which every
+// instance must reach as the same Redis: both are logged when the config
+// loads, naming the setting.
+func TestValidateWarnsOfWhatAStoreIgnoresOrAssumes(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	for _, tc := range []struct{ name, block, want string }{
+		{"limit_headers", "\t\tlimit_headers client\n\t\tstore redis {\n\t\t\taddress " + addr + "\n\t\t}\n",
+			`"setting":"limit_headers"`},
+		{"no address", "\t\tstore redis\n", `"address":"127.0.0.1:6379"`},
+	} {
+		cfg := adaptClean(t, tc.name, []byte("example.com {\n\tinflight 5 {\n"+tc.block+"\t}\n}\n"))
+		lines := validateLogged(t, tc.name, cfg)
+		if !slices.ContainsFunc(lines, func(line string) bool {
+			return strings.Contains(line, `"level":"warn"`) && strings.Contains(line, tc.want) && !strings.Contains(line, redisAbsent)
+		}) {
+			t.Errorf("%s: validate logged %q, want a warning with %s", tc.name, lines, tc.want)
+		}
+	}
+}

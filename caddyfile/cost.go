@@ -59,6 +59,9 @@ func parseTokens(h httpcaddyfile.Helper, hd *inflight.Handler) error {
 		if err != nil {
 			return err
 		}
+		if err := t.Check(); err != nil { // at the option's line
+			return h.Errf("%v", err)
+		}
 	}
 	hd.CostTokens = t
 	return nil

@@ -15,6 +15,8 @@ import (
 	"github.com/dustin/go-humanize"
 
 	"github.com/caddy-inflight/caddy-inflight/inflight"
+	"github.com/caddy-inflight/caddy-inflight/inflight/core"
+	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
 
 func init() {
@@ -110,6 +112,11 @@ func parseHTTPOption(h httpcaddyfile.Helper, hd *inflight.Handler, opt string) (
 		hd.WaitBodyBuffer, err = byteSize(h, opt)
 	case "limit_headers":
 		err = parseLimitHeaders(h, hd)
+	case "store": // the shared option, but not beside an adaptive total
+		if hd.TotalAdaptive == nil {
+			return false, nil
+		}
+		err = h.Errf("inflight: %v", inflight.ErrAdaptiveWithStore)
 	default:
 		return false, nil
 	}
@@ -121,6 +128,11 @@ func parseLimitHeaders(h httpcaddyfile.Helper, hd *inflight.Handler) error {
 	hd.LimitHeaders = h.RemainingArgs()
 	if len(hd.LimitHeaders) == 0 {
 		return h.Err("inflight: limit_headers: want the names of one or more of this block's limits, or total")
+	}
+	for i, name := range hd.LimitHeaders {
+		if slices.Contains(hd.LimitHeaders[:i], name) {
+			return h.Errf("inflight: limit_headers %q is given twice: name each limit once", name)
+		}
 	}
 	return nil
 }
@@ -151,11 +163,14 @@ func parseTotal(h httpcaddyfile.Helper, hd *inflight.Handler) error {
 	}
 	if args[0] != "adaptive" {
 		n, err := strconv.Atoi(args[0])
-		if err != nil || n <= 0 {
-			return h.Errf("inflight: total %q is not allowed: want a positive integer, or adaptive", args[0])
+		if err != nil || n <= 0 || n > limiter.MaxCost {
+			return h.Errf("inflight: total %q is not allowed: want %s, or adaptive", args[0], core.CapRange)
 		}
 		hd.Total = n
 		return nil
+	}
+	if hd.StoreRaw != nil {
+		return h.Errf("inflight: %v", inflight.ErrAdaptiveWithStore)
 	}
 	at := new(inflight.AdaptiveTotal)
 	hd.TotalAdaptive = at

@@ -13,6 +13,7 @@ import (
 
 	"github.com/caddy-inflight/caddy-inflight/inflight"
 	"github.com/caddy-inflight/caddy-inflight/inflight/core"
+	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
 
 // Block is how one protocol's inflight directive reads its block: the
@@ -113,7 +114,7 @@ func (b Block) parseOption(d *caddyfile.Dispenser, cfg *core.Config, opt string,
 	case "limit":
 		err = b.parseLimit(d, cfg, shorthand)
 	case "total":
-		cfg.Total, err = positiveInt(d, opt)
+		cfg.Total, err = capInt(d, opt)
 	case "zone":
 		cfg.Zone, err = zoneName(d)
 	case "dry_run":
@@ -132,11 +133,11 @@ func (b Block) parseOption(d *caddyfile.Dispenser, cfg *core.Config, opt string,
 	case "max_waiting_per_key":
 		cfg.MaxWaitingPerKey, err = positiveInt(d, opt)
 	case "priority":
-		cfg.Priority, err = oneArg(d, opt, "a placeholder such as "+b.placeholder("priority"))
+		cfg.Priority, err = checked(d, opt, "high, normal or low, or a placeholder such as "+b.placeholder("priority"), core.CheckPriority)
 	case "fair":
 		cfg.Fair, err = oneArg(d, opt, "the name of a limit, such as fair tenant")
 	case "weight":
-		cfg.Weight, err = oneArg(d, opt, "a placeholder such as "+b.placeholder("weight")+", or a number")
+		cfg.Weight, err = checked(d, opt, "a placeholder such as "+b.placeholder("weight")+", or a number", core.CheckWeight)
 	case "max_keys":
 		cfg.MaxKeys, err = positiveInt(d, opt)
 	case "metrics":
@@ -157,8 +158,8 @@ func (b Block) placeholder(what string) string {
 // parseMax reads a limit's max.
 func (b Block) parseMax(v string) (core.Max, error) {
 	max, err := core.ParseMax(v)
-	if err == nil && b.FixedMax && max.Placeholder != "" {
-		return core.Max{}, fmt.Errorf("max %q is not allowed: want a positive integer", v)
+	if b.FixedMax && (err != nil || max.Placeholder != "") {
+		return core.Max{}, fmt.Errorf("max %q is not allowed: want %s", v, core.CapRange)
 	}
 	return max, err
 }
@@ -225,6 +226,17 @@ func parseStore(d *caddyfile.Dispenser, cfg *core.Config) error {
 	return nil
 }
 
+// checked reads one argument and refuses it, at its line, if check does.
+func checked(d *caddyfile.Dispenser, opt, want string, check func(string) error) (string, error) {
+	v, err := oneArg(d, opt, want)
+	if err == nil {
+		if err = check(v); err != nil {
+			err = d.Errf("inflight: %v", err)
+		}
+	}
+	return v, err
+}
+
 func oneArg(d *caddyfile.Dispenser, opt, want string) (string, error) {
 	args := d.RemainingArgs()
 	if len(args) != 1 {
@@ -251,6 +263,19 @@ func positiveInt(d *caddyfile.Dispenser, opt string) (int, error) {
 	n, err := strconv.Atoi(v)
 	if err != nil || n <= 0 {
 		return 0, d.Errf("inflight: %s %q is not allowed: want a positive integer", opt, v)
+	}
+	return n, nil
+}
+
+// capInt reads a fixed cap: an integer within the units' range.
+func capInt(d *caddyfile.Dispenser, opt string) (int, error) {
+	v, err := oneArg(d, opt, core.CapRange)
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 || n > limiter.MaxCost {
+		return 0, d.Errf("inflight: %s %q is not allowed: want %s", opt, v, core.CapRange)
 	}
 	return n, nil
 }

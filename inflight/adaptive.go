@@ -78,8 +78,8 @@ func (at AdaptiveTotal) Check() error {
 	switch {
 	case at.Min < 0:
 		return fmt.Errorf("total adaptive: min %d is not allowed: want a positive integer", at.Min)
-	case at.Max < at.Min:
-		return fmt.Errorf("total adaptive: max %d is not allowed: want an integer at least min (%d)", at.Max, at.Min)
+	case at.Max < at.Min || at.Max > limiter.MaxCost:
+		return fmt.Errorf("total adaptive: max %d is not allowed: want an integer from min (%d) to %d (2^40-1)", at.Max, at.Min, int64(limiter.MaxCost))
 	case at.Initial < at.Min || at.Initial > at.Max:
 		return fmt.Errorf("total adaptive: initial %d is not allowed: want an integer from min (%d) to max (%d)", at.Initial, at.Min, at.Max)
 	case at.Tolerance < 0 || at.Tolerance > 10:
@@ -102,6 +102,9 @@ func (at *AdaptiveTotal) config() limiter.AdaptiveConfig {
 	}
 }
 
+// ErrAdaptiveWithStore refuses `total adaptive` beside a shared store.
+var ErrAdaptiveWithStore = errors.New("total adaptive cannot be used with a shared store (store redis): each instance measures only its own requests' latency, so a fleet-wide adaptive cap is not designed; use a fixed total with the store, or total adaptive without it")
+
 // checkAdaptive sets the adaptive total's defaults and checks it, and its
 // combination with the rest of the handler.
 func (h *Handler) checkAdaptive() error {
@@ -113,7 +116,7 @@ func (h *Handler) checkAdaptive() error {
 	case h.Total != 0:
 		return fmt.Errorf("total %d and total_adaptive are both given: give one", h.Total)
 	case h.StoreRaw != nil:
-		return errors.New("total adaptive cannot be used with a shared store (store redis): each instance measures only its own requests' latency, so a fleet-wide adaptive cap is not designed; use a fixed total with the store, or total adaptive without it")
+		return ErrAdaptiveWithStore
 	}
 	at.setDefaults()
 	return at.Check()

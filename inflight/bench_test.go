@@ -1,8 +1,15 @@
 package inflight
 
 import (
+	"fmt"
+	"net/http"
+	"sync/atomic"
 	"testing"
 
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/core"
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
 
@@ -33,3 +40,55 @@ func BenchmarkAdmitReleaseHeader(b *testing.B) {
 }
 func BenchmarkRefuseClientIP(b *testing.B) { benchmarkKeyed(b, DefaultKey, 1) }
 func BenchmarkRefuseHeader(b *testing.B)   { benchmarkKeyed(b, "{http.request.header.X-Api-Key}", 1) }
+
+// BenchmarkServeParallel admits and releases requests through the whole
+// handler, each goroutine with a key of its own, no cost and no total: the
+// per-request cost must not grow with the CPUs (go test -cpu 1,2,4,8).
+func BenchmarkServeParallel(b *testing.B) {
+	h := provisioned(b, &Handler{Config: core.Config{Zone: "bench-parallel", Limits: []core.Limit{{Name: "client", Key: DefaultKey, Max: core.Max{Fixed: 100}}}}})
+	next := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })
+	var clients atomic.Int32
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		r, _ := request(fmt.Sprintf("198.51.100.%d:5555", clients.Add(1)))
+		var w discardWriter
+		for pb.Next() {
+			if err := h.ServeHTTP(&w, r, next); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
+
+// provisioned provisions h in an in-process Caddy, left running until the
+// benchmark ends.
+func provisioned(b *testing.B, h *Handler) *Handler {
+	b.Helper()
+	cfg := `{"admin": {"disabled": true}, "logging": {"logs": {"default": {"level": "ERROR"}}}}`
+	if err := caddy.Load([]byte(cfg), true); err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := caddy.NewContext(caddy.ActiveContext())
+	b.Cleanup(func() {
+		cancel()
+		h.Cleanup()
+		caddy.Stop()
+	})
+	if err := h.Provision(ctx); err != nil {
+		b.Fatal(err)
+	}
+	return h
+}
+
+// discardWriter is a response writer that keeps nothing.
+type discardWriter struct{ h http.Header }
+
+func (w *discardWriter) Header() http.Header {
+	if w.h == nil {
+		w.h = http.Header{}
+	}
+	return w.h
+}
+func (*discardWriter) Write(p []byte) (int, error) { return len(p), nil }
+func (*discardWriter) WriteHeader(int)             {}

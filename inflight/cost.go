@@ -53,7 +53,7 @@ func (h *Handler) parseCost(v string) (int64, error) {
 		n, err = limiter.MaxCost, nil // out of int64's range: a huge cost
 	}
 	if err == nil && n > 0 {
-		return min(n, limiter.MaxCost), nil
+		return limiter.ClampCost(n), nil
 	}
 	seen := h.badValues.Log("cost", v, func(seen string) {
 		h.logger.Error("cost placeholder did not resolve to a positive integer; answering 500",

@@ -139,7 +139,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.compileLimitHeaders(); err != nil {
 		return fmt.Errorf("inflight: %w", err)
 	}
-	edge := core.Edge{Site: siteOf(ctx), Noun: "request", AddressKeys: addressKeys, UnitMax: true, Show: ShortForm}
+	edge := core.Edge{Site: siteOf(ctx), Noun: "request", AddressKeys: addressKeys, UnitMax: true, Costs: h.cost != nil, Show: ShortForm}
 	if at := h.TotalAdaptive; at != nil {
 		cfg := at.config()
 		edge.Adaptive = &cfg
@@ -162,8 +162,10 @@ func (h *Handler) Validate() error {
 	case h.WaitBodyBuffer < 0:
 		return fmt.Errorf("inflight: wait_body_buffer %d is not allowed: want a positive number of bytes", h.WaitBodyBuffer)
 	}
-	if len(h.LimitHeaders) > 0 && h.StoreRaw != nil {
-		h.logger.Warn("setting has no effect", zap.String("setting", "limit_headers"), zap.String("why", "with a store this instance's counts are not the fleet's, so no level is sent"))
+	// StoreRaw is cleared once the store is loaded; compileLimitHeaders
+	// drops the levels when there is one.
+	if len(h.LimitHeaders) > 0 && h.levels == nil {
+		h.logger.Warn("setting has no effect", zap.String("setting", "limit_headers"), zap.String("why", "it is ignored with a store: no RateLimit fields are sent (this instance's counts are not the fleet's)"))
 	}
 	return nil
 }

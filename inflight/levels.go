@@ -106,10 +106,5 @@ func (h *Handler) sendLevels(w http.ResponseWriter, a *admission, res limiter.Re
 // (limiter.TotalDim: the total's), in units: as the engine counts it, the
 // fixed max or a's own, split by replicas, or the adaptive total's limit.
 func (h *Handler) capOf(a *admission, d int) int64 {
-	lim := h.gate.Limits()
-	if d == limiter.TotalDim && lim.Adaptive != nil {
-		return lim.Adaptive.Limit()
-	}
-	n, div := lim.WholeCap(&a.ticket.Req, d), max(lim.Divisor, 1)
-	return (n + div - 1) / div
+	return h.gate.Limits().Cap(&a.ticket.Req, d)
 }

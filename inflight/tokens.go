@@ -29,7 +29,8 @@ const maxMaxBody = 1 << 30
 // strings, null and fields inside nested objects are ignored; a key given
 // twice counts with its largest value), or `default_output` when the body
 // has none of them. A body that is not a JSON object (not JSON, an array, a
-// string) counts its bytes plus `default_output`; no body (GET) counts
+// string) has no output field: ceil(bytes / bytes_per_token) plus
+// `default_output`; no body (GET) counts
 // `default_output` alone. A count beyond 2^63-1 (99999999999999999999,
 // 1e30), and a sum beyond it, count as 2^63-1: nothing wraps around.
 //
@@ -74,6 +75,10 @@ func (t *TokensCost) setDefaults() {
 		t.MaxBody = DefaultMaxBody
 	}
 }
+
+// Check reports the first value that is not allowed; zero values are the
+// defaults' and allowed.
+func (t *TokensCost) Check() error { return t.validate() }
 
 func (t *TokensCost) validate() error {
 	switch {

@@ -25,7 +25,7 @@ type dashboard struct {
 // gives every panel of the Grafana dashboard something to show (a zone on
 // Redis with per-key metrics, a request held, one that waited and one
 // waiting; a zone whose Redis is unreachable, which refuses; an adaptive
-// total), scrapes /metrics and checks every query against the scrape:
+// total, whose requests cost 2), scrapes /metrics and checks every query against the scrape:
 // each metric it selects has a sample matching its selector's matchers
 // (with the dashboard's "All" zone) and carrying every label the query
 // aggregates by.
@@ -44,7 +44,7 @@ func TestExampleDashboardPanelsHaveData(t *testing.T) {
 	down := freePort(t)
 	cfg += fmt.Sprintf("http://127.0.0.1:%d {\n\tinflight 5 {\n\t\tzone down\n\t\tstore redis {\n\t\t\taddress 127.0.0.1:%d\n\t\t\ttimeout 100ms\n\t\t\ton_error closed\n\t\t}\n\t}\n\trespond ok\n}\n", down, freePort(t))
 	adaptive := freePort(t)
-	cfg += fmt.Sprintf("http://127.0.0.1:%d {\n\tinflight {\n\t\tzone adaptive\n\t\ttotal adaptive\n\t}\n\trespond ok\n}\n", adaptive)
+	cfg += fmt.Sprintf("http://127.0.0.1:%d {\n\tinflight {\n\t\tzone adaptive\n\t\ttotal adaptive\n\t\tcost 2\n\t}\n\trespond ok\n}\n", adaptive)
 	load(t, cfg)
 
 	c := client("127.0.0.1")

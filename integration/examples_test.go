@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -114,36 +115,79 @@ func TestExampleLLMGateway(t *testing.T) {
 	eventually(t, "no token left in flight", func() bool { return units("total") == 0 && waiting() == 0 })
 }
 
-// TestExampleAPIKeys: a key may have 2 in flight; the third waits its 2s and
-// is refused with the example's JSON error naming the limit. Requests without
-// a key are not limited per key but fall to the default tenant, capped at 2.
+// TestExampleAPIKeys: a key may have 4 in flight, a tenant its cap, the
+// backend 6 in all. With the total full, a request over its key's cap, one
+// over its tenant's and one that only the total holds back each wait their
+// 5s and are refused with the example's JSON error naming that limit. Then
+// acme queues three requests and globex, of lower priority, one: of the
+// next two slots freed, globex gets one (fair sharing between tenants),
+// where the priority order alone would give both to acme.
 func TestExampleAPIKeys(t *testing.T) {
 	b := newBackendAt(t, "127.0.0.1:9001")
 	loadExample(t, "api-keys.Caddyfile")
 	c := client("127.0.0.1")
 	url := "http://127.0.0.1:8070"
-	held := []<-chan result{
-		hold(t, b, context.Background(), c, url+"/hold", "X-Api-Key", "key-acme-1"),
-		hold(t, b, context.Background(), c, url+"/hold", "X-Api-Key", "key-acme-1"),
+	waiting := func() float64 { return metricAt(t, "127.0.0.1:2019", "caddy_inflight_waiting", `zone="api"`) }
+	var held []<-chan result
+	for range 4 {
+		held = append(held, hold(t, b, context.Background(), c, url+"/hold", "X-Api-Key", "key-acme-1"))
 	}
-	// The tenant acme (max 4) still has room through its other key.
-	if r := get(context.Background(), c, url+"/", "X-Api-Key", "key-acme-2"); r.status != 200 {
-		t.Fatalf("acme's second key: %d, want 200", r.status)
+	// Two requests without a key (tenant anonymous, max 2) fill the total.
+	anonymous := make([]context.CancelFunc, 2)
+	for i := range anonymous {
+		ctx, cancel := context.WithCancel(context.Background())
+		anonymous[i] = cancel
+		t.Cleanup(cancel)
+		held = append(held, hold(t, b, ctx, c, url+"/hold"))
 	}
-	r := get(context.Background(), c, url+"/", "X-Api-Key", "key-acme-1")
-	want := `{"error":{"type":"rate_limit_exceeded","limit_type":"inflight","details":{"inflight_dimension":"key"}}}`
-	if r.status != 429 || r.body != want || r.retryAfter != "1" {
-		t.Fatalf("third request of one key: %d Retry-After %q body %s\nwant 429, 1 and %s", r.status, r.retryAfter, r.body, want)
+	refusals := map[string][]string{
+		"key":    {"X-Api-Key", "key-acme-1"},   // its key holds 4
+		"tenant": nil,                           // anonymous holds 2
+		"total":  {"X-Api-Key", "key-globex-1"}, // globex has room, the backend has none
 	}
-	held = append(held, hold(t, b, context.Background(), c, url+"/hold"), hold(t, b, context.Background(), c, url+"/hold"))
-	r = get(context.Background(), c, url+"/")
-	if want := strings.Replace(want, `"key"`, `"tenant"`, 1); r.status != 429 || r.body != want {
-		t.Fatalf("third request without a key: %d %s\nwant 429 and %s", r.status, r.body, want)
+	got := map[string]chan result{}
+	for limit, header := range refusals {
+		done := make(chan result, 1)
+		got[limit] = done
+		go func() { done <- get(context.Background(), c, url+"/", header...) }()
+	}
+	for limit := range refusals {
+		r := <-got[limit]
+		want := `{"error":{"type":"rate_limit_exceeded","limit_type":"inflight","details":{"inflight_dimension":"` + limit + `"}}}`
+		if r.status != 429 || r.body != want || r.retryAfter != "1" {
+			t.Errorf("a request over the %s cap: %d Retry-After %q body %s %v\nwant 429, 1 and %s", limit, r.status, r.retryAfter, r.body, r.err, want)
+		}
+	}
+
+	// Acme (high) queues three requests behind the total, then globex
+	// (low) one.
+	var waiters []<-chan result
+	queue := func(key, name string, n int) {
+		for range n {
+			done := make(chan result, 1)
+			go func() { done <- get(context.Background(), c, url+"/hold", "X-Api-Key", key, "X-Name", name) }()
+			waiters = append(waiters, done)
+			eventually(t, name+" waits", func() bool { return waiting() == float64(len(waiters)) })
+		}
+	}
+	queue("key-acme-2", "acme", 3)
+	queue("key-globex-1", "globex", 1)
+	for i, cancel := range anonymous {
+		arrived := len(b.order())
+		cancel()
+		eventually(t, fmt.Sprintf("freed slot %d goes to a waiter", i+1), func() bool { return len(b.order()) == arrived+1 })
+	}
+	order := b.order()
+	if next := order[len(order)-2:]; !slices.Contains(next, "globex") {
+		t.Errorf("the two slots freed went to %q, want one for globex (fair shares between tenants)", next)
 	}
 	b.open()
-	for _, h := range held {
-		<-h
+	for _, h := range append(held[:4], waiters...) {
+		if r := <-h; r.status != 200 {
+			t.Errorf("held or waiting request: %d %v, want 200", r.status, r.err)
+		}
 	}
+	eventually(t, "no request left waiting", func() bool { return waiting() == 0 })
 }
 
 // TestExampleConfigJSON loads examples/config.json through the admin API,

@@ -306,7 +306,7 @@ func TestBadConfigRefusesToStart(t *testing.T) {
 		{`{"handler":"inflight"}`, `no limit`},
 		{`{"handler":"inflight","total":5,"replicas":-1}`, `replicas -1 is not allowed`},
 		{`{"handler":"inflight","total":5,"wait":"-1s"}`, `wait -1s is not allowed`},
-		{`{"handler":"inflight","total":-5}`, `total -5 is not allowed: want a positive integer`},
+		{`{"handler":"inflight","total":-5}`, `total -5 is not allowed: want an integer from 1 to 1099511627775`},
 		{`{"handler":"inflight","total":5,"retry_after":"-2s"}`, `retry_after -2s is not allowed`},
 		{`{"handler":"inflight","total":5,"max_waiting":-1}`, `max_waiting -1 is not allowed`},
 		{`{"handler":"inflight","total":5,"max_keys":-1}`, `max_keys -1 is not allowed`},

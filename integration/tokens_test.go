@@ -42,7 +42,7 @@ func newBodyBackend(t *testing.T) *bodyBackend {
 // TestCostTokensHostileBodies: what a client writes in its body decides
 // its estimate, so the bodies are attacked: a huge max_tokens counts as
 // the whole budget (admitted alone, never refused for its size), a body
-// that is not JSON counts its bytes, a chunked body beyond max_body is
+// that is not JSON passes whole, a chunked body beyond max_body is
 // admitted alone, a body cut short takes nothing, and every admitted body
 // reaches the backend byte for byte, a waiting one and one sent after
 // Expect: 100-continue included.

@@ -75,8 +75,10 @@ type ZoneState struct {
 	// ask for.
 	Waiting      int64 `json:"waiting"`
 	WaitingUnits int64 `json:"waiting_units"`
-	// Cost sums up the costs of the requests the zone admitted.
-	Cost CostState `json:"cost"`
+	// Cost sums up the costs of the requests the zone admitted, when its
+	// requests have costs (cost, cost_tokens); absent when each holds
+	// one unit, and units are requests.
+	Cost *CostState `json:"cost,omitempty"`
 	// Refused counts the zone's refusals by reason (full, timeout,
 	// queue_full, keys_full, store_error, dry_run) since it was made;
 	// reasons with none are left out.
@@ -144,7 +146,7 @@ func States() []ZoneState {
 }
 
 func stateOf(z *zone) ZoneState {
-	st := ZoneState{Zone: z.label, Waiting: z.waiting(), WaitingUnits: z.units.waiting.Load(), Cost: z.units.state(), Limits: []LimitState{}}
+	st := ZoneState{Zone: z.label, Waiting: z.waiting(), WaitingUnits: z.units.waiting.Load(), Limits: []LimitState{}}
 	for d, name := range z.limits {
 		units, requests := z.Load(d)
 		st.Limits = append(st.Limits, LimitState{Name: name, Held: requests, Units: units, Keys: z.Keys(d)})

@@ -33,6 +33,7 @@ type Gate struct {
 	limits     *limiter.Limits
 	adaptive   *limiter.Adaptive // the zone's, with an adaptive total
 	waitOpt    limiter.WaitOptions
+	costed     bool                            // units have costs: the cost histogram counts them
 	classed    bool                            // a priority template gives units their class
 	weighted   bool                            // a weight template gives keys their share under fair
 	addresses  []bool                          // per limit: its keys are client addresses, logged in clear
@@ -73,7 +74,7 @@ func (t *Ticket) Reset() {
 	clear(t.Req.Keys)
 	clear(t.Req.Max)
 	clear(t.labels)
-	t.Req.Limits, t.Req.Lease, t.Req.Cost = nil, "", 0
+	t.Req.Limits, t.Req.Cost = nil, 0
 	t.waiting.zone = nil
 }
 
@@ -125,7 +126,9 @@ func (g *Gate) Admit(ctx context.Context, t *Ticket, class, weight string) Verdi
 	}
 	switch res.Outcome {
 	case limiter.Admitted:
-		g.costs.observe(t.Req.Units())
+		if g.costed {
+			g.costs.observe(t.Req.Units())
+		}
 		if g.cfg.PerKeyMetrics {
 			g.zone.series.admit(g, t)
 		}

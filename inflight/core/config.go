@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
 
 // Config is the options every protocol's inflight handler shares, inlined
@@ -28,7 +30,7 @@ type Config struct {
 	Limits []Limit `json:"limits,omitempty"`
 
 	// Total caps the units in flight through this handler (its zone)
-	// across all keys. 0 means no total cap.
+	// across all keys, up to 2^40-1. 0 means no total cap.
 	Total int `json:"total,omitempty"`
 
 	// Zone names the counters: handlers with the same zone share them,
@@ -61,7 +63,8 @@ type Config struct {
 	MaxWaiting int `json:"max_waiting,omitempty"`
 
 	// Priority is a placeholder template giving each waiting unit its
-	// class: `high`, `normal` or `low` (anything else is normal). When a slot
+	// class: `high`, `normal` or `low` (a value that is none of them counts
+	// as normal; a fixed one must be one of them). When a slot
 	// frees, the waiter with the highest weight × (1 + seconds waited / 30)
 	// goes first, with weights high 2, normal 1, low 0.5. With Fair, the
 	// class weight is also the key's default share. It must come from
@@ -146,8 +149,8 @@ func (c *Config) check(otherTotal bool) error {
 	switch {
 	case len(c.Limits) == 0 && c.Total == 0 && !otherTotal:
 		return fmt.Errorf("no limit: give a max (inflight 20), a limit or a total")
-	case c.Total < 0:
-		return fmt.Errorf("total %d is not allowed: want a positive integer (0 for none)", c.Total)
+	case c.Total < 0 || c.Total > limiter.MaxCost:
+		return fmt.Errorf("total %d is not allowed: want %s (0 for none)", c.Total, CapRange)
 	case c.Replicas < 1:
 		return fmt.Errorf("replicas %d is not allowed: want a positive integer", c.Replicas)
 	case c.Wait < 0:
@@ -159,5 +162,5 @@ func (c *Config) check(otherTotal bool) error {
 	case c.MaxKeys < 0:
 		return fmt.Errorf("max_keys %d is not allowed: want a positive integer (0 for none)", c.MaxKeys)
 	}
-	return nil
+	return CheckPriority(c.Priority)
 }

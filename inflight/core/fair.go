@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 
 	"go.uber.org/zap"
 
@@ -31,10 +30,8 @@ func (g *Gate) compileFair() error {
 	if c.Weight == "" {
 		return nil
 	}
-	if !strings.Contains(c.Weight, "{") {
-		if w, err := strconv.ParseFloat(c.Weight, 64); err != nil || !(w >= limiter.MinWeight && w <= limiter.MaxWeight) {
-			return fmt.Errorf("weight %q is not allowed: want a number from %v to %v, or a placeholder such as {tenant_weight}", c.Weight, limiter.MinWeight, limiter.MaxWeight)
-		}
+	if err := CheckWeight(c.Weight); err != nil {
+		return err
 	}
 	g.weighted = true
 	return nil

@@ -16,14 +16,21 @@ func newTicket(dims int) *Ticket {
 
 // testGate joins a gate to the zone named label without a Caddy context,
 // as Join does: cfg's defaults, its compiled limits and the zone's metrics.
+// Its units are not refused: it has no events app to report to.
 func testGate(t *testing.T, label string, cfg *Config) *Gate {
+	t.Helper()
+	return testGateOn(t, label, cfg, Edge{})
+}
+
+// testGateOn is testGate for the edge edge.
+func testGateOn(t *testing.T, label string, cfg *Config, edge Edge) *Gate {
 	t.Helper()
 	cfg.setDefaults()
 	if err := cfg.check(false); err != nil {
 		t.Fatal(err)
 	}
 	g := &Gate{cfg: cfg, label: label, logger: zap.NewNop(), refusedLog: "unit refused"}
-	g.compile(Edge{})
+	g.compile(edge)
 	if err := g.compileFair(); err != nil {
 		t.Fatal(err)
 	}
@@ -35,6 +42,7 @@ func testGate(t *testing.T, label string, cfg *Config) *Gate {
 	}
 	g.zone, g.store = z, z.Zone
 	g.initMetrics()
+	g.zone.view.Store(g.view())
 	g.zone.Adopt(g.limits)
 	t.Cleanup(func() { g.Leave() })
 	return g

@@ -27,6 +27,11 @@ type Edge struct {
 	// UnitMax tells that a limit's max may be a placeholder, resolved per
 	// unit into the ticket's Req.Max by the edge.
 	UnitMax bool
+	// Costs tells that units have costs (the edge sets each ticket's
+	// Req.Cost): the cost histogram and the admin API's cost count them.
+	// Without, every unit holds one unit, and admitting one writes nothing
+	// the whole zone shares.
+	Costs bool
 	// Show writes a key template as the user wrote it, for messages; nil
 	// shows it as it is.
 	Show func(tmpl string) string
@@ -118,6 +123,7 @@ func (g *Gate) compile(edge Edge) {
 		g.limits.Max[i] = l.Max.Fixed
 		g.addresses[i] = slices.Contains(edge.AddressKeys, l.Key)
 	}
+	g.costed = edge.Costs
 	g.classed = c.Priority != ""
 	if !c.DryRun {
 		g.waitOpt = limiter.WaitOptions{Wait: time.Duration(c.Wait), MaxWaiting: c.MaxWaiting}
@@ -159,16 +165,18 @@ func (g *Gate) joinZone(ctx caddy.Context, edge Edge) error {
 
 func (g *Gate) initMetrics() {
 	g.rejected = map[string][]prometheus.Counter{}
-	for i, reason := range reasons {
-		n := &g.zone.stats.refused[i] // the admin API's count
+	for _, reason := range reasons {
 		cs := make([]prometheus.Counter, 0, len(g.cfg.Limits)+1)
 		for _, l := range g.cfg.Limits {
-			cs = append(cs, teeCounter{rejectedTotal.WithLabelValues(g.label, l.Name, reason), n})
+			cs = append(cs, rejectedTotal.WithLabelValues(g.label, l.Name, reason))
 		}
-		g.rejected[reason] = append(cs, teeCounter{rejectedTotal.WithLabelValues(g.label, totalName, reason), n})
+		g.rejected[reason] = append(cs, rejectedTotal.WithLabelValues(g.label, totalName, reason))
 	}
+	g.zone.startStats()
 	for _, o := range waitOutcomes {
 		g.waited[o] = teeObserver{waitSeconds.WithLabelValues(g.label, outcomeLabel(o)), &g.zone.stats.waits}
 	}
-	g.costs = costObserver{requestCost.WithLabelValues(g.label), &g.zone.units}
+	if g.costed {
+		g.costs = costObserver{requestCost.WithLabelValues(g.label), &g.zone.units}
+	}
 }

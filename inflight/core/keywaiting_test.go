@@ -72,11 +72,12 @@ func TestKeyWaitingIsCappedShownAsAskedAndGoneAtZero(t *testing.T) {
 // full is a ledger that refuses every request: its requests wait.
 type full struct{}
 
-func (full) Give(*limiter.Request) {}
-func (full) Idle()                 {}
+func (full) Give(string)                 {}
+func (full) Record(limiter.Claim) string { return "" }
+func (full) Idle()                       {}
 
-func (full) Take(reqs []*limiter.Request, _ []bool) ([]limiter.Verdict, error) {
-	out := make([]limiter.Verdict, len(reqs))
+func (full) Take(claims []limiter.Claim) ([]limiter.Verdict, error) {
+	out := make([]limiter.Verdict, len(claims))
 	for i := range out {
 		out[i] = limiter.Verdict{Outcome: limiter.Full}
 	}

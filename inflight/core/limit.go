@@ -6,6 +6,8 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
 
 // totalName is the limit name the total cap reports as.
@@ -26,11 +28,11 @@ type Limit struct {
 	// (`{http.vars.client_ip}`, `{l4.conn.remote_ip}` for layer4).
 	Key string `json:"key,omitempty"`
 
-	// Max is how many units with the same key may be in flight at once: a
-	// positive integer, or (HTTP only) a placeholder string that resolves
-	// to one per request (for example an output of the `map` handler). A
-	// request whose placeholder does not resolve to a positive integer is
-	// answered with 500.
+	// Max is how many units with the same key may be in flight at once:
+	// an integer from 1 to 2^40-1, or (HTTP only) a placeholder string
+	// that resolves to one per request (for example an output of the `map`
+	// handler). A request whose placeholder does not resolve to a positive
+	// integer is answered with 500.
 	Max Max `json:"max"`
 }
 
@@ -47,8 +49,8 @@ func ParseMax(s string) (Max, error) {
 		return Max{Placeholder: s}, nil
 	}
 	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n <= 0 {
-		return Max{}, fmt.Errorf("max %q is not allowed: want a positive integer or a placeholder such as {tenant_max}", s)
+	if err != nil || n <= 0 || n > limiter.MaxCost {
+		return Max{}, fmt.Errorf("max %q is not allowed: want %s, or a placeholder such as {tenant_max}", s, CapRange)
 	}
 	return Max{Fixed: n}, nil
 }
@@ -106,8 +108,8 @@ func checkLimits(limits []Limit) error {
 			return fmt.Errorf("limits[%d]: name %q is used twice: each limit needs its own name", i, l.Name)
 		case l.Max.IsZero():
 			return fmt.Errorf("limit %q: max is missing: want a positive integer or a placeholder", l.Name)
-		case l.Max.Fixed < 0:
-			return fmt.Errorf("limit %q: max %d is not allowed: want a positive integer or a placeholder", l.Name, l.Max.Fixed)
+		case l.Max.Fixed < 0 || l.Max.Fixed > limiter.MaxCost:
+			return fmt.Errorf("limit %q: max %d is not allowed: want %s, or a placeholder", l.Name, l.Max.Fixed, CapRange)
 		}
 		seen[l.Name] = true
 	}

@@ -38,7 +38,16 @@ var (
 )
 
 // stateCollector reads the live zones at scrape time, so the request path
-// updates no shared gauge.
+// updates no shared gauge: requests and units in flight are the engine's
+// counts, and waiting its queues. An admitted request that did not wait,
+// without a cost, per-key metrics or an adaptive total, writes only its
+// keys' counts (and the total's, with a total): no metric, no tally of the
+// zone (its units are its requests), so requests on different keys and
+// cores share no cache line. A cost adds the cost histogram and the
+// zone's cost sums; a refusal
+// counts in caddy_inflight_rejected_total only (the admin API reads it
+// back); a wait that ends, in the wait histograms and the zone's window
+// of recent waits.
 type stateCollector struct{}
 
 func (stateCollector) Describe(ch chan<- *prometheus.Desc) {

@@ -61,8 +61,9 @@ func TestPageWritesNoHTML(t *testing.T) {
 }
 
 // TestWaitPercentiles: waits are counted in the histogram's buckets and
-// percentiles interpolated within them; waits older than two minutes drop
-// out.
+// percentiles interpolated within them, up to the longest wait of the
+// bucket, so none exceeds the longest wait; waits older than two minutes
+// drop out.
 func TestWaitPercentiles(t *testing.T) {
 	var w waitWindow
 	start := time.Unix(1000, 0)
@@ -74,7 +75,7 @@ func TestWaitPercentiles(t *testing.T) {
 		w.observe(start, s)
 	}
 	got := w.state(start.Add(30 * time.Second))
-	want := WaitState{Count: 100, P50: 0.001 + 0.004*50/90, P90: 0.005, P99: 0.5 + 0.5*9/10}
+	want := WaitState{Count: 100, P50: 0.001 + 0.002*50/90, P90: 0.003, P99: 0.5 + 0.2*9/10}
 	if got.Count != want.Count || !near(got.P50, want.P50) || !near(got.P90, want.P90) || !near(got.P99, want.P99) {
 		t.Fatalf("state %+v, want %+v", got, want)
 	}
@@ -87,6 +88,21 @@ func TestWaitPercentiles(t *testing.T) {
 	}
 	if got := w.state(start.Add(time.Hour)); got != (WaitState{}) {
 		t.Fatalf("an hour later: %+v, want none", got)
+	}
+
+	// wait 1s: every wait times out just after 1 s, in the bucket up to
+	// 2.5 s.
+	var timeouts waitWindow
+	longest := 0.0
+	for i := range 100 {
+		longest = 1.0001 + float64(i)*1e-6
+		timeouts.observe(start, longest)
+	}
+	got = timeouts.state(start)
+	for _, p := range []float64{got.P50, got.P90, got.P99} {
+		if p <= 1 || p > longest {
+			t.Fatalf("waits of 1.0001 to %.6f s: %+v, want each percentile within them", longest, got)
+		}
 	}
 }
 

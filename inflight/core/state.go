@@ -3,10 +3,10 @@ package core
 import (
 	"math"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/caddy-inflight/caddy-inflight/inflight/storestatus"
 )
@@ -19,10 +19,12 @@ type zoneView struct {
 	// adaptive is set when the adaptive limit caps the total (not dry_run).
 	adaptive bool
 	store    Store
+	// costs is set when units hold their cost: units are not requests.
+	costs bool
 }
 
 func (g *Gate) view() *zoneView {
-	return &zoneView{max: g.limits.Max, total: g.limits.Total, adaptive: g.limits.Adaptive != nil, store: g.store}
+	return &zoneView{max: g.limits.Max, total: g.limits.Total, adaptive: g.limits.Adaptive != nil, store: g.store, costs: g.costed}
 }
 
 // StoreHealth is a shared store's state, as the admin API shows it.
@@ -37,7 +39,9 @@ type AdaptiveState struct {
 
 // WaitState sums up the waits that ended recently (in the last one to two
 // minutes): how many, and their percentiles in seconds, interpolated within
-// the buckets of the wait histogram as Prometheus' histogram_quantile does.
+// the buckets of the wait histogram as Prometheus' histogram_quantile does,
+// but only up to the longest wait each bucket saw: a percentile never
+// exceeds the longest wait.
 type WaitState struct {
 	Count int64   `json:"count"`
 	P50   float64 `json:"p50"`
@@ -45,23 +49,52 @@ type WaitState struct {
 	P99   float64 `json:"p99"`
 }
 
-// zoneStats counts a zone's refusals by reason, since the zone was made,
-// and the durations of its recent waits, for the admin API. The handler's
-// metrics feed it (see teeCounter, teeObserver), so the request path gains
-// no call of its own.
+// zoneStats is what the admin API shows of a zone's past that its metrics
+// do not: the refusals counted under its name before it was made, which
+// its own count starts from, and the durations of its recent waits. The
+// handler's wait histogram feeds it (see teeObserver); a refusal counts in
+// its metric only.
 type zoneStats struct {
-	refused [len(reasons)]atomic.Int64
-	waits   waitWindow
+	began         sync.Once
+	refusedBefore [len(reasons)]float64
+	waits         waitWindow
 }
 
 // reasons are the refusal reasons, in the order zoneStats counts them.
 var reasons = [...]string{reasonFull, reasonTimeout, reasonQueueFull, reasonKeysFull, reasonStore, ReasonDryRun}
 
-// refusedByReason returns the nonzero refusal counts by reason.
-func (s *zoneStats) refusedByReason() map[string]int64 {
+// startStats notes, once, the refusals counted under the zone's name and
+// limits so far: by a zone of the same name made before this one.
+func (z *zone) startStats() {
+	z.stats.began.Do(func() { z.stats.refusedBefore = z.refusedSoFar() })
+}
+
+// refusedSoFar reads caddy_inflight_rejected_total of the zone's name by
+// reason, summed over its limits and the total.
+func (z *zone) refusedSoFar() (n [len(reasons)]float64) {
+	for i, r := range reasons {
+		n[i] = counterValue(rejectedTotal.WithLabelValues(z.label, totalName, r))
+		for _, l := range z.limits {
+			n[i] += counterValue(rejectedTotal.WithLabelValues(z.label, l, r))
+		}
+	}
+	return n
+}
+
+func counterValue(c prometheus.Counter) float64 {
+	var m dto.Metric
+	c.Write(&m)
+	return m.GetCounter().GetValue()
+}
+
+// refusedByReason returns the zone's nonzero refusal counts by reason,
+// since it was made.
+func (z *zone) refusedByReason() map[string]int64 {
+	z.startStats()
+	now := z.refusedSoFar()
 	out := map[string]int64{}
 	for i, r := range reasons {
-		if n := s.refused[i].Load(); n > 0 {
+		if n := int64(now[i] - z.stats.refusedBefore[i]); n > 0 {
 			out[r] = n
 		}
 	}
@@ -72,8 +105,15 @@ func (s *zoneStats) refusedByReason() map[string]int64 {
 // every minute: the current minute and the one before.
 type waitWindow struct {
 	mu        sync.Mutex
-	cur, prev [len(waitBuckets) + 1]int64 // the last counts waits beyond the buckets
-	started   time.Time                   // of cur
+	cur, prev waitCounts
+	started   time.Time // of cur
+}
+
+// waitCounts counts waits in the buckets of waitBuckets, the last beyond
+// them, and keeps each bucket's longest wait.
+type waitCounts struct {
+	n       [len(waitBuckets) + 1]int64
+	longest [len(waitBuckets) + 1]float64
 }
 
 // waitBuckets are the wait histogram's upper bounds, in seconds.
@@ -91,7 +131,8 @@ func (w *waitWindow) observe(now time.Time, seconds float64) {
 	}
 	w.mu.Lock()
 	w.roll(now)
-	w.cur[i]++
+	w.cur.n[i]++
+	w.cur.longest[i] = max(w.cur.longest[i], seconds)
 	w.mu.Unlock()
 }
 
@@ -103,37 +144,39 @@ func (w *waitWindow) roll(now time.Time) {
 	case elapsed < 2*waitWindowStep:
 		w.prev = w.cur
 	default:
-		w.prev = [len(waitBuckets) + 1]int64{}
+		w.prev = waitCounts{}
 	}
-	w.cur = [len(waitBuckets) + 1]int64{}
+	w.cur = waitCounts{}
 	w.started = now
 }
 
 func (w *waitWindow) state(now time.Time) WaitState {
-	var counts [len(waitBuckets) + 1]int64
+	var c waitCounts
 	w.mu.Lock()
 	w.roll(now)
-	for i := range counts {
-		counts[i] = w.cur[i] + w.prev[i]
+	for i := range c.n {
+		c.n[i] = w.cur.n[i] + w.prev.n[i]
+		c.longest[i] = max(w.cur.longest[i], w.prev.longest[i])
 	}
 	w.mu.Unlock()
 	var st WaitState
-	for _, n := range counts {
+	for _, n := range c.n {
 		st.Count += n
 	}
-	st.P50, st.P90, st.P99 = quantile(0.5, counts[:], st.Count), quantile(0.9, counts[:], st.Count), quantile(0.99, counts[:], st.Count)
+	st.P50, st.P90, st.P99 = c.quantile(0.5, st.Count), c.quantile(0.9, st.Count), c.quantile(0.99, st.Count)
 	return st
 }
 
-// quantile estimates the q-quantile of a histogram by linear interpolation
-// within the bucket it falls in; beyond the last bound it is that bound.
-func quantile(q float64, counts []int64, total int64) float64 {
+// quantile estimates the q-quantile of c's total waits by linear
+// interpolation within the bucket it falls in, from the bucket's lower
+// bound up to its longest wait; beyond the last bound it is that bound.
+func (c *waitCounts) quantile(q float64, total int64) float64 {
 	if total == 0 {
 		return 0
 	}
 	rank := q * float64(total)
 	var seen float64
-	for i, n := range counts {
+	for i, n := range c.n {
 		if n == 0 || seen+float64(n) < rank {
 			seen += float64(n)
 			continue
@@ -145,21 +188,10 @@ func quantile(q float64, counts []int64, total int64) float64 {
 		if i > 0 {
 			lower = waitBuckets[i-1]
 		}
-		v := lower + (waitBuckets[i]-lower)*(rank-seen)/float64(n)
+		v := lower + (c.longest[i]-lower)*(rank-seen)/float64(n)
 		return math.Round(v*1e6) / 1e6
 	}
 	return waitBuckets[len(waitBuckets)-1]
-}
-
-// teeCounter is a refusal counter that also counts in its zone's stats.
-type teeCounter struct {
-	prometheus.Counter
-	n *atomic.Int64
-}
-
-func (c teeCounter) Inc() {
-	c.Counter.Inc()
-	c.n.Add(1)
 }
 
 // teeObserver is a wait histogram that also records in its zone's stats.
@@ -175,7 +207,7 @@ func (o teeObserver) Observe(seconds float64) {
 
 // extendState adds to st what the live page shows besides the counts.
 func extendState(st *ZoneState, z *zone) {
-	st.Refused = z.stats.refusedByReason()
+	st.Refused = z.refusedByReason()
 	st.Wait = z.stats.waits.state(time.Now())
 	a := z.adaptive.current()
 	if a != nil {
@@ -184,6 +216,9 @@ func extendState(st *ZoneState, z *zone) {
 	v := z.view.Load()
 	if v == nil {
 		return
+	}
+	if v.costs {
+		st.Cost = ptr(z.units.state())
 	}
 	for i := range st.Limits {
 		if i < len(v.max) {
@@ -204,8 +239,5 @@ func extendState(st *ZoneState, z *zone) {
 
 func ptr[T any](v T) *T { return &v }
 
-// Interface guards
-var (
-	_ prometheus.Counter  = teeCounter{}
-	_ prometheus.Observer = teeObserver{}
-)
+// Interface guard
+var _ prometheus.Observer = teeObserver{}

@@ -36,7 +36,9 @@ var (
 
 // unitStats are a zone's units that the engine does not count: those its
 // waiters ask for, and the costs of the requests it admitted since it was
-// made, for the admin API.
+// made, for the admin API. Only handlers with a cost count costs: without
+// one every request holds one unit, and the request path writes nothing
+// the whole zone shares.
 type unitStats struct {
 	waiting atomic.Int64
 	costs   atomic.Int64 // admitted requests
@@ -55,7 +57,7 @@ func (s *unitStats) state() CostState {
 }
 
 // costObserver is the cost histogram of a zone, which also sums in its
-// zone's stats.
+// zone's stats; only handlers with a cost observe it.
 type costObserver struct {
 	prometheus.Observer
 	s *unitStats
@@ -75,7 +77,7 @@ type waitUnits struct {
 
 // start counts req's cost as waiting.
 func (w *waitUnits) start(req *limiter.Request) {
-	w.units = min(max(req.Cost, 1), limiter.MaxCost)
+	w.units = limiter.ClampCost(req.Cost)
 	w.zone.waiting.Add(w.units)
 }
 

@@ -2,6 +2,8 @@ package core
 
 import (
 	"context"
+	"encoding/json"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -76,19 +78,20 @@ func TestRequestSeriesCountRequestsAndUnitsBeside(t *testing.T) {
 	}
 }
 
-// TestWaitingUnitsAndCostsThroughTheGate: a unit waiting counts its
-// units as waiting until its wait ends, and each admitted unit adds its
-// units to the cost histogram, in metrics and the admin API.
+// TestWaitingUnitsAndCostsThroughTheGate: with costs, a unit waiting
+// counts its units as waiting until its wait ends, and each admitted unit
+// adds its units to the cost histogram, in metrics and the admin API.
 func TestWaitingUnitsAndCostsThroughTheGate(t *testing.T) {
-	g := testGate(t, "units-wait", &Config{
+	g := testGateOn(t, "units-wait", &Config{
 		Zone:   "units-wait",
-		Limits: []Limit{{Name: "client", Key: "{client}", Max: Max{Fixed: 1}}},
+		Limits: []Limit{{Name: "client", Key: "{client}", Max: Max{Fixed: 2}}},
 		Wait:   caddy.Duration(30 * time.Second),
-	})
+	}, Edge{Costs: true})
 	zoneLabels := map[string]string{"zone": "units-wait"}
 	before, _ := sample(t, "caddy_inflight_request_cost", zoneLabels)
 	before = max(before, 0)
 	held, waiter := g.newTicket("k"), g.newTicket("k")
+	held.Req.Cost, waiter.Req.Cost = 2, 2
 	if v := g.Admit(context.Background(), held, "", ""); v.Outcome != limiter.Admitted {
 		t.Fatalf("the first unit: %+v, want admitted", v)
 	}
@@ -98,8 +101,8 @@ func TestWaitingUnitsAndCostsThroughTheGate(t *testing.T) {
 		n, _ := sample(t, "caddy_inflight_waiting", zoneLabels)
 		return n == 1
 	})
-	if units, _ := sample(t, "caddy_inflight_waiting_units", zoneLabels); units != 1 {
-		t.Errorf("caddy_inflight_waiting_units %v with one unit of cost 1 waiting, want 1", units)
+	if units, _ := sample(t, "caddy_inflight_waiting_units", zoneLabels); units != 2 {
+		t.Errorf("caddy_inflight_waiting_units %v with one unit of cost 2 waiting, want 2", units)
 	}
 	g.Release(held)
 	if v := <-done; v.Outcome != limiter.Admitted {
@@ -110,11 +113,11 @@ func TestWaitingUnitsAndCostsThroughTheGate(t *testing.T) {
 		t.Errorf("caddy_inflight_waiting_units %v once nobody waits, want 0", units)
 	}
 	count, sum := sample(t, "caddy_inflight_request_cost", zoneLabels)
-	if count-before != 2 || sum != count {
-		t.Errorf("caddy_inflight_request_cost: %v more units, sum %v of %v; want 2 more, each of 1", count-before, sum, count)
+	if count-before != 2 || sum != 2*count {
+		t.Errorf("caddy_inflight_request_cost: %v more units, sum %v of %v; want 2 more, each of 2", count-before, sum, count)
 	}
 	st := stateOf(g.zone)
-	if st.Cost.Count != int64(count) || st.Cost.Sum != int64(sum) || st.WaitingUnits != 0 {
+	if st.Cost == nil || st.Cost.Count != int64(count) || st.Cost.Sum != int64(sum) || st.WaitingUnits != 0 {
 		t.Errorf("admin API: cost %+v, waiting units %d; want the histogram's %v and %v, and 0", st.Cost, st.WaitingUnits, count, sum)
 	}
 }
@@ -137,4 +140,87 @@ func TestWaitingUnitsAreTheCost(t *testing.T) {
 			t.Errorf("cost %d: %d units waiting after the wait, want 0", tc.cost, got)
 		}
 	}
+}
+
+// TestWithoutCostUnitsAreRequests: without costs every unit holds one
+// unit: the zone has no cost histogram and the admin API no cost, while
+// its units in flight are counted as with costs.
+func TestWithoutCostUnitsAreRequests(t *testing.T) {
+	g := testGate(t, "units-none", &Config{
+		Zone:   "units-none",
+		Limits: []Limit{{Name: "client", Key: "{client}", Max: Max{Fixed: 1}}},
+	})
+	held := g.newTicket("k")
+	if v := g.Admit(context.Background(), held, "", ""); v.Outcome != limiter.Admitted {
+		t.Fatalf("the first unit: %+v, want admitted", v)
+	}
+	defer g.Release(held)
+	if count, _ := sample(t, "caddy_inflight_request_cost", map[string]string{"zone": "units-none"}); count != -1 {
+		t.Errorf("caddy_inflight_request_cost of a zone without cost: %v units, want no series", count)
+	}
+	st := stateOf(g.zone)
+	if l := st.Limits[0]; st.Cost != nil || l.Held != 1 || l.Units != 1 {
+		t.Errorf("admin API: cost %+v, limit %+v; want no cost, 1 unit held", st.Cost, l)
+	}
+}
+
+// TestRefusalsCountFromTheZonesStart: a zone made under a name that
+// refused before (its limits changed on reload) counts its own refusals
+// only, as the metric counts them.
+func TestRefusalsCountFromTheZonesStart(t *testing.T) {
+	rejectedTotal.WithLabelValues("refusals", "client", reasonFull).Add(2)
+	limits := []Limit{{Name: "client", Key: "{client}", Max: Max{Fixed: 1}}}
+	z, _ := loadZone(zoneID("refusals", true, limits, false), "refusals", limits, false)
+	defer zones.Delete(z.id)
+	z.startStats()
+	if got := z.refusedByReason(); len(got) != 0 {
+		t.Fatalf("a new zone: refused %v, want none", got)
+	}
+	rejectedTotal.WithLabelValues("refusals", "client", reasonFull).Inc()
+	rejectedTotal.WithLabelValues("refusals", totalName, reasonQueueFull).Inc()
+	if got := z.refusedByReason(); len(got) != 2 || got[reasonFull] != 1 || got[reasonQueueFull] != 1 {
+		t.Fatalf("refused %v, want full 1 and queue_full 1", got)
+	}
+}
+
+// TestStateOfACostZoneIsInUnits: the state the live page reads gives, for
+// a zone whose units have costs, the units in flight beside the requests
+// and the cap in units, and says the zone has costs: 3 requests of cost
+// 500 under a total of 2000 are 1500 units of 2000.
+func TestStateOfACostZoneIsInUnits(t *testing.T) {
+	g := testGateOn(t, "units-page", &Config{Zone: "units-page", Total: 2000}, Edge{Costs: true})
+	for i := range 3 {
+		tk := g.newTicket()
+		tk.Req.Cost = 500
+		if v := g.Admit(context.Background(), tk, "", ""); v.Outcome != limiter.Admitted {
+			t.Fatalf("unit %d: %+v, want admitted", i, v)
+		}
+		defer g.Release(tk)
+	}
+	w := httptest.NewRecorder()
+	if err := ServeState(w); err != nil {
+		t.Fatal(err)
+	}
+	var state struct {
+		Zones []struct {
+			Zone       string
+			Total      int64           `json:"total"`
+			TotalUnits int64           `json:"total_units"`
+			TotalMax   int64           `json:"total_max"`
+			Cost       json.RawMessage `json:"cost"`
+		}
+	}
+	if err := json.Unmarshal(w.Body.Bytes(), &state); err != nil {
+		t.Fatal(err)
+	}
+	for _, z := range state.Zones {
+		if z.Zone != "units-page" {
+			continue
+		}
+		if z.Total != 3 || z.TotalUnits != 1500 || z.TotalMax != 2000 || string(z.Cost) != `{"count":3,"sum":1500}` {
+			t.Fatalf("state: total %d, total_units %d, total_max %d, cost %s; want 3, 1500, 2000 and 3 costs of 1500 units", z.Total, z.TotalUnits, z.TotalMax, z.Cost)
+		}
+		return
+	}
+	t.Fatalf("no zone units-page in %s", w.Body)
 }

@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"sync"
@@ -221,4 +222,62 @@ func TestFairSharesInUnits(t *testing.T) {
 		}
 		t.Logf("unit-second shares %.4f / %.4f (want 2/3, 1/3)", share, 1-share)
 	})
+}
+
+// A per-request max of 2^63-1 (an "unlimited" map value) admits, split
+// between replicas or not: a cap above the unit range counts as MaxCost.
+func TestUnlimitedPlaceholderMaxAdmits(t *testing.T) {
+	for _, div := range []int64{0, 2, 3} {
+		z := NewZone(1, false, nil)
+		lim := &Limits{Max: []int64{0}, Divisor: div}
+		r := &Request{Keys: []string{"tenant"}, Max: []int64{math.MaxInt64}, Limits: lim, Cost: 7}
+		if ok, d := z.TryAcquire(r); !ok {
+			t.Errorf("replicas %d: refused by dimension %d in an empty zone, want admitted", div, d)
+			continue
+		}
+		if r.Units() != 7 {
+			t.Errorf("replicas %d: took %d units, want its cost 7", div, r.Units())
+		}
+		z.Release(r)
+	}
+}
+
+// split is ceil(n/div) for every positive int64, never negative.
+func TestSplitNeverOverflows(t *testing.T) {
+	for _, c := range []struct{ n, div, want int64 }{
+		{math.MaxInt64, 2, 1 << 62},
+		{math.MaxInt64, 3, math.MaxInt64/3 + 1},
+		{math.MaxInt64 - 1, 2, 1<<62 - 1},
+		{5, 2, 3}, {4, 2, 2}, {1, 1000, 1}, {7, 1, 7}, {7, 0, 7},
+	} {
+		if got := split(c.n, c.div); got != c.want {
+			t.Errorf("split(%d, %d) = %d, want %d", c.n, c.div, got, c.want)
+		}
+	}
+}
+
+// A total above the unit range counts as MaxCost: requests of MaxCost
+// units each are admitted one at a time, and the total's request count is
+// never touched by units.
+func TestTotalAboveUnitRangeNeverOverflows(t *testing.T) {
+	z := NewZone(1, true, nil)
+	lim := &Limits{Max: []int64{0}, Total: 1 << 41}
+	var admitted []*Request
+	for i := range 3 {
+		r := &Request{Keys: []string{fmt.Sprint("key", i)}, Max: []int64{math.MaxInt64}, Limits: lim, Cost: MaxCost}
+		if ok, _ := z.TryAcquire(r); ok {
+			admitted = append(admitted, r)
+		}
+	}
+	units, requests := z.Load(TotalDim)
+	if len(admitted) != 1 || units != MaxCost || requests != 1 {
+		t.Errorf("three requests of MaxCost under a total of 2^41: %d admitted, total holds %d units in %d requests; want 1 admitted holding %d units",
+			len(admitted), units, requests, int64(MaxCost))
+	}
+	for _, r := range admitted {
+		z.Release(r)
+	}
+	if units, requests := z.Load(TotalDim); units != 0 || requests != 0 {
+		t.Errorf("after every release: %d units in %d requests, want 0", units, requests)
+	}
 }

@@ -61,6 +61,9 @@ type virtualClock struct {
 	base  float64 // virtual time moved back by rebases, in all
 	// rebaseAbove is the number of tags above which the next grant rebases.
 	rebaseAbove int
+	// of, if set, is the clock this one simulates grants on (see
+	// SharedQueue.order): its tags are read where this one has none.
+	of *virtualClock
 }
 
 // minRebaseAbove is the fewest tags that make a grant rebase.
@@ -75,22 +78,37 @@ func (c *virtualClock) place(key uint64) float64 {
 
 // start returns the virtual time at which key starts its next unit.
 func (c *virtualClock) start(key uint64) float64 {
-	return max(c.vtime, c.tags[key])
+	tag, ok := c.tags[key]
+	if !ok && c.of != nil {
+		tag = c.of.tags[key]
+	}
+	return max(c.vtime, tag)
 }
 
-// charge records a grant of units to key at weight w (within the
-// bounds).
-func (c *virtualClock) charge(key uint64, units int64, w float64) {
+// advance records a grant of units to key at weight w (within the
+// bounds): the arithmetic of fair sharing.
+func (c *virtualClock) advance(key uint64, units int64, w float64) {
 	if c.tags == nil {
 		c.tags = map[uint64]float64{}
 	}
 	start := c.start(key)
 	c.vtime = start
 	c.tags[key] = start + float64(units)/w
+}
+
+// charge records a grant of units to key at weight w, rebasing when due.
+func (c *virtualClock) charge(key uint64, units int64, w float64) {
+	c.advance(key, units, w)
 	if len(c.tags) > max(c.rebaseAbove, minRebaseAbove) || c.vtime >= rebaseAt {
 		c.rebase()
 		c.rebaseAbove = 2 * len(c.tags)
 	}
+}
+
+// simulate returns a clock on which grants can be simulated without
+// moving c.
+func (c *virtualClock) simulate() *virtualClock {
+	return &virtualClock{vtime: c.vtime, of: c}
 }
 
 // rebase moves virtual time back to 0 and every tag with it, dropping the

@@ -22,14 +22,9 @@ type flow struct {
 	head, tail *waiter // arrival order
 	n          int
 
-	// filed is the blocker the flow is filed under, if isFiled (it is not
-	// while serve tries it), in lane at index idx; place orders a fair
-	// flow in its lane (see filing.go).
-	filed   blocker
-	isFiled bool
-	lane    *lane
-	idx     int
-	place   float64
+	// listed are the flow's entries in the filings of the blockers that
+	// refused it since it started waiting: it holds their room (see serve).
+	listed []*listing
 }
 
 // blocker names a constraint that can keep a flow waiting: a key at its
@@ -88,11 +83,10 @@ func shareOf(w float64, c Class) float64 {
 	return classWeight(c)
 }
 
-// enqueue queues req, refused by b, as a waiter counted under perKey (0:
-// not counted), in its flow, making and filing the flow if it is new. An
-// existing flow stays filed where it is: its blocker is full too (the
-// invariant), and req cannot fit before it does.
-func (q *queue) enqueue(req *Request, opt WaitOptions, perKey uint64, b blocker) *waiter {
+// enqueue queues req, refused with outcome o by dimension d, as a waiter
+// counted under perKey (0: not counted), in its flow, making the flow if
+// it is new, and lists the flow under what refused req.
+func (q *queue) enqueue(req *Request, opt WaitOptions, perKey uint64, o Outcome, d int) *waiter {
 	q.seq++
 	w := &waiter{Place: Place{Class: opt.Class, Arrived: q.clock.Now(), Seq: q.seq}, req: req, ready: make(chan struct{}), perKey: perKey}
 	q.queued.Add(1)
@@ -120,20 +114,17 @@ func (q *queue) enqueue(req *Request, opt WaitOptions, perKey uint64, b blocker)
 		f.tail.next = w
 	}
 	f.tail = w
-	if f.n++; f.n == 1 {
-		q.file(f, b)
-	}
+	f.n++
+	q.file(f, o, d)
 	if w.perKey != 0 {
 		q.perKey[w.perKey]++
 	}
 	return w
 }
 
-// dequeue takes w out of its flow, and drops the flow once empty. A flow
-// being tried is not filed; serve files it again if it still has waiters.
-// It returns the blocker whose filing lost the flow, if it did: room held
-// there for the flow may now go to others.
-func (q *queue) dequeue(w *waiter) (blocker, bool) {
+// dequeue takes w out of its flow, and drops the flow once empty: the
+// blockers whose room it held go to freed, for dispatch to serve.
+func (q *queue) dequeue(w *waiter) {
 	f := w.flow
 	wasHead := f.head == w
 	if w.prev == nil {
@@ -158,12 +149,9 @@ func (q *queue) dequeue(w *waiter) (blocker, bool) {
 		if wasHead {
 			q.headLeft(f)
 		}
-		return blocker{}, false
+		return
 	}
-	left, wasFiled := f.filed, f.isFiled
-	if wasFiled {
-		q.unfile(f)
-	}
+	q.unlist(f)
 	switch first := q.byID[f.id]; {
 	case first != f:
 		for first.collide != f {
@@ -175,7 +163,6 @@ func (q *queue) dequeue(w *waiter) (blocker, bool) {
 	default:
 		delete(q.byID, f.id)
 	}
-	return left, wasFiled
 }
 
 // flowID hashes the constraints that make a flow.

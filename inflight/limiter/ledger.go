@@ -1,20 +1,26 @@
 package limiter
 
 // A Ledger keeps a zone's counts outside the process: a store shared by a
-// fleet, such as leases in Redis. It only takes and gives back; the queue
-// over it (SharedQueue) decides who is tried, in what order, and who
-// waits, with the same code as the zone's own queue.
+// fleet, such as leases in Redis. It answers claims and never calls back
+// into the engine: the queue over it (SharedQueue) decides who is tried,
+// in what order, what each holds and who waits, with the same code as the
+// zone's own queue, and counts what the ledger admits in the zone (its
+// local mirror).
 type Ledger interface {
-	// Take tries reqs in order, each all or nothing against the limits
-	// that apply to it now, and returns the verdict of each: Admitted (its
-	// units taken and recorded in it for Give), or Full or KeysFull with
-	// the refusing dimension. A constraint that refused one request
-	// refuses every later one of the call that needs it: what the first
-	// waits for is not taken by those behind it. waits says which requests
-	// wait if refused. An error means no answer: nothing was taken.
-	Take(reqs []*Request, waits []bool) ([]Verdict, error)
-	// Give gives back what an admitted request took.
-	Give(req *Request)
+	// Take tries claims in order, each all or nothing, and returns the
+	// verdict of each: Admitted with the lease that identifies what it
+	// took (for Give), or Full with the refusing dimension. A claim that
+	// waits and is refused holds, against every later claim of the call,
+	// the room of the dimension that refused it and of each in its Hold:
+	// what the first waits for is not taken by those behind it. An error
+	// means no answer: nothing was taken.
+	Take(claims []Claim) ([]Verdict, error)
+	// Give gives back what the claim admitted with lease took.
+	Give(lease string)
+	// Record enters a claim that the zone admitted alone while the ledger
+	// could not answer (a store that fails open), once it answers again,
+	// and returns its lease.
+	Record(c Claim) string
 	// Idle says that the queue has no call under way and none to follow:
 	// the ledger may do work it defers while calls follow one another (a
 	// shared store removes the leases released meanwhile, which the next
@@ -22,14 +28,34 @@ type Ledger interface {
 	Idle()
 }
 
-// Verdict is a Ledger's answer for one request: Admitted, or Full or
-// KeysFull by dimension Dim (TotalDim: the total).
+// A Claim is what one request asks of a Ledger: Units in the count of each
+// dimension it has a key in, and in the total, each within its cap (the
+// fleet's, in units: see Limits.units).
+type Claim struct {
+	// Keys holds one key per dimension; "" means none.
+	Keys []string
+	// Caps holds the cap of each dimension's key.
+	Caps []int64
+	// Total is the total's cap, if the zone counts one.
+	Total int64
+	Units int64
+	// Waits says that the request waits if refused.
+	Waits bool
+	// Hold lists the dimensions (TotalDim: the total) whose room the claim
+	// holds if refused: those that refused it before (see serve).
+	Hold []int
+}
+
+// Verdict is a Ledger's answer for one claim: Admitted with its Lease, or
+// Full by dimension Dim (TotalDim: the total). The queue also answers
+// KeysFull, for max_keys, which it checks itself.
 type Verdict struct {
 	Outcome Outcome
 	Dim     int
+	Lease   string
 }
 
-// adopt makes req hold what the ledger took for from, its copy.
+// adopt makes req hold what the queue took for from, its copy.
 func (req *Request) adopt(from *Request) {
-	req.Lease, req.taken, req.held, req.hashes = from.Lease, from.taken, from.held, from.hashes
+	req.lease, req.taken, req.held, req.hashes = from.lease, from.taken, from.held, from.hashes
 }

@@ -2,12 +2,12 @@ package limiter
 
 import "sync"
 
-// WaitOutside reserves a place for a request about to wait in a shared
+// waitOutside reserves a place for a request about to wait in a shared
 // queue instead of the zone's own, unless max (if positive) wait there
 // already. A zone can have several shared queues for a while (a reload that
 // changed a store's options keeps the old one serving its waiters), and
 // max_waiting bounds them together.
-func (z *Zone) WaitOutside(max int) bool {
+func (z *Zone) waitOutside(max int) bool {
 	for {
 		n := z.outside.Load()
 		if max > 0 && n >= int64(max) {
@@ -19,8 +19,8 @@ func (z *Zone) WaitOutside(max int) bool {
 	}
 }
 
-// DoneWaitingOutside gives back a place WaitOutside reserved.
-func (z *Zone) DoneWaitingOutside() { z.outside.Add(-1) }
+// doneWaitingOutside gives back a place waitOutside reserved.
+func (z *Zone) doneWaitingOutside() { z.outside.Add(-1) }
 
 // WaitingOutside returns how many of the zone's requests wait in shared
 // queues.
@@ -58,9 +58,9 @@ func (z *Zone) SharedQueues() []*SharedQueue {
 }
 
 // waitingElsewhere counts the waiters of req's key (of opt.KeyDim) in the
-// zone's shared queues other than q, for max_waiting_per_key. q's mu must
-// not be held.
-func (z *Zone) waitingElsewhere(q *SharedQueue, req *Request, opt WaitOptions) int {
+// zone's other shared queues, for max_waiting_per_key. q's mu must not be
+// held.
+func (q *SharedQueue) waitingElsewhere(req *Request, opt WaitOptions) int {
 	if opt.MaxWaitingPerKey <= 0 {
 		return 0
 	}
@@ -69,7 +69,7 @@ func (z *Zone) waitingElsewhere(q *SharedQueue, req *Request, opt WaitOptions) i
 		return 0
 	}
 	n := 0
-	for _, other := range z.SharedQueues() {
+	for _, other := range q.zone.SharedQueues() {
 		if other != q {
 			other.mu.Lock()
 			n += other.perKey[k]

@@ -91,15 +91,18 @@ type WaitOptions struct {
 }
 
 // queue holds the waiting requests of a zone, grouped in flows (waiters
-// with exactly the same constraints, see flow.go), each flow filed under
-// the one constraint that blocked it when last tried.
+// with exactly the same constraints, see flow.go), each flow listed under
+// the constraints that refused it since it started waiting.
 //
 // Invariants, with mu held:
-//   - No queued waiter fits. Every flow is filed under a blocker (a key at
-//     its cap, a shard at its key bound, or the total) that was full when
-//     the flow was last tried, and the flow is tried again whenever that
-//     blocker gives back a slot (Release) or the caps change (Adopt,
-//     Retire). A flow cannot fit while its blocker is full, so flows filed
+//   - No queued waiter may be admitted: each is refused by a full
+//     blocker (a key at its cap, a shard at its key bound, or the total) or
+//     by a blocker whose room is held for a better flow (see serve). Every
+//     flow is listed under each blocker that refused it since it started
+//     waiting, until it is admitted or gone, and the best flow listed under
+//     a blocker is tried again whenever that blocker gives back a slot
+//     (Release), its room is no longer held for a flow (the flow left or
+//     was admitted), or the caps change (Adopt, Retire). So flows listed
 //     under other blockers need not be looked at: the cost of a release is
 //     the flows it could unblock, not the waiters.
 //   - Within a flow the oldest waiter is the best (same class, same weight,
@@ -208,7 +211,7 @@ func (z *Zone) Acquire(ctx context.Context, req *Request, opt WaitOptions) Resul
 		z.mu.Unlock()
 		return Result{Outcome: QueueFull, Dim: d}
 	}
-	w := z.enqueue(req, opt, perKey, z.blockerOf(req, o, d))
+	w := z.enqueue(req, opt, perKey, o, d)
 	z.mu.Unlock()
 	if opt.Queued != nil {
 		opt.Queued()
@@ -228,9 +231,7 @@ func (z *Zone) Acquire(ctx context.Context, req *Request, opt WaitOptions) Resul
 		}
 		return Result{Outcome: Admitted, Waited: waited}
 	}
-	if left, ok := z.dequeue(w); ok { // the room held there for its flow is free
-		z.freed = append(z.freed, left)
-	}
+	z.dequeue(w) // the room held for its flow, if it was the last, is free
 	z.pending.Add(-1)
 	o, d = Full, 0
 	if outcome == Timeout {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -23,16 +24,32 @@ import (
 // goroutine asks for a call on every Wake (a release anywhere in the
 // fleet) and every poll.
 //
+// The ledger never calls back into the engine: a call sends it claims
+// (Claim), built from each request's limits as they apply now, and the
+// queue applies the verdicts. The zone is the queue's local mirror: it
+// counts what the ledger admitted (metrics, and the caps it enforces alone
+// while the ledger cannot answer, see AcquireAlone), and bounds the keys
+// this instance holds under max_keys, which protects this process's
+// memory (the caps themselves are the ledger's).
+//
 // Invariants, besides the queue's: its waiters are counted in the zone's
-// WaitOutside (max_waiting bounds every queue of the zone together) and,
+// waitOutside (max_waiting bounds every queue of the zone together) and,
 // while it has any, it is listed in the zone's shared queues (their keys
-// are shown, and max_waiting_per_key counts them all). Flows are all filed
-// under the total: every call tries every waiter, so no filing needs to
-// say what to try. Lock order: calls.mu is never held with mu.
+// are shown, and max_waiting_per_key counts them all). Held room is the
+// queue's: a flow is listed under every constraint the ledger refused it
+// by, as in the zone's own queue, and each call sends the waiters in the
+// queue order with the constraints each holds (Claim.Hold), which the
+// ledger applies within the call (it alone sees, in one round trip, which
+// constraint is full). Every call tries every waiter: the ledger's counts
+// change with releases anywhere in the fleet, so no filing can say what
+// to try. A request's fields are written by the call only before its
+// caller sees the verdict, or for a waiter under mu. Lock order: calls.mu
+// is never held with mu; mu before the zone's locks.
 type SharedQueue struct {
-	zone   *Zone
-	ledger Ledger
-	poll   time.Duration
+	zone     *Zone
+	ledger   Ledger
+	poll     time.Duration
+	keyBound atomic.Pointer[keyBound] // see keysOnly
 	queue
 	serving bool // a goroutine serves the waiters; guarded by mu
 	wakeup  chan struct{}
@@ -59,6 +76,16 @@ type newcomerCall struct {
 	lead     []*newcomerCall // set when it makes the next call, for these (itself first)
 }
 
+// try is one request of a call: its claim, and what the call did for it.
+type try struct {
+	req   *Request
+	claim Claim
+	// keys is req's reservation of its keys in the zone under max_keys,
+	// a request of its own: nil if none.
+	keys    *Request
+	verdict Verdict
+}
+
 // NewSharedQueue returns the queue of zone's requests waiting for l, tried
 // again every poll at least.
 func NewSharedQueue(zone *Zone, l Ledger, poll time.Duration) *SharedQueue {
@@ -69,7 +96,8 @@ func NewSharedQueue(zone *Zone, l Ledger, poll time.Duration) *SharedQueue {
 
 // Acquire admits req through the ledger, behind this queue's waiters, or
 // queues it, as opt allows. An error is the ledger's failure to answer for
-// req itself: nothing was taken, and the caller may fall back.
+// req itself: nothing was taken, and the caller may fall back (see
+// AcquireAlone).
 func (q *SharedQueue) Acquire(ctx context.Context, req *Request, opt WaitOptions) (Result, error) {
 	v, err := q.newcomer(req, opt.Wait > 0)
 	switch {
@@ -79,6 +107,28 @@ func (q *SharedQueue) Acquire(ctx context.Context, req *Request, opt WaitOptions
 		return Result{Outcome: v.Outcome, Dim: v.Dim}, nil
 	}
 	return q.wait(ctx, req, opt, v.Dim), nil
+}
+
+// AcquireAlone admits req in the zone alone, as opt allows, while the
+// ledger cannot answer (a store that fails open). The ledger records what
+// was admitted, to enter it once it answers again.
+func (q *SharedQueue) AcquireAlone(ctx context.Context, req *Request, opt WaitOptions) Result {
+	res := q.zone.Acquire(ctx, req, opt)
+	if res.Outcome == Admitted {
+		req.lease = q.ledger.Record(q.claimOf(req, false, nil))
+	}
+	return res
+}
+
+// Release gives back the units req holds, in the zone at once and in the
+// ledger (its Give). A second Release panics, before the ledger sees it.
+func (q *SharedQueue) Release(req *Request) {
+	lease := req.lease
+	q.zone.Release(req)
+	req.lease = ""
+	if lease != "" {
+		q.ledger.Give(lease)
+	}
 }
 
 // Wake asks the serving goroutine to try the waiters now.
@@ -157,19 +207,19 @@ func (q *SharedQueue) run(batch []*newcomerCall) {
 // wait queues a copy of req (a batch may admit it after req's caller has
 // gone, and then gives it back), refused by dimension dim.
 func (q *SharedQueue) wait(ctx context.Context, req *Request, opt WaitOptions, dim int) Result {
-	others := q.zone.waitingElsewhere(q, req, opt)
+	others := q.waitingElsewhere(req, opt)
 	q.mu.Lock()
 	perKey, over := q.perKeyRoom(req, opt, others)
 	if over {
 		q.mu.Unlock()
 		return Result{Outcome: QueueFull, Dim: opt.KeyDim}
 	}
-	if !q.zone.WaitOutside(opt.MaxWaiting) {
+	if !q.zone.waitOutside(opt.MaxWaiting) {
 		q.mu.Unlock()
 		return Result{Outcome: QueueFull, Dim: dim}
 	}
 	own := &Request{Keys: slices.Clone(req.Keys), Max: slices.Clone(req.Max), Limits: req.Limits, Cost: req.Cost}
-	w := q.enqueue(own, opt, perKey, blocker{total: true})
+	w := q.enqueue(own, opt, perKey, Full, dim)
 	if q.queued.Load() == 1 {
 		q.zone.listShared(q, true)
 	}
@@ -193,7 +243,7 @@ func (q *SharedQueue) wait(ctx context.Context, req *Request, opt WaitOptions, d
 	waited := q.clock.Now().Sub(w.Arrived)
 	switch {
 	case granted && outcome == Aborted: // a slot came as its client left
-		q.ledger.Give(own)
+		q.Release(own)
 	case granted:
 		req.adopt(own)
 		return Result{Outcome: Admitted, Waited: waited}
@@ -204,8 +254,9 @@ func (q *SharedQueue) wait(ctx context.Context, req *Request, opt WaitOptions, d
 // leave takes w out of the queue. mu must be held.
 func (q *SharedQueue) leave(w *waiter) {
 	q.dequeue(w)
+	q.freed = q.freed[:0] // every call tries every waiter: nothing to serve
 	w.left = true
-	q.zone.DoneWaitingOutside()
+	q.zone.doneWaitingOutside()
 	if q.queued.Load() == 0 {
 		q.zone.listShared(q, false)
 		q.Wake() // the serving goroutine ends now, not at its next poll
@@ -238,105 +289,182 @@ func (q *SharedQueue) serve() {
 func (q *SharedQueue) call(batch []*newcomerCall) {
 	q.mu.Lock()
 	waiters := q.order(q.clock.Now())
-	q.mu.Unlock()
-	reqs := make([]*Request, 0, len(waiters)+len(batch))
-	waits := make([]bool, 0, len(waiters)+len(batch))
+	tries := make([]try, 0, len(waiters)+len(batch))
 	for _, w := range waiters {
-		reqs, waits = append(reqs, w.req), append(waits, true)
+		tries = append(tries, try{req: w.req, claim: q.claimOf(w.req, true, w.flow.held())})
 	}
+	q.mu.Unlock()
 	for _, a := range batch {
-		reqs, waits = append(reqs, a.req), append(waits, a.willWait)
+		tries = append(tries, try{req: a.req, claim: q.claimOf(a.req, a.willWait, nil)})
 	}
-	if len(reqs) == 0 {
+	if len(tries) == 0 {
 		return
 	}
-	verdicts, err := q.ledger.Take(reqs, waits)
+	err := q.take(tries)
 	for i, a := range batch {
-		if err != nil {
-			a.err = err
-			continue
+		t := &tries[len(waiters)+i]
+		if a.err = err; err == nil {
+			a.v = t.verdict
+			q.admitted(t)
 		}
-		a.v = verdicts[len(waiters)+i]
 	}
 	if err != nil {
 		return
 	}
+	var gone []*Request
 	q.mu.Lock()
-	defer q.mu.Unlock()
 	for i, w := range waiters {
-		if verdicts[i].Outcome != Admitted {
+		t := &tries[i]
+		if t.verdict.Outcome != Admitted {
+			if t.verdict.Outcome == Full && !w.left { // it holds that room from now on
+				q.file(w.flow, Full, t.verdict.Dim)
+			}
 			continue
 		}
+		q.admitted(t)
 		if w.flow.fair {
 			q.charge(w.flow, w.req.taken)
 		}
 		if w.left { // it left while the ledger answered
-			q.ledger.Give(w.req)
+			gone = append(gone, w.req)
 			continue
 		}
 		w.granted = true
 		q.leave(w)
 		close(w.ready)
 	}
+	q.mu.Unlock()
+	for _, req := range gone {
+		q.Release(req)
+	}
+}
+
+// claimOf returns what req asks of the ledger under the limits that apply
+// to it now: its units within the fleet's caps (not split by Divisor).
+func (q *SharedQueue) claimOf(req *Request, waits bool, hold []int) Claim {
+	lim := q.zone.limitsFor(req)
+	c := Claim{Keys: req.Keys, Caps: make([]int64, len(req.Keys)), Units: lim.units(req, q.zone.hasTotal, true), Waits: waits, Hold: hold}
+	for d, key := range req.Keys {
+		if key != "" {
+			c.Caps[d] = lim.capOf(req, d, true)
+		}
+	}
+	if q.zone.hasTotal {
+		c.Total = lim.capOf(req, TotalDim, true)
+	}
+	return c
+}
+
+// take reserves the keys of each try under max_keys, refusing with
+// KeysFull those that have no room, and sends the others' claims in one
+// Take. On an error, nothing is taken or reserved.
+func (q *SharedQueue) take(tries []try) error {
+	claims := make([]Claim, 0, len(tries))
+	sent := make([]int, 0, len(tries))
+	for i := range tries {
+		t := &tries[i]
+		if lim := q.zone.limitsFor(t.req); lim.MaxKeys > 0 {
+			keys := &Request{Keys: t.req.Keys, Limits: q.keysOnly(lim), Cost: t.claim.Units}
+			if ok, d := q.zone.TryAcquire(keys); !ok {
+				t.verdict = Verdict{Outcome: KeysFull, Dim: d}
+				continue
+			}
+			t.keys = keys
+		}
+		claims = append(claims, t.claim)
+		sent = append(sent, i)
+	}
+	verdicts, err := q.ledger.Take(claims)
+	for j, i := range sent {
+		t := &tries[i]
+		if err == nil {
+			t.verdict = verdicts[j]
+		}
+		if t.keys != nil && (err != nil || t.verdict.Outcome != Admitted) {
+			q.zone.Release(t.keys)
+			t.keys = nil
+		}
+	}
+	return err
+}
+
+// admitted makes an admitted try's request hold what the ledger took: its
+// lease, and its units in the zone (those its key reservation counted, or
+// counted now).
+func (q *SharedQueue) admitted(t *try) {
+	if t.verdict.Outcome != Admitted {
+		return
+	}
+	if t.keys != nil {
+		t.req.taken, t.req.held, t.req.hashes = t.keys.taken, t.keys.held, t.keys.hashes
+	} else {
+		q.zone.hold(t.req, t.claim.Units)
+	}
+	t.req.lease = t.verdict.Lease
+}
+
+// keysOnly returns lim without its caps, keeping max_keys, for reserving
+// keys; the last one made is kept, as limits change only on reload.
+func (q *SharedQueue) keysOnly(lim *Limits) *Limits {
+	if b := q.keyBound.Load(); b != nil && b.of == lim {
+		return b.keysOnly
+	}
+	max := make([]int64, len(lim.Max))
+	for i := range max {
+		max[i] = MaxCost
+	}
+	b := &keyBound{of: lim, keysOnly: &Limits{Max: max, MaxKeys: lim.MaxKeys}}
+	q.keyBound.Store(b)
+	return b.keysOnly
+}
+
+// keyBound pairs a handler's limits with limits that keep only their
+// max_keys.
+type keyBound struct {
+	of, keysOnly *Limits
 }
 
 // order returns every waiter in the order they would be served one after
 // another at time now: the queue order of the flows' heads, each grant
 // charged to its key's fair tag as if it were granted (its cost, unclamped:
-// the ledger clamps). mu must be held.
+// the ledger clamps), on a simulation of the queue's virtual clock. mu
+// must be held.
 func (q *queue) order(now time.Time) []*waiter {
-	sim := simulation{vtime: q.vclock.vtime, clock: &q.vclock, tags: map[uint64]float64{}}
+	sim := q.vclock.simulate()
+	start := func(f *flow) float64 {
+		if !f.fair {
+			return 0
+		}
+		return sim.start(f.fairKey)
+	}
 	var h candidates
 	h.now = now
 	for _, f := range q.byID {
 		for ; f != nil; f = f.collide {
-			h.items = append(h.items, candidate{f: f, w: f.head, start: sim.start(f)})
+			h.items = append(h.items, candidate{f: f, w: f.head, start: start(f)})
 		}
 	}
 	heap.Init(&h)
 	out := make([]*waiter, 0, q.queued.Load())
 	for h.Len() > 0 {
 		c := h.items[0]
-		if s := sim.start(c.f); s > c.start { // its key was charged meanwhile
+		if s := start(c.f); s > c.start { // its key was charged meanwhile
 			h.items[0].start = s
 			heap.Fix(&h, 0)
 			continue
 		}
 		out = append(out, c.w)
 		if c.f.fair {
-			sim.charge(c)
+			sim.advance(c.f.fairKey, c.w.req.cost(), c.f.weight)
 		}
 		if c.w.next == nil {
 			heap.Pop(&h)
 			continue
 		}
-		h.items[0] = candidate{f: c.f, w: c.w.next, start: sim.start(c.f)}
+		h.items[0] = candidate{f: c.f, w: c.w.next, start: start(c.f)}
 		heap.Fix(&h, 0)
 	}
 	return out
-}
-
-// simulation is fair sharing's virtual time as a batch would move it.
-type simulation struct {
-	vtime float64
-	clock *virtualClock
-	tags  map[uint64]float64 // charged in the batch
-}
-
-func (s *simulation) start(f *flow) float64 {
-	if !f.fair {
-		return 0
-	}
-	tag, ok := s.tags[f.fairKey]
-	if !ok {
-		tag = s.clock.tags[f.fairKey]
-	}
-	return max(s.vtime, tag)
-}
-
-func (s *simulation) charge(c candidate) {
-	s.vtime = c.start
-	s.tags[c.f.fairKey] = c.start + float64(c.w.req.cost())/c.f.weight
 }
 
 // candidates is a heap of candidates in the queue order at now.

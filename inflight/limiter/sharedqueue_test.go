@@ -3,23 +3,28 @@ package limiter
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 )
 
-// memLedger is a Ledger in memory: a cap per key of dimension 0 and a
-// total, in units; a constraint that refused a request refuses every later
-// one of the same Take that needs it. gate, if set, holds every Take until
-// it is closed.
+// memLedger is a Ledger in memory: a cap per key of every dimension (the
+// smaller of keyCap and the claim's) and a total, in units; a constraint
+// that refused a waiting claim, and those it holds, refuse every later one
+// of the same Take that needs them. gate, if set, holds every Take until it
+// is closed.
 type memLedger struct {
 	mu        sync.Mutex
 	keyCap    int64
 	totalCap  int64
-	held      map[string]int64
+	held      map[string]int64 // by dimension/key
 	total     int64
+	leases    map[string]Claim
+	next      int
 	takes     int
 	fail      bool
 	gate      chan struct{}
@@ -27,10 +32,12 @@ type memLedger struct {
 }
 
 func newMemLedger(keyCap, totalCap int64) *memLedger {
-	return &memLedger{keyCap: keyCap, totalCap: totalCap, held: map[string]int64{}}
+	return &memLedger{keyCap: keyCap, totalCap: totalCap, held: map[string]int64{}, leases: map[string]Claim{}}
 }
 
-func (l *memLedger) Take(reqs []*Request, waits []bool) ([]Verdict, error) {
+func memKey(d int, key string) string { return fmt.Sprint(d, "/", key) }
+
+func (l *memLedger) Take(claims []Claim) ([]Verdict, error) {
 	if l.gate != nil {
 		<-l.gate
 	}
@@ -40,24 +47,45 @@ func (l *memLedger) Take(reqs []*Request, waits []bool) ([]Verdict, error) {
 	if l.fail {
 		return nil, errors.New("no answer")
 	}
-	out := make([]Verdict, len(reqs))
-	refusedKey, refusedTotal := map[string]bool{}, false
-	for i, r := range reqs {
-		key := r.Keys[0]
-		u := min(r.cost(), l.keyCap, l.totalCap)
-		switch {
-		case refusedKey[key] || l.held[key]+u > l.keyCap:
-			refusedKey[key] = true
-			out[i] = Verdict{Outcome: Full, Dim: 0}
-		case refusedTotal || l.total+u > l.totalCap:
-			refusedTotal = true
-			out[i] = Verdict{Outcome: Full, Dim: TotalDim}
-		default:
-			l.held[key] += u
-			l.total += u
-			r.taken, r.held, r.Lease = u, true, "lease"
-			out[i] = Verdict{Outcome: Admitted}
+	out := make([]Verdict, len(claims))
+	reserved := map[string]bool{}
+	const total = "total"
+	for i, c := range claims {
+		u := min(c.Units, l.keyCap, l.totalCap)
+		refused := TotalDim - 1
+		for d, key := range c.Keys {
+			if key != "" && (reserved[memKey(d, key)] || l.held[memKey(d, key)]+u > min(l.keyCap, c.Caps[d])) {
+				refused = d
+				break
+			}
 		}
+		if refused < TotalDim && (reserved[total] || l.total+u > l.totalCap) {
+			refused = TotalDim
+		}
+		if refused >= TotalDim {
+			out[i] = Verdict{Outcome: Full, Dim: refused}
+			if c.Waits {
+				for _, d := range append([]int{refused}, c.Hold...) {
+					if d == TotalDim {
+						reserved[total] = true
+					} else {
+						reserved[memKey(d, c.Keys[d])] = true
+					}
+				}
+			}
+			continue
+		}
+		c.Units = u
+		for d, key := range c.Keys {
+			if key != "" {
+				l.held[memKey(d, key)] += u
+			}
+		}
+		l.total += u
+		l.next++
+		lease := fmt.Sprint("lease", l.next)
+		l.leases[lease] = c
+		out[i] = Verdict{Outcome: Admitted, Lease: lease}
 	}
 	if l.afterTake != nil {
 		l.afterTake()
@@ -65,18 +93,42 @@ func (l *memLedger) Take(reqs []*Request, waits []bool) ([]Verdict, error) {
 	return out, nil
 }
 
-func (l *memLedger) Give(r *Request) {
+func (l *memLedger) Give(lease string) {
 	l.mu.Lock()
-	l.held[r.Keys[0]] -= r.taken
-	l.total -= r.taken
-	l.mu.Unlock()
+	defer l.mu.Unlock()
+	c, ok := l.leases[lease]
+	if !ok {
+		panic("memLedger: a lease given back twice")
+	}
+	delete(l.leases, lease)
+	for d, key := range c.Keys {
+		if key != "" {
+			l.held[memKey(d, key)] -= c.Units
+		}
+	}
+	l.total -= c.Units
+}
+
+func (l *memLedger) Record(c Claim) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.next++
+	lease := fmt.Sprint("alone", l.next)
+	l.leases[lease] = c
+	for d, key := range c.Keys {
+		if key != "" {
+			l.held[memKey(d, key)] += c.Units
+		}
+	}
+	l.total += c.Units
+	return lease
 }
 
 func (l *memLedger) Idle() {}
 
 // release gives r back and wakes q, as a release notice would.
 func (l *memLedger) release(q *SharedQueue, r *Request) {
-	l.Give(r)
+	q.Release(r)
 	q.Wake()
 }
 
@@ -188,7 +240,7 @@ func TestSharedQueueLeftDuringTakeGivesBack(t *testing.T) {
 		}()
 		synctest.Wait()
 		l.gate = make(chan struct{})
-		l.Give(holder)
+		q.Release(holder)
 		q.Wake()
 		synctest.Wait() // the batch is held in Take
 		cancel()
@@ -272,4 +324,48 @@ func TestSharedQueuesShareMaxWaitingPerKey(t *testing.T) {
 			t.Fatalf("%d still counted waiting", z.WaitingOutside())
 		}
 	})
+}
+
+// TestSharedQueueMaxKeysUnderConcurrentWaiters: under max_keys, waiters
+// and newcomers of a shared queue never exceed the key bound in the zone
+// or a key's cap in the ledger, and leave every count at zero; the calls
+// write no field of a waiting request that the queue reads (go test -race).
+func TestSharedQueueMaxKeysUnderConcurrentWaiters(t *testing.T) {
+	z := NewZone(1, true, nil)
+	l := newMemLedger(2, 1000)
+	l.afterTake = func() { time.Sleep(100 * time.Microsecond) } // a call takes a while
+	q := NewSharedQueue(z, l, 5*time.Millisecond)
+	lim := &Limits{Max: []int64{2}, Total: 1000, MaxKeys: 3}
+	const workers, rounds = 24, 20
+	var over, admitted atomic.Int64
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range rounds {
+				r := costly(lim, int64(1+i%2), fmt.Sprint("key", (w+i)%4))
+				res, err := q.Acquire(context.Background(), r, WaitOptions{Wait: time.Second, Class: Class(w % 3)})
+				if err != nil || res.Outcome != Admitted {
+					continue
+				}
+				admitted.Add(1)
+				if z.Keys(0) > 3 {
+					over.Add(1)
+				}
+				time.Sleep(50 * time.Microsecond)
+				l.release(q, r)
+			}
+		})
+	}
+	wg.Wait()
+	l.mu.Lock()
+	for k, n := range l.held {
+		if n != 0 {
+			t.Errorf("ledger: key %s holds %d units after every release", k, n)
+		}
+	}
+	l.mu.Unlock()
+	if over.Load() != 0 || admitted.Load() == 0 || z.Keys(0) != 0 || z.Held(TotalDim) != 0 || l.totalHeld() != 0 {
+		t.Fatalf("%d admissions over the key bound, %d admitted; after: %d keys, %d units in the zone, %d in the ledger; want 0 over, some admitted, all 0",
+			over.Load(), admitted.Load(), z.Keys(0), z.Held(TotalDim), l.totalHeld())
+	}
 }

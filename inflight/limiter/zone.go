@@ -30,7 +30,8 @@
 //   - The total is an atomic counter of units and requests (see totalWord),
 //     raised only after the keyed dimensions have been checked under their
 //     locks, by compare-and-swap against its max; it never exceeds the max
-//     it was checked against.
+//     it was checked against, and every max is within MaxCost (units.go),
+//     so units never carry into the request count.
 //   - Once any Limits with MaxKeys has been used, each dimension also counts
 //     its keys (keys.n): the count changes only under the lock of the shard
 //     whose table gained or lost the key, and counting starts with every
@@ -48,11 +49,20 @@
 //     order, newKeys.
 //   - While any request is queued, admissions and releases go through the
 //     queue lock, so a freed slot reaches the waiters it can unblock before
-//     any newcomer sees it (see queue.go), and a blocker with waiters filed
-//     under it holds its room for them: no newcomer takes units there
-//     (see serve). So no request waits for ever behind smaller ones: the
-//     best waiter on a blocker is admitted once the requests holding it
-//     have given back enough.
+//     any newcomer sees it (see queue.go).
+//   - Held room: a waiting flow is listed under every blocker that refused
+//     it, until it is admitted or gone, and a blocker with flows listed
+//     under it holds its room for the best of them: a try that needs it,
+//     by a newcomer or by a flow that is not better, is refused there. So
+//     no request waits for ever behind smaller ones, however many caps it
+//     needs. Proof: let F be the best waiting flow. Each blocker F is
+//     listed under has F as its best, so nothing but F takes units there:
+//     those units only fall. F is listed under each blocker that refuses it
+//     (finitely many: its keys, their key bounds, the total), its units are
+//     within each cap (see units), and a release at any of them tries F; so
+//     F fits once the requests admitted before it have given back enough.
+//     Only flows that become better than F pass it, which the queue order
+//     bounds (aging, fair tags). See serve.
 package limiter
 
 import (
@@ -127,8 +137,6 @@ type Request struct {
 	Cost int64
 	// Limits are the caps of the handler that admits the request.
 	Limits *Limits
-	// Lease identifies the slots a shared store granted, for its Release.
-	Lease string
 
 	// hashes keep the keys' hashes from admission to release, which then
 	// need not hash again; valid while held is set.
@@ -136,13 +144,16 @@ type Request struct {
 	held   bool
 	// taken is the units the request holds, set at admission.
 	taken int64
+	// lease identifies what a Ledger took for the request (see
+	// SharedQueue): an opaque value the ledger returned.
+	lease string
 }
 
 // Units returns the units req holds while admitted: its cost, clamped.
 func (req *Request) Units() int64 { return req.taken }
 
 // cost is req's cost within 1 to MaxCost.
-func (req *Request) cost() int64 { return min(max(req.Cost, 1), MaxCost) }
+func (req *Request) cost() int64 { return ClampCost(req.Cost) }
 
 // hash returns the hash of req's key in dimension d, from admission if it
 // kept it.
@@ -177,7 +188,7 @@ type Zone struct {
 	latest atomic.Pointer[Limits]
 
 	// outside counts the requests waiting in shared queues (see
-	// WaitOutside), and shared lists the queues that have any.
+	// waitOutside), and shared lists the queues that have any.
 	outside atomic.Int64
 	shared  sharedQueues
 
@@ -227,7 +238,8 @@ func (z *Zone) Kick() {
 		return
 	}
 	z.mu.Lock()
-	z.serve(blocker{total: true})
+	z.freed = append(z.freed, blocker{total: true})
+	z.dispatch()
 	z.mu.Unlock()
 }
 
@@ -271,10 +283,10 @@ func (z *Zone) tryNow(req *Request) (Outcome, int) {
 	return z.tryAcquire(req, nil)
 }
 
-// Hold counts units of req in every dimension without checking any cap:
-// for requests a shared store admitted, so that local counts (metrics, and
-// the caps enforced locally while the store is unreachable) include them.
-func (z *Zone) Hold(req *Request, units int64) {
+// hold counts units of req in every dimension without checking any cap:
+// for requests a Ledger admitted, so that local counts (metrics, and the
+// caps enforced locally while the ledger cannot answer) include them.
+func (z *Zone) hold(req *Request, units int64) {
 	for d, key := range req.Keys {
 		if key == "" {
 			continue
@@ -294,8 +306,14 @@ func (z *Zone) Hold(req *Request, units int64) {
 }
 
 // Release gives back the slots req holds and hands them to waiters that
-// now fit. It is safe after the zone is no longer used by any handler.
+// now fit. It is safe after the zone is no longer used by any handler. A
+// request that holds nothing (released already, or never admitted) makes
+// it panic, as semaphore.Weighted does: giving its units back again would
+// let more in than the caps allow.
 func (z *Zone) Release(req *Request) {
+	if !req.held {
+		panic("limiter: Release of a request that holds no units (released twice, or never admitted)")
+	}
 	if z.pending.Load() > 0 {
 		z.mu.Lock()
 		z.giveBack(req, true)
@@ -316,9 +334,6 @@ func (z *Zone) Release(req *Request) {
 // held), records the blockers they free for dispatch.
 func (z *Zone) giveBack(req *Request, collect bool) {
 	units := req.taken
-	if !req.held { // a copy of the admitted request: its cost, unclamped
-		units = req.cost()
-	}
 	for d, key := range req.Keys {
 		if key == "" {
 			continue
@@ -482,20 +497,9 @@ func (z *Zone) tryAcquire(req *Request, r *reservation) (Outcome, int) {
 	return outcome, refusedBy
 }
 
-// units returns the units req takes under lim: its cost, clamped to the
-// smallest cap it is checked against (see the invariants).
-func (z *Zone) units(lim *Limits, req *Request) int64 {
-	u := req.cost()
-	for d, key := range req.Keys {
-		if key != "" {
-			u = min(u, capFor(lim, req, d))
-		}
-	}
-	if c := totalCap(lim); z.hasTotal && c > 0 {
-		u = min(u, c)
-	}
-	return max(u, 1)
-}
+// units returns the units req takes under lim, this instance's share of
+// the caps (see Limits.units).
+func (z *Zone) units(lim *Limits, req *Request) int64 { return lim.units(req, z.hasTotal, false) }
 
 // startCounting makes the zone count each dimension's keys, from the keys
 // its tables hold. It locks every shard, so no key comes or goes unseen.
@@ -536,18 +540,7 @@ func (z *Zone) takeTotal(max, units int64) bool {
 }
 
 // totalCap is the zone-wide cap this instance enforces (0: none).
-func totalCap(lim *Limits) int64 {
-	if lim.Adaptive != nil {
-		return lim.Adaptive.Limit()
-	}
-	return split(lim.Total, lim.Divisor)
-}
-
-// LimitsOf returns the limits that apply to req now: its own, or the
-// zone's latest once a reload retired its own. A shared store checks its
-// waiters against them, so they move to new limits on reload as the
-// in-process queue's do.
-func (z *Zone) LimitsOf(req *Request) *Limits { return z.limitsFor(req) }
+func totalCap(lim *Limits) int64 { return lim.capOf(nil, TotalDim, false) }
 
 // limitsFor returns the limits that apply to req: its own, or the zone's
 // latest once its own were retired by a reload.
@@ -560,32 +553,8 @@ func (z *Zone) limitsFor(req *Request) *Limits {
 	return req.Limits
 }
 
-func capFor(lim *Limits, req *Request, d int) int64 {
-	if d < len(lim.Max) && lim.Max[d] > 0 {
-		return split(lim.Max[d], lim.Divisor)
-	}
-	return split(req.Max[d], lim.Divisor)
-}
-
-// WholeCap returns the cap of dimension d (TotalDim: the total) for req,
-// not split by Divisor: what a store shared by the whole fleet enforces.
-func (l *Limits) WholeCap(req *Request, d int) int64 {
-	if d == TotalDim {
-		return l.Total
-	}
-	if d < len(l.Max) && l.Max[d] > 0 {
-		return l.Max[d]
-	}
-	return req.Max[d]
-}
-
-// split is ceil(n/div), for caps shared by div instances.
-func split(n, div int64) int64 {
-	if div <= 1 {
-		return n
-	}
-	return (n + div - 1) / div
-}
+// capFor is the cap this instance enforces in dimension d for req.
+func capFor(lim *Limits, req *Request, d int) int64 { return lim.capOf(req, d, false) }
 
 // slot is a key's shard and hash, for one admission.
 type slot struct {

@@ -189,13 +189,23 @@ func TestEmptiedMapsAreReplaced(t *testing.T) {
 	}
 }
 
-func TestReleaseOfUnheldKeyIsHarmless(t *testing.T) {
+// Releasing a request that was never admitted panics and changes no
+// count.
+func TestReleaseOfRequestNeverAdmittedPanics(t *testing.T) {
 	z := NewZone(1, false, nil)
 	lim := &Limits{Max: []int64{1}}
-	z.Release(req(lim, "never"))
+	if !panics(func() { z.Release(req(lim, "never")) }) {
+		t.Error("Release of a request never admitted returned quietly, want a panic")
+	}
 	if z.Held(0) != 0 {
 		t.Fatalf("held %d", z.Held(0))
 	}
+}
+
+func panics(f func()) (p bool) {
+	defer func() { p = recover() != nil }()
+	f()
+	return false
 }
 
 func TestMaxKeysBoundsKeysNotRequests(t *testing.T) {
@@ -256,9 +266,10 @@ func TestMaxKeysIsExact(t *testing.T) {
 		if res := z.Acquire(context.Background(), two("one more"), WaitOptions{}); res.Outcome != KeysFull {
 			t.Fatalf("max_keys %d: outcome %d, want KeysFull", max, res.Outcome)
 		}
-		mustAdmit(t, z, two("k0")) // a key in flight is not new
+		again := two("k0")
+		mustAdmit(t, z, again) // a key in flight is not new
 		z.Release(held[0])
-		z.Release(held[0])
+		z.Release(again)
 		mustAdmit(t, z, two("one more")) // a key left: room for one
 	}
 }
@@ -310,13 +321,15 @@ func TestMaxKeysCountsKeysAlreadyInFlight(t *testing.T) {
 		mustAdmit(t, z, req(free, fmt.Sprint("k", i)))
 	}
 	bounded := &Limits{Max: []int64{5}, MaxKeys: 4}
-	mustAdmit(t, z, req(bounded, "k3"))
+	k3 := req(bounded, "k3")
+	mustAdmit(t, z, k3)
 	if ok, _ := z.TryAcquire(req(bounded, "k4")); ok {
 		t.Fatal("fifth key admitted under max_keys 4 with 4 in flight")
 	}
-	mustAdmit(t, z, req(free, "k4")) // a config without the bound still admits
-	z.Release(req(free, "k4"))
-	z.Release(req(bounded, "k3"))
+	k4 := req(free, "k4")
+	mustAdmit(t, z, k4) // a config without the bound still admits
+	z.Release(k4)
+	z.Release(k3)
 	mustAdmit(t, z, req(bounded, "k5"))
 }
 
@@ -398,4 +411,24 @@ func TestMaxKeysWaiterNotLeftBehind(t *testing.T) {
 		}
 		z.Release(w.req)
 	}
+}
+
+// A second Release of the same admission panics, as semaphore.Weighted's
+// does, and gives nothing back twice: the counts stay those of the
+// requests still in flight.
+func TestSecondReleasePanicsAndGivesNothingBack(t *testing.T) {
+	z := NewZone(1, true, nil)
+	lim := &Limits{Max: []int64{5}, Total: 10}
+	a, b := req(lim, "k"), req(lim, "k")
+	a.Cost, b.Cost = 3, 2
+	mustAdmit(t, z, a)
+	mustAdmit(t, z, b)
+	z.Release(a)
+	if !panics(func() { z.Release(a) }) {
+		t.Error("a second Release returned quietly, want a panic")
+	}
+	if got, gotTotal := z.KeyUnits(0, "k"), z.Held(TotalDim); got != 2 || gotTotal != 2 {
+		t.Errorf("after a second Release: key holds %d units, total %d; want 2 and 2 (b's)", got, gotTotal)
+	}
+	z.Release(b)
 }

@@ -182,8 +182,9 @@ func TestUnitCountersBackAtZero(t *testing.T) {
 		zc, _ := zoneOf(crashed, "expiry", limits)
 		req := costly(limits, "k", 3)
 		mustAdmit(t, zc, req, "the instance that crashes")
+		member := onlyLease(t, crashed.book)
 		crashed.book.mu.Lock()
-		delete(crashed.book.leases, req.Lease) // neither renewed nor released
+		delete(crashed.book.leases, member) // neither renewed nor released
 		crashed.book.mu.Unlock()
 		time.Sleep(1100 * time.Millisecond)
 		z, _ := zoneOf(secondInstance(t, addr), "expiry", limits)
@@ -396,4 +397,78 @@ func TestOldLayoutKeysAreNotRead(t *testing.T) {
 	mustAdmit(t, z, second, "second, beside an old instance's full set")
 	z.Release(first)
 	z.Release(second)
+}
+
+// A request that needs two keyed caps (tenant T and client C, caps 10,
+// each held by 9 requests of cost 1) is admitted through Redis while small
+// requests keep arriving for T and C: each admission call holds, for it,
+// the room of every set that refused it before. One round releases the
+// requests holding T (even rounds) or C (odd rounds), each followed by a
+// newcomer for the same key.
+func TestWaiterNeedingTwoCapsIsAdmittedThroughRedis(t *testing.T) {
+	addr, _ := startRedis(t)
+	s := newStore(t, store(addr, nil))
+	limits := &limiter.Limits{Max: []int64{10, 10}}
+	local := limiter.NewZone(2, false, nil)
+	local.Adopt(limits)
+	z := s.Bind("twocaps", []string{"tenant", "client"}, false, local)
+	n := 0
+	arrive := func(tenant, client string) *limiter.Request {
+		n++
+		if tenant == "" {
+			tenant = fmt.Sprint("tenant", n)
+		}
+		if client == "" {
+			client = fmt.Sprint("client", n)
+		}
+		r := &limiter.Request{Keys: []string{tenant, client}, Max: []int64{0, 0}, Limits: limits}
+		if z.Acquire(context.Background(), r, limiter.WaitOptions{}).Outcome == limiter.Admitted {
+			return r
+		}
+		return nil
+	}
+	var onT, onC []*limiter.Request
+	for range 9 {
+		onT = append(onT, arrive("T", ""))
+		onC = append(onC, arrive("", "C"))
+	}
+	big := &limiter.Request{Keys: []string{"T", "C"}, Max: []int64{0, 0}, Limits: limits, Cost: 10}
+	done := make(chan limiter.Result, 1)
+	go func() { done <- z.Acquire(context.Background(), big, limiter.WaitOptions{Wait: time.Minute}) }()
+	eventually(t, "the big request waits", func() bool { return local.WaitingOutside() == 1 })
+	const rounds = 6
+	admittedIn := -1
+	for round := 0; round < rounds && admittedIn < 0; round++ {
+		ending, tenant, client := &onT, "T", ""
+		if round%2 == 1 {
+			ending, tenant, client = &onC, "", "C"
+		}
+		held := *ending
+		*ending = nil
+		for _, r := range held {
+			if r != nil {
+				z.Release(r)
+			}
+			if r := arrive(tenant, client); r != nil {
+				*ending = append(*ending, r)
+			}
+		}
+		select {
+		case res := <-done:
+			if res.Outcome != limiter.Admitted {
+				t.Fatalf("big request: %v, want admitted", res.Outcome)
+			}
+			admittedIn = round + 1
+		case <-time.After(2 * fallbackPoll):
+		}
+	}
+	if admittedIn < 0 || admittedIn > 2 {
+		t.Fatalf("cost-10 request needing T and C: admitted after round %d of %d (-1: never), want by round 2", admittedIn, rounds)
+	}
+	z.Release(big)
+	for _, r := range append(onT, onC...) {
+		if r != nil {
+			z.Release(r)
+		}
+	}
 }

@@ -10,12 +10,17 @@
 // all of a request's sets or to none. A zone makes one such call at a time:
 // the requests that arrive meanwhile go together in the next one.
 //
+// A zone is a limiter.Ledger: it answers the claims of the engine's queue
+// (limiter.SharedQueue), which orders the waiters, decides what room each
+// holds, counts the admitted requests locally and applies max_keys; the
+// store never calls into the engine.
+//
 // Files: module.go is the Caddy module (config, Caddyfile, lifetime);
 // book.go a Redis setup's client and this instance's leases (renewal,
 // release, outage); scripts.go the Lua scripts and what they return;
 // clock.go the scripts' deadlines in Redis's clock;
-// zone.go one zone's admission and release; calls.go its calls to Redis,
-// one at a time; queue.go its waiters;
+// zone.go one zone's claims as sets and members, and its admission call;
+// ledger.go the Ledger's methods, and the removal of ended leases;
 // logger.go routes go-redis's log lines about the store into Caddy's log;
 // check.go the startup check and the reasons failures are logged with.
 //

@@ -290,3 +290,17 @@ func commandStats(t testing.TB, cli *redis.Client) map[string]commandStat {
 	}
 	return stats
 }
+
+// onlyLease returns the member of the one lease b holds.
+func onlyLease(t testing.TB, b *book) string {
+	t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.leases) != 1 {
+		t.Fatalf("%d leases held, want 1", len(b.leases))
+	}
+	for m := range b.leases {
+		return m
+	}
+	return ""
+}

@@ -32,10 +32,10 @@ const listing = 4 * fallbackPoll
 // failure, or after the book closed: its newcomers fall back.
 var errUnavailable = errors.New("redis is left alone after a failure")
 
-// Take admits reqs in Redis, in order, in one admission script (see
+// Take admits claims in Redis, in order, in one admission script (see
 // admit). A call counts as a user of the book: its requests may all leave,
 // and the config go, while it is in Redis.
-func (z *redisZone) Take(reqs []*limiter.Request, waits []bool) ([]limiter.Verdict, error) {
+func (z *redisZone) Take(claims []limiter.Claim) ([]limiter.Verdict, error) {
 	if !z.book.tryEnter() {
 		return nil, errUnavailable
 	}
@@ -49,7 +49,7 @@ func (z *redisZone) Take(reqs []*limiter.Request, waits []bool) ([]limiter.Verdi
 	z.callMu.Lock()
 	z.calling = true
 	z.callMu.Unlock()
-	verdicts, err := z.admit(reqs, waits)
+	verdicts, err := z.admit(claims)
 	z.callMu.Lock()
 	z.lastFailed = err != nil
 	z.callMu.Unlock()
@@ -69,9 +69,9 @@ func (z *redisZone) Idle() {
 	}
 }
 
-// Give gives back what an admitted request took: a waiter's that left as
-// its call admitted it.
-func (z *redisZone) Give(req *limiter.Request) { z.Release(req) }
+// Give has the lease of a request that ended removed from Redis, off the
+// response path (see send).
+func (z *redisZone) Give(lease string) { z.book.release(lease) }
 
 // send has the leases released in the zone removed, off the caller's
 // path: by the next call while calls follow one another (or alone once

@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"crypto/tls"
 	"encoding/hex"
@@ -104,7 +105,9 @@ func (s *Store) Provision(ctx caddy.Context) error {
 	s.Username, s.Password = repl.ReplaceAll(s.Username, ""), repl.ReplaceAll(s.Password, "")
 	s.SentinelUsername, s.SentinelPassword = repl.ReplaceAll(s.SentinelUsername, ""), repl.ReplaceAll(s.SentinelPassword, "")
 	if len(s.Address) == 0 {
-		s.Address = []string{"127.0.0.1:6379"}
+		s.Address = []string{defaultAddress}
+		s.logger.Warn("store redis names no address: using Redis's default, "+defaultAddress+"; the fleet shares one cap only if every instance reaches the same Redis there",
+			zap.String("address", defaultAddress))
 	}
 	if s.Lease == 0 {
 		s.Lease = caddy.Duration(30 * time.Second)
@@ -138,6 +141,10 @@ func (s *Store) Provision(ctx caddy.Context) error {
 	return nil
 }
 
+// defaultAddress is where the store looks for Redis when no address is
+// given: Redis's own default.
+const defaultAddress = "127.0.0.1:6379"
+
 // redisOptions are go-redis's options for the store's settings.
 func (s *Store) redisOptions() *redis.UniversalOptions {
 	timeout := time.Duration(s.Timeout)
@@ -168,42 +175,60 @@ func (s *Store) redisOptions() *redis.UniversalOptions {
 // Validate checks the settings.
 func (s *Store) Validate() error {
 	switch {
-	case s.OnError != "open" && s.OnError != "closed":
-		return fmt.Errorf("inflight: store redis: on_error %q is not allowed: want open or closed", s.OnError)
 	case s.Lease < caddy.Duration(time.Second):
 		return fmt.Errorf("inflight: store redis: lease %s is not allowed: want at least 1s", time.Duration(s.Lease))
 	case s.Timeout <= 0:
 		return fmt.Errorf("inflight: store redis: timeout %s is not allowed: want a positive duration", time.Duration(s.Timeout))
 	case s.DB < 0:
 		return fmt.Errorf("inflight: store redis: db %d is not allowed: want a database number, 0 or more", s.DB)
+	}
+	// The checks the Caddyfile parser also makes, at each option's line.
+	return cmp.Or(checkOnError(s.OnError), checkAddresses(s.Address), checkKeyPrefix(s.KeyPrefix), s.checkTopology())
+}
+
+// checkTopology refuses settings that do not go together: go-redis would
+// ignore one of them.
+func (s *Store) checkTopology() error {
+	switch {
 	case s.DB != 0 && s.MasterName == "" && (s.Cluster || len(s.Address) > 1):
-		// go-redis would ignore it: a cluster has database 0 only.
+		// A cluster has database 0 only.
 		return fmt.Errorf("inflight: store redis: db %d is not allowed with a cluster: want 0 (a Redis Cluster has only database 0)", s.DB)
 	case (s.SentinelUsername != "" || s.SentinelPassword != "") && s.MasterName == "":
 		// go-redis would drop them and take the address for Redis itself.
 		return errors.New("inflight: store redis: sentinel_username and sentinel_password are not allowed without master_name: want master_name with the sentinels' addresses")
 	case s.Cluster && s.MasterName != "":
 		return fmt.Errorf("inflight: store redis: cluster with master_name %q is not allowed: want a cluster or sentinels", s.MasterName)
-	case badAddress(s.Address) != "":
-		return fmt.Errorf("inflight: store redis: address %q is not allowed: want host:port, such as 127.0.0.1:6379", badAddress(s.Address))
-	case strings.ContainsAny(s.KeyPrefix, "{}"):
-		// A brace would change the Redis Cluster hash tag that keeps a
-		// zone's keys in one slot.
-		return fmt.Errorf("inflight: store redis: key_prefix %q is not allowed: want no '{' or '}'", s.KeyPrefix)
 	}
 	return nil
 }
 
-// badAddress returns the first address that is not host:port with a port
-// number, if any.
-func badAddress(addrs []string) string {
+// checkOnError refuses an on_error that is neither open nor closed.
+func checkOnError(v string) error {
+	if v != "open" && v != "closed" {
+		return fmt.Errorf("inflight: store redis: on_error %q is not allowed: want open or closed", v)
+	}
+	return nil
+}
+
+// checkKeyPrefix refuses a brace, which would change the Redis Cluster hash
+// tag that keeps a zone's keys in one slot.
+func checkKeyPrefix(v string) error {
+	if strings.ContainsAny(v, "{}") {
+		return fmt.Errorf("inflight: store redis: key_prefix %q is not allowed: want no '{' or '}'", v)
+	}
+	return nil
+}
+
+// checkAddresses refuses the first address that is not host:port with a
+// port number.
+func checkAddresses(addrs []string) error {
 	for _, a := range addrs {
 		_, port, err := net.SplitHostPort(a)
 		if n, perr := strconv.Atoi(port); err != nil || perr != nil || n < 1 || n > 65535 {
-			return a
+			return fmt.Errorf("inflight: store redis: address %q is not allowed: want host:port, such as 127.0.0.1:6379", a)
 		}
 	}
-	return ""
+	return nil
 }
 
 // Cleanup drops this config's use of the shared client; it closes once no
@@ -263,6 +288,9 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		var err error
 		switch opt {
 		case "address":
+			if err := checkAddresses(args); err != nil {
+				return d.WrapErr(err)
+			}
 			s.Address = append(s.Address, args...)
 		case "cluster":
 			s.Cluster = true
@@ -294,13 +322,23 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "timeout":
 			err = parseDuration(&s.Timeout, args[0], "a positive duration such as 250ms")
 		case "on_error":
+			if err := checkOnError(args[0]); err != nil {
+				return d.WrapErr(err)
+			}
 			s.OnError = args[0]
 		case "key_prefix":
+			if err := checkKeyPrefix(args[0]); err != nil {
+				return d.WrapErr(err)
+			}
 			s.KeyPrefix = args[0]
 		}
 		if err != nil {
 			return d.Errf("inflight: store redis: %s %q is not allowed: want %v", opt, args[0], err)
 		}
+	}
+	// At the block's closing brace: the settings that do not go together.
+	if err := s.checkTopology(); err != nil {
+		return d.WrapErr(err)
 	}
 	return nil
 }

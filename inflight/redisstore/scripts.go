@@ -39,9 +39,12 @@ end
 // its sets or none. It answers, after the time, per request the 1-based
 // position among its sets of the one that was full, or 0 when it was
 // admitted (decoded into verdicts by decodeVerdicts). A set that refused
-// a request that will wait refuses every later request of the call that
-// needs it: what the first waits for is not taken by those behind it (see
-// limiter.Ledger). If a request that will wait was refused, the instance
+// a request that will wait, and each set that request holds (those that
+// refused it before), refuse every later request of the call that needs
+// them: what the first waits for is not taken by those behind it (see
+// limiter.Ledger). The queue decides what each request holds; the script
+// applies it because only Redis sees, within the one round trip of the
+// call, which set is full. If a request that will wait was refused, the instance
 // is listed in the waiting set, so that releases anywhere announce
 // themselves.
 //
@@ -51,8 +54,9 @@ end
 // per group (leases of one set and of the same units, one ZREM) the set's
 // index in KEYS, the units, the number of members and the members; then
 // the number of requests, then per request its member, 1 if it waits when
-// refused, its units, its number of sets, and per set its index in KEYS
-// and its max. The members admitted go into each set in one ZADD.
+// refused, its units, its number of sets, and per set its index in KEYS,
+// its max and 1 if the request holds it. The members admitted go into each
+// set in one ZADD.
 var admitScript = redis.NewScript(countersLua + `
 local t = redis.call('TIME')
 if tonumber(t[1]) * 1000000 + tonumber(t[2]) > tonumber(ARGV[1]) then
@@ -117,13 +121,18 @@ for r = 1, n do
 			local key, max = KEYS[tonumber(ARGV[pos])], tonumber(ARGV[pos + 1])
 			if reserved[key] or (held[key] or heldIn(key)) + units > max and heal(key) + units > max then
 				full = j
-				if willWait then reserved[key] = true end
 			end
 		end
-		pos = pos + 2
+		pos = pos + 3
+	end
+	if full > 0 and willWait then
+		for j = 1, count do
+			local p = first + 3 * (j - 1)
+			if j == full or ARGV[p + 2] == '1' then reserved[KEYS[tonumber(ARGV[p])]] = true end
+		end
 	end
 	if full == 0 then
-		for p = first, pos - 1, 2 do
+		for p = first, pos - 1, 3 do
 			local key = KEYS[tonumber(ARGV[p])]
 			held[key] = held[key] + units
 			if not added[key] then added[key], members[key] = 0, {} end

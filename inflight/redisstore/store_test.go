@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -410,13 +412,14 @@ func TestReleaseDuringRenewalLeavesNoLease(t *testing.T) {
 	req := request(limits, "k")
 	mustAdmit(t, z, req, "acquire")
 	b := s.book
+	member := onlyLease(t, b)
 	b.mu.Lock()
-	renewing := map[string]*lease{req.Lease: b.leases[req.Lease]} // a renewal's snapshot
-	sets := b.leases[req.Lease].sets
+	renewing := map[string]*lease{member: b.leases[member]} // a renewal's snapshot
+	sets := b.leases[member].sets
 	b.mu.Unlock()
 	z.Release(req)
 	eventually(t, "lease removed", func() bool { return members(t, cli, "t") == 0 })
-	cli.ZAdd(context.Background(), sets[0], redis.Z{Score: float64(time.Now().Add(time.Minute).UnixMilli()), Member: req.Lease}) // the renewal lands late
+	cli.ZAdd(context.Background(), sets[0], redis.Z{Score: float64(time.Now().Add(time.Minute).UnixMilli()), Member: member}) // the renewal lands late
 	b.removeAgain(renewing, false)
 	eventually(t, "lease removed again after the renewal", func() bool { return members(t, cli, "t") == 0 })
 }
@@ -449,4 +452,91 @@ func TestLateRenewalLeavesNoLease(t *testing.T) {
 	if took := time.Since(flushed); took > lease/2 {
 		t.Fatalf("the lease a late renewal wrote back stayed %v, want at most one renewal interval (%v)", took.Round(time.Millisecond), lease/3)
 	}
+}
+
+// A second Release of a request the store admitted panics, as the zone's
+// own does, and gives nothing back twice, here or in Redis.
+func TestSecondReleasePanics(t *testing.T) {
+	addr, cli := startRedis(t)
+	s := newStore(t, store(addr, nil))
+	limits := &limiter.Limits{Max: []int64{5}, Total: 5}
+	z, local := zoneOf(s, "twice", limits)
+	a, b := request(limits, "k"), request(limits, "k")
+	a.Cost, b.Cost = 3, 2
+	for _, r := range []*limiter.Request{a, b} {
+		if res := z.Acquire(context.Background(), r, limiter.WaitOptions{}); res.Outcome != limiter.Admitted {
+			t.Fatalf("cost %d: %v, want admitted", r.Cost, res.Outcome)
+		}
+	}
+	z.Release(a)
+	if !panics(func() { z.Release(a) }) {
+		t.Error("a second Release returned quietly, want a panic")
+	}
+	if n := local.Held(limiter.TotalDim); n != 2 {
+		t.Errorf("local total %d units after a second Release, want 2 (b's)", n)
+	}
+	big := request(limits, "k")
+	big.Cost = 4
+	if res := z.Acquire(context.Background(), big, limiter.WaitOptions{}); res.Outcome != limiter.Full {
+		t.Errorf("cost 4 beside b's 2 under a cap of 5: %v, want refused", res.Outcome)
+		z.Release(big)
+	}
+	z.Release(b)
+	eventually(t, "leases removed from Redis", func() bool { return members(t, cli, "t") == 0 })
+}
+
+func panics(f func()) (p bool) {
+	defer func() { p = recover() != nil }()
+	f()
+	return false
+}
+
+// Under max_keys, requests that wait and newcomers admitted through Redis
+// at once, behind a network of 3 ms, never exceed a key's cap or the key
+// bound in this instance, and leave every count at zero: the store's calls
+// write no field of a waiting request that its queue reads (go test -race).
+func TestMaxKeysUnderConcurrentWaiters(t *testing.T) {
+	addr, cli := startRedis(t)
+	p := newFaultProxy(t, addr)
+	p.mu.Lock()
+	p.delay = 3 * time.Millisecond
+	p.mu.Unlock()
+	s := newStore(t, store(p.addr, nil))
+	limits := &limiter.Limits{Max: []int64{2}, MaxKeys: 3}
+	z, local := zoneOf(s, "keysrace", limits)
+	const workers, rounds = 24, 8
+	var inFlight [4]atomic.Int64
+	var over, admitted atomic.Int64
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range rounds {
+				k := (w + i) % len(inFlight)
+				req := request(limits, fmt.Sprint("key", k))
+				req.Cost = int64(1 + i%2)
+				res := z.Acquire(context.Background(), req, limiter.WaitOptions{Wait: 2 * time.Second, Class: limiter.Class(w % 3)})
+				if res.Outcome != limiter.Admitted {
+					continue
+				}
+				admitted.Add(1)
+				if n := inFlight[k].Add(req.Units()); n > 2 {
+					over.Add(1)
+				}
+				if local.Keys(0) > 3 {
+					over.Add(1)
+				}
+				time.Sleep(time.Millisecond)
+				inFlight[k].Add(-req.Units())
+				z.Release(req)
+			}
+		})
+	}
+	wg.Wait()
+	if over.Load() != 0 || admitted.Load() == 0 {
+		t.Fatalf("%d admissions over a cap or the key bound, %d admitted; want 0 over, some admitted", over.Load(), admitted.Load())
+	}
+	if local.Held(0) != 0 || local.Keys(0) != 0 {
+		t.Fatalf("after every release: %d units and %d keys held locally, want 0", local.Held(0), local.Keys(0))
+	}
+	eventually(t, "leases removed from Redis", func() bool { return members(t, cli, "t") == 0 })
 }

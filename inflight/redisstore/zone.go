@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,9 +17,9 @@ const totalKey = "total"
 
 // redisZone is the store of one zone kept in Redis: a limiter.Ledger of
 // leases, under the engine's queue for the requests waiting in this
-// instance. The local zone counts this instance's requests (for metrics
-// and the admin API) and, when Redis cannot be reached and the store fails
-// open, enforces the caps alone.
+// instance. The queue's local zone counts this instance's requests (for
+// metrics and the admin API) and, when Redis cannot be reached and the
+// store fails open, enforces the caps alone.
 type redisZone struct {
 	book     *book
 	tag      string // key prefix, with the cluster hash tag
@@ -26,7 +27,6 @@ type redisZone struct {
 	limits   []string
 	hasTotal bool
 	local    *limiter.Zone
-	keyBound atomic.Pointer[keyBound] // see keysOnly
 	queue    *limiter.SharedQueue
 
 	// calling is set from a call's start until the queue is idle (calls
@@ -50,7 +50,6 @@ func newRedisZone(b *book, tag, label string, limits []string, hasTotal bool, lo
 func (z *redisZone) Acquire(ctx context.Context, req *limiter.Request, opt limiter.WaitOptions) limiter.Result {
 	z.book.enter()
 	defer z.book.exit()
-	req.Lease = ""
 	if !z.book.available() {
 		return z.fallback(ctx, req, opt)
 	}
@@ -63,36 +62,24 @@ func (z *redisZone) Acquire(ctx context.Context, req *limiter.Request, opt limit
 
 // Release gives back the local count at once, and the lease in Redis off
 // the response path.
-func (z *redisZone) Release(req *limiter.Request) {
-	z.local.Release(req)
-	z.book.release(req.Lease)
-}
+func (z *redisZone) Release(req *limiter.Request) { z.queue.Release(req) }
 
 // fallback applies on_error: refuse, or count and enforce locally. A
-// request admitted locally gets a lease that renewal enters into Redis once
-// it answers again.
+// request admitted locally gets a lease (Record) that renewal enters into
+// Redis once it answers again.
 func (z *redisZone) fallback(ctx context.Context, req *limiter.Request, opt limiter.WaitOptions) limiter.Result {
 	if z.book.closed {
 		return limiter.Result{Outcome: limiter.StoreError, Dim: firstDim(req)}
 	}
-	res := z.local.Acquire(ctx, req, opt)
-	if res.Outcome == limiter.Admitted {
-		// The lease carries what the request holds in the fleet's terms:
-		// its cost clamped to the whole caps, not to this instance's share.
-		sets, _ := z.keys(req)
-		units := z.units(z.local.LimitsOf(req), req)
-		req.Lease = z.book.member(units)
-		z.book.hold(req.Lease, z.tag, sets, units)
-	}
-	return res
+	return z.queue.AcquireAlone(ctx, req, opt)
 }
 
-// keys returns the sorted sets of req's dimensions (the total last) and the
-// dimension of each. Keys are hashed: Redis never sees a raw key.
-func (z *redisZone) keys(req *limiter.Request) ([]string, []int) {
-	keys := make([]string, 0, len(req.Keys)+1)
-	dims := make([]int, 0, len(req.Keys)+1)
-	for d, k := range req.Keys {
+// sets returns the sorted sets of a claim's dimensions (the total last)
+// and the dimension of each. Keys are hashed: Redis never sees a raw key.
+func (z *redisZone) sets(c limiter.Claim) ([]string, []int) {
+	keys := make([]string, 0, len(c.Keys)+1)
+	dims := make([]int, 0, len(c.Keys)+1)
+	for d, k := range c.Keys {
 		if k == "" {
 			continue
 		}
@@ -107,81 +94,58 @@ func (z *redisZone) keys(req *limiter.Request) ([]string, []int) {
 	return keys, dims
 }
 
-// units returns the units req takes in Redis under lim: its cost, clamped
-// to the smallest cap of the fleet it is checked against, so that a cost
-// above a cap is admitted alone once the cap is free.
-func (z *redisZone) units(lim *limiter.Limits, req *limiter.Request) int64 {
-	u := min(max(req.Cost, 1), limiter.MaxCost)
-	clamp := func(d int) {
-		if c := lim.WholeCap(req, d); c > 0 {
-			u = min(u, c)
-		}
-	}
-	for d, k := range req.Keys {
-		if k != "" {
-			clamp(d)
-		}
-	}
-	if z.hasTotal {
-		clamp(limiter.TotalDim)
-	}
-	return u
-}
-
-// claim is one request of an admission call, as the script sees it.
+// claim is one claim of an admission call, as the script sees it.
 type claim struct {
+	limiter.Claim
 	member string
 	sets   []string
 	dims   []int
-	caps   []int64
-	units  int64
 }
 
-// claimOf returns what req asks of Redis, under the limits that apply to
-// it now.
-func (z *redisZone) claimOf(req *limiter.Request) claim {
-	sets, dims := z.keys(req)
-	lim := z.local.LimitsOf(req)
-	caps := make([]int64, len(dims))
-	for k, d := range dims {
-		caps[k] = lim.WholeCap(req, d)
+// claimOf returns what c asks of Redis: its sets and a new member.
+func (z *redisZone) claimOf(c limiter.Claim) claim {
+	sets, dims := z.sets(c)
+	return claim{Claim: c, member: z.book.member(c.Units), sets: sets, dims: dims}
+}
+
+// capOf returns the cap of c's set of dimension d.
+func (c claim) capOf(d int) int64 {
+	if d == limiter.TotalDim {
+		return c.Total
 	}
-	u := z.units(lim, req)
-	return claim{member: z.book.member(u), sets: sets, dims: dims, caps: caps, units: u}
+	return c.Caps[d]
 }
 
-// admit runs the admission script for a batch of requests in one round
-// trip, against the limits that apply to each now, after removing the
-// leases of the zone that ended (see book.claim). An admitted request gets
-// its lease, recorded for renewal, and is counted locally with the units
-// it took in Redis. waits says which requests wait if refused. A request
-// whose key max_keys refuses is not sent.
+// holds reports whether c holds the room of dimension d if refused.
+func (c claim) holds(d int) bool { return slices.Contains(c.Hold, d) }
+
+// Record files a lease for a claim the local zone admitted alone, which
+// renewal enters into Redis once it answers again.
+func (z *redisZone) Record(c limiter.Claim) string {
+	cl := z.claimOf(c)
+	z.book.hold(cl.member, z.tag, cl.sets, c.Units)
+	return cl.member
+}
+
+// admit runs the admission script for a batch of claims in one round
+// trip, after removing the leases of the zone that ended (see book.claim).
+// An admitted claim gets its lease, recorded for renewal.
 //
 // The call does not inherit any request's cancellation: only Redis can
 // make it fail. If no reply comes, the script may still run later, until
 // its deadline, so its members are removed as ghosts.
-func (z *redisZone) admit(reqs []*limiter.Request, waits []bool) ([]limiter.Verdict, error) {
-	verdicts := make([]limiter.Verdict, len(reqs))
-	counted := make([]bool, len(reqs))
-	var sent []int // indexes of the requests in the script
-	var claims []claim
-	for i, req := range reqs {
-		c := z.claimOf(req)
-		ok, dim, held := z.reserveKeys(req, c.units)
-		if !ok {
-			verdicts[i] = limiter.Verdict{Outcome: limiter.KeysFull, Dim: dim}
-			continue
-		}
-		counted[i] = held
-		sent = append(sent, i)
-		claims = append(claims, c)
+func (z *redisZone) admit(in []limiter.Claim) ([]limiter.Verdict, error) {
+	verdicts := make([]limiter.Verdict, len(in))
+	claims := make([]claim, len(in))
+	for i, c := range in {
+		claims[i] = z.claimOf(c)
 	}
 	ended, endedIDs := z.book.claim(z.tag, false)
-	if len(sent) == 0 && len(endedIDs) == 0 {
+	if len(claims) == 0 && len(endedIDs) == 0 {
 		return verdicts, nil
 	}
 	op := "acquire"
-	if len(sent) == 0 {
+	if len(claims) == 0 {
 		op = "release"
 	}
 	keys := []string{z.tag + ":waiting"}
@@ -201,23 +165,18 @@ func (z *redisZone) admit(reqs []*limiter.Request, waits []bool) ([]limiter.Verd
 	deadline, err := z.book.deadline(ctx, z.tag, localDeadline)
 	if err != nil {
 		z.book.settle(z.tag, endedIDs, false)
-		return z.failed(op, reqs, sent, counted, nil, start, err)
+		return z.failed(op, nil, start, err)
 	}
 	groups := ended.groups()
 	args := []any{deadline, z.book.lease.Milliseconds(), listing.Milliseconds(), z.book.instance, z.tag + ":released", len(groups)}
 	for _, g := range groups {
 		args = append(append(args, keyIndex(g.set), g.units, len(g.members)), g.members...)
 	}
-	args = append(args, len(sent))
-	for j, i := range sent {
-		c := claims[j]
-		willWait := 0
-		if waits[i] {
-			willWait = 1
-		}
-		args = append(args, c.member, willWait, c.units, len(c.sets))
+	args = append(args, len(claims))
+	for _, c := range claims {
+		args = append(args, c.member, flag(c.Waits), c.Units, len(c.sets))
 		for k, set := range c.sets {
-			args = append(args, keyIndex(set), c.caps[k])
+			args = append(args, keyIndex(set), c.capOf(c.dims[k]), flag(c.holds(c.dims[k])))
 		}
 	}
 	sentAt := localMicros()
@@ -225,7 +184,7 @@ func (z *redisZone) admit(reqs []*limiter.Request, waits []bool) ([]limiter.Verd
 	z.book.learnClock(z.tag, reply, err, sentAt)
 	z.book.settle(z.tag, endedIDs, err == nil)
 	if err != nil {
-		return z.failed(op, reqs, sent, counted, claims, start, asLate(err))
+		return z.failed(op, claims, start, asLate(err))
 	}
 	z.book.observe(op, []string{z.label}, start, nil)
 	dims := make([][]int, len(claims))
@@ -233,34 +192,29 @@ func (z *redisZone) admit(reqs []*limiter.Request, waits []bool) ([]limiter.Verd
 		dims[j] = c.dims
 	}
 	for j, v := range decodeVerdicts(reply[2:], dims) {
-		i, c := sent[j], claims[j]
-		verdicts[i] = v
-		switch {
-		case v.Outcome == limiter.Admitted:
-			reqs[i].Lease = c.member
-			z.book.hold(c.member, z.tag, c.sets, c.units)
-			if !counted[i] {
-				z.local.Hold(reqs[i], c.units)
-			}
-		case counted[i]:
-			z.local.Release(reqs[i])
+		c := claims[j]
+		if v.Outcome == limiter.Admitted {
+			v.Lease = c.member
+			z.book.hold(c.member, z.tag, c.sets, c.Units)
 		}
+		verdicts[j] = v
 	}
 	return verdicts, nil
 }
 
+func flag(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 // failed ends an admission that got no verdict: the members sent may still
-// be written by a script that runs later, so they are removed as ghosts,
-// and the requests counted locally are given back.
-func (z *redisZone) failed(op string, reqs []*limiter.Request, sent []int, counted []bool, claims []claim, start time.Time, err error) ([]limiter.Verdict, error) {
+// be written by a script that runs later, so they are removed as ghosts.
+func (z *redisZone) failed(op string, claims []claim, start time.Time, err error) ([]limiter.Verdict, error) {
 	z.book.observe(op, []string{z.label}, start, err)
 	for _, c := range claims {
-		z.book.dropGhost(z.tag, c.member, c.sets, c.units)
-	}
-	for _, i := range sent {
-		if counted[i] {
-			z.local.Release(reqs[i])
-		}
+		z.book.dropGhost(z.tag, c.member, c.sets, c.Units)
 	}
 	return nil, err
 }

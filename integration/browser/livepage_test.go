@@ -314,3 +314,57 @@ func freePort(t *testing.T) int {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
 }
+
+// TestLivePageChartsUnitsWithCosts: where requests have costs, the page
+// charts the units in flight against the cap, which is in units, and says
+// so: 3 requests of cost 500 under a total of 2000 read 1500 of 2000.
+func TestLivePageChartsUnitsWithCosts(t *testing.T) {
+	b := newBackend(t)
+	port := freePort(t)
+	site := fmt.Sprintf("http://127.0.0.1:%d", port)
+	load(t, fmt.Sprintf(`%s {
+	handle /inflight/* {
+		inflight_ui
+	}
+	handle {
+		inflight {
+			total 2000
+			cost 500
+			zone costly
+		}
+		reverse_proxy %s
+	}
+}
+`, site, b.addr))
+	var ends []<-chan int
+	for range 3 {
+		ends = append(ends, send(site+"/hold"))
+	}
+	eventually(t, within, "the backend holds 3 requests", func() bool { return b.cur.Load() == 3 })
+
+	ctx := browser(t)
+	if err := chromedp.Do(ctx, chromedp.EmulateViewport(1400, 1000), chromedp.Navigate(site+"/inflight/")); err != nil {
+		t.Fatal(err)
+	}
+	const want = "units in flight (cap dashed)now 1500 · max 2000"
+	caption := `(() => { const f = document.querySelector('[data-zone="costly"] figure'); return f ? f.textContent : '' })()`
+	read := func() string {
+		s, _ := chromedp.Run(ctx, chromedp.Evaluate[string](caption)) // an error (the page loading): asked again
+		return s
+	}
+	deadline := time.Now().Add(within)
+	got := read()
+	for got != want && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+		got = read()
+	}
+	if got != want {
+		t.Errorf("the in-flight chart of 3 requests of cost 500 under total 2000 reads %q, want %q", got, want)
+	}
+	b.open()
+	for _, end := range ends {
+		if status := <-end; status != http.StatusOK {
+			t.Errorf("a held request ended with %d, want 200", status)
+		}
+	}
+}

@@ -157,10 +157,10 @@ func TestFleetCap(t *testing.T) {
 // message that names the option, the value and what is allowed.
 func TestBadConfigRefused(t *testing.T) {
 	for _, tc := range []struct{ block, want string }{
-		{"inflight 0", `inflight: max "0" is not allowed: want a positive integer`},
+		{"inflight 0", `inflight: max "0" is not allowed: want an integer from 1 to 1099511627775 (2^40-1), at `},
 		{"inflight 2 {\n\tkey_prefix 33\n}", `inflight: key_prefix ipv4 "33" is not allowed: want a prefix length 1-32`},
 		{"inflight 2 {\n\tkey_prefix 24 0\n}", `inflight: key_prefix ipv6 "0" is not allowed: want a prefix length 1-128`},
-		{"inflight {\n\tlimit db {l4.conn.remote_ip} {l4.vars.max}\n}", `inflight: limit db: max "{l4.vars.max}" is not allowed: want a positive integer`},
+		{"inflight {\n\tlimit db {l4.conn.remote_ip} {l4.vars.max}\n}", `inflight: limit db: max "{l4.vars.max}" is not allowed: want an integer from 1 to 1099511627775 (2^40-1), at `},
 		{"inflight 2 {\n\tstatus 503\n}", `inflight: unknown subdirective "status": want one of limit, total`},
 		{"inflight 2 {\n\tfair tenant\n}", `inflight: fair "tenant" is not allowed: want the name of one of this block's limits`},
 		{"inflight 2 {\n\twait soon\n}", `inflight: wait "soon" is not allowed: want a duration such as 30s, or 0`},

@@ -52,11 +52,15 @@
 
   function rate(r) { return r === 0 ? 0 : r < 10 ? r.toFixed(1) : Math.round(r); }
 
-  // inFlight is the requests in flight: the total's count, or else the
-  // busiest limit's (each request holds one slot in every limit).
+  // inFlight is what the zone has in flight, requests and the units they
+  // hold: the total's, or else the busiest limit's (a request holds its
+  // units in every limit).
   function inFlight(z) {
-    if (z.total !== undefined) return z.total;
-    return z.limits.reduce((m, l) => Math.max(m, l.held), 0);
+    if (z.total !== undefined) return { requests: z.total, units: z.total_units };
+    return {
+      requests: z.limits.reduce((m, l) => Math.max(m, l.held), 0),
+      units: z.limits.reduce((m, l) => Math.max(m, l.units), 0),
+    };
   }
 
   function sumRefused(refused) {
@@ -79,7 +83,8 @@
     }
     if (!h) { h = { points: [] }; seen.set(id, h); }
     h.last = { t: now, refused };
-    h.points.push({ t: now, inflight: inFlight(z), cap: z.total_max || 0, waiting: z.waiting, refused: all });
+    const f = inFlight(z);
+    h.points.push({ t: now, inflight: f.requests, units: f.units, cap: z.total_max || 0, waiting: z.waiting, refused: all });
     while (h.points.length && h.points[0].t < now - WINDOW_MS) h.points.shift();
     return { rates, all, points: h.points };
   }
@@ -115,12 +120,12 @@
     return el('figure', '', el('figcaption', '', el('span', '', title), el('span', '', 'now ' + fmt(last) + ' · max ' + fmt(top))), svg);
   }
 
-  // weighed tells whether the zone's requests cost more than one unit:
-  // only then are units shown beside the requests (caps, fills and the
-  // busiest keys are in units either way).
+  // weighed tells whether the zone's requests have costs (the state has
+  // `cost` then) or hold more than one unit: only then are units shown
+  // beside the requests, and charted against the caps, which are in units
+  // (caps, fills and the busiest keys are in units either way).
   function weighed(z) {
-    const c = z.cost || { count: 0, sum: 0 };
-    return c.sum !== c.count || z.waiting_units !== z.waiting || (z.total_units !== undefined && z.total_units !== z.total) ||
+    return z.cost !== undefined || z.waiting_units !== z.waiting || (z.total_units !== undefined && z.total_units !== z.total) ||
       z.limits.some((l) => l.units !== l.held);
   }
 
@@ -191,8 +196,10 @@
     const left = el('div', '', el('h3', '', 'Slots'), capsTable(z), el('h3', '', 'Queue'), queueTable(z), el('h3', '', 'Refusals'), refusedTable(z, t.rates));
     if (z.adaptive) left.append(el('h3', '', 'Adaptive total'), adaptiveTable(z.adaptive));
     const span = Math.round((now - t.points[0].t) / 1000);
+    // In units where requests have costs, as the cap is.
+    const held = weighed(z) ? 'units' : 'inflight';
     const charts = el('div', '', el('h3', '', span < 300 ? 'Last ' + span + ' s' : 'Last 5 minutes'), el('div', 'charts',
-      chart('in flight' + (z.total_max ? ' (cap dashed)' : ''), t.points, now, z.total_max ? ['inflight', 'cap'] : ['inflight']),
+      chart((held === 'units' ? 'units in flight' : 'in flight') + (z.total_max ? ' (cap dashed)' : ''), t.points, now, z.total_max ? [held, 'cap'] : [held]),
       chart('waiting', t.points, now, ['waiting']),
       chart('refused /s', t.points, now, ['refused'])));
     const keys = el('div', 'keys', el('h3', '', 'Holding most'), keysTable(z.top_keys, 'held', 'key'),
