@@ -139,7 +139,7 @@ func reasonFor(o limiter.Outcome) string {
 		return reasonQueueFull
 	case limiter.KeysFull:
 		return reasonKeysFull
-	case limiter.StoreError:
+	case limiter.Unavailable:
 		return reasonStore
 	}
 	return reasonFull
