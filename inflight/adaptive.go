@@ -5,12 +5,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
@@ -104,6 +102,9 @@ func (at *AdaptiveTotal) config() limiter.AdaptiveConfig {
 	}
 }
 
+// ErrAdaptiveWithStore refuses `total adaptive` beside a shared store.
+var ErrAdaptiveWithStore = errors.New("total adaptive cannot be used with a shared store (store redis): each instance measures only its own requests' latency, so a fleet-wide adaptive cap is not designed; use a fixed total with the store, or total adaptive without it")
+
 // checkAdaptive sets the adaptive total's defaults and checks it, and its
 // combination with the rest of the handler.
 func (h *Handler) checkAdaptive() error {
@@ -121,58 +122,6 @@ func (h *Handler) checkAdaptive() error {
 	return at.Check()
 }
 
-// adaptiveState is a zone's adaptive controller, made by the first handler
-// that wants one and kept across reloads with what it learned.
-type adaptiveState struct {
-	mu    sync.Mutex
-	a     *limiter.Adaptive
-	users int // handlers using it; a reload overlaps the old and the new
-}
-
-// adaptive returns the zone's controller with cfg applied, for one more
-// handler.
-func (s *adaptiveState) adaptive(cfg limiter.AdaptiveConfig) *limiter.Adaptive {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.users++
-	if s.a == nil {
-		s.a = limiter.NewAdaptive(cfg, time.Now())
-	} else {
-		s.a.Configure(cfg)
-	}
-	return s.a
-}
-
-// leave drops a handler's use of the controller.
-func (s *adaptiveState) leave() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.users--
-}
-
-// current returns the zone's controller, nil if no handler uses one (a
-// reload replaced total adaptive with a fixed total: its gauges go).
-func (s *adaptiveState) current() *limiter.Adaptive {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.users == 0 {
-		return nil
-	}
-	return s.a
-}
-
-// joinAdaptive binds the handler to its zone's controller; in dry_run the
-// controller learns and is exported but the zone does not enforce it.
-func (h *Handler) joinAdaptive() {
-	if h.TotalAdaptive == nil {
-		return
-	}
-	h.adaptive = h.zone.adaptive.adaptive(h.TotalAdaptive.config())
-	if !h.DryRun {
-		h.limits.Adaptive = h.adaptive
-	}
-}
-
 // serveMeasured runs the rest of the chain through a writer that reports
 // the response's time to first byte, or its failure, to the controller.
 func (h *Handler) serveMeasured(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, m *measuredWriter) error {
@@ -186,7 +135,7 @@ func (h *Handler) serveMeasured(w http.ResponseWriter, r *http.Request, next cad
 		if he, ok := errors.AsType[caddyhttp.HandlerError](err); ok && he.StatusCode != 0 {
 			status = he.StatusCode
 		}
-		m.h.adaptive.Fail(time.Now(), status, m.h.zone.Held(limiter.TotalDim))
+		m.h.adaptive.Fail(time.Now(), status, m.h.engine.Held(limiter.TotalDim))
 	}
 	m.ResponseWriter = nil
 	return err
@@ -233,26 +182,7 @@ func (m *measuredWriter) Flush() {
 // is none of them.
 func (m *measuredWriter) answered(code int) {
 	m.done = true
-	if code != http.StatusSwitchingProtocols && m.h.adaptive.Observe(time.Now(), m.admitted, code, m.h.zone.Held(limiter.TotalDim)) {
-		m.h.zone.Kick()
+	if code != http.StatusSwitchingProtocols && m.h.adaptive.Observe(time.Now(), m.admitted, code, m.h.engine.Held(limiter.TotalDim)) {
+		m.h.engine.Kick()
 	}
-}
-
-var (
-	adaptiveLimitDesc = prometheus.NewDesc("caddy_inflight_adaptive_limit",
-		"The adaptive total's current limit, by zone (the first zone of a name that has one).",
-		[]string{"zone"}, nil)
-	adaptiveBaselineDesc = prometheus.NewDesc("caddy_inflight_adaptive_baseline_seconds",
-		"The adaptive total's baseline: the backend's time to first byte without a queue, as learned, by zone.",
-		[]string{"zone"}, nil)
-	adaptiveSampleDesc = prometheus.NewDesc("caddy_inflight_adaptive_sample_seconds",
-		"The adaptive total's latest sample: the median time to first byte of its last window, by zone.",
-		[]string{"zone"}, nil)
-	adaptiveDescs = []*prometheus.Desc{adaptiveLimitDesc, adaptiveBaselineDesc, adaptiveSampleDesc}
-)
-
-func collectAdaptive(ch chan<- prometheus.Metric, label string, a *limiter.Adaptive) {
-	ch <- prometheus.MustNewConstMetric(adaptiveLimitDesc, prometheus.GaugeValue, float64(a.Limit()), label)
-	ch <- prometheus.MustNewConstMetric(adaptiveBaselineDesc, prometheus.GaugeValue, a.Baseline().Seconds(), label)
-	ch <- prometheus.MustNewConstMetric(adaptiveSampleDesc, prometheus.GaugeValue, a.Sample().Seconds(), label)
 }

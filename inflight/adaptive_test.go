@@ -25,7 +25,7 @@ import (
 func measuredHandler(at AdaptiveTotal) *Handler {
 	at.Min, at.Max, at.Initial, at.Tolerance, at.Window = 1, 1000, 8, 0.2, caddy.Duration(time.Nanosecond)
 	a := limiter.NewAdaptive(at.config(), time.Now())
-	return &Handler{zone: &zone{Zone: limiter.NewZone(0, true, nil)}, adaptive: a}
+	return &Handler{engine: limiter.NewZone(0, true, nil), adaptive: a}
 }
 
 // serveN serves n requests through serveMeasured with next, and returns the

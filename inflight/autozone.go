@@ -2,9 +2,7 @@ package inflight
 
 import (
 	"cmp"
-	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -21,31 +19,6 @@ import (
 // route's raw handler JSON once all its handlers are loaded; so while a
 // handler is being provisioned, the first top-level route that still has its
 // raw handlers is the one it belongs to.
-
-// anonymous numbers the unnamed handlers of the config being loaded, per
-// site. Loads do not overlap, so one count serves the current load.
-var anonymous = struct {
-	sync.Mutex
-	config any
-	seen   map[string]int
-}{}
-
-// autoZone returns the name of an unnamed handler's own zone.
-func autoZone(ctx caddy.Context) string {
-	return numberedZone(ctx, siteOf(ctx))
-}
-
-// numberedZone returns the name of the next unnamed handler of site in the
-// config being loaded.
-func numberedZone(ctx caddy.Context, site string) string {
-	anonymous.Lock()
-	defer anonymous.Unlock()
-	if config := ctx.GetMetricsRegistry(); anonymous.config != config || config == nil {
-		anonymous.config, anonymous.seen = config, map[string]int{}
-	}
-	anonymous.seen[site]++
-	return site + "#" + strconv.Itoa(anonymous.seen[site])
-}
 
 // siteOf names the site of the handler being provisioned.
 func siteOf(ctx caddy.Context) string {

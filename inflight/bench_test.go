@@ -9,6 +9,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/caddy-inflight/caddy-inflight/inflight/core"
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
 
@@ -18,7 +19,7 @@ func benchmarkKeyed(b *testing.B, tmpl string, max int64) {
 	r, _ := request("198.51.100.7:5555", "X-Api-Key", "key-0123456789")
 	key := compileKey(tmpl)
 	z := limiter.NewZone(1, false, nil)
-	a := newAdmission(1)
+	a := struct{ req limiter.Request }{limiter.Request{Keys: make([]string, 1), Max: make([]int64, 1)}}
 	a.req.Limits = &limiter.Limits{Max: []int64{max}}
 	if max == 1 { // occupy the only slot: every iteration is refused
 		a.req.Keys[0] = key(r)
@@ -44,7 +45,7 @@ func BenchmarkRefuseHeader(b *testing.B)   { benchmarkKeyed(b, "{http.request.he
 // handler, each goroutine with a key of its own, no cost and no total: the
 // per-request cost must not grow with the CPUs (go test -cpu 1,2,4,8).
 func BenchmarkServeParallel(b *testing.B) {
-	h := provisioned(b, &Handler{Zone: "bench-parallel", Limits: []Limit{{Name: "client", Key: DefaultKey, Max: Max{Fixed: 100}}}})
+	h := provisioned(b, &Handler{Config: core.Config{Zone: "bench-parallel", Limits: []core.Limit{{Name: "client", Key: DefaultKey, Max: core.Max{Fixed: 100}}}}})
 	next := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })
 	var clients atomic.Int32
 	b.ReportAllocs()

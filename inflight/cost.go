@@ -55,7 +55,7 @@ func (h *Handler) parseCost(v string) (int64, error) {
 	if err == nil && n > 0 {
 		return limiter.ClampCost(n), nil
 	}
-	seen := h.logBadValue("cost", v, func(seen string) {
+	seen := h.badValues.Log("cost", v, func(seen string) {
 		h.logger.Error("cost placeholder did not resolve to a positive integer; answering 500",
 			zap.String("cost", h.Cost), zap.String("value", seen))
 	})

@@ -23,7 +23,7 @@ func FuzzKeys(f *testing.F) {
 	lim := &limiter.Limits{Max: []int64{2, 2}, Total: 4}
 	f.Fuzz(func(t *testing.T, header, ip string) {
 		r, _ := request(net.JoinHostPort(ip, "1234"), "X-Api-Key", header)
-		a := newAdmission(2)
+		a := struct{ req limiter.Request }{limiter.Request{Keys: make([]string, 2), Max: make([]int64, 2)}}
 		a.req.Limits = lim
 		a.req.Keys[0], a.req.Keys[1] = ipKey(r), headerKey(r)
 		if parsed := net.ParseIP(ip); parsed != nil && parsed.To4() != nil && a.req.Keys[0] != "" && a.req.Keys[0] != parsed.To4().String() {

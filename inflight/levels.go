@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/caddy-inflight/caddy-inflight/inflight/core"
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
 
@@ -28,14 +29,17 @@ const (
 // error. With a shared store nothing is sent: the local counts are not the
 // fleet's.
 func (h *Handler) compileLimitHeaders() error {
-	allowed := names(h.Limits)
+	allowed := make([]string, 0, len(h.Limits)+1)
+	for _, l := range h.Limits {
+		allowed = append(allowed, l.Name)
+	}
 	hasTotal := h.Total > 0 || h.TotalAdaptive != nil
 	if hasTotal {
 		allowed = append(allowed, totalName)
 	}
 	h.levels = nil
 	for _, name := range h.LimitHeaders {
-		d := slices.IndexFunc(h.Limits, func(l Limit) bool { return l.Name == name })
+		d := slices.IndexFunc(h.Limits, func(l core.Limit) bool { return l.Name == name })
 		switch {
 		case name == totalName && hasTotal:
 			d = limiter.TotalDim
@@ -66,7 +70,7 @@ func (h *Handler) sendLevels(w http.ResponseWriter, a *admission, res limiter.Re
 	for _, d := range h.levels {
 		limit, key := totalName, ""
 		if d != limiter.TotalDim {
-			limit, key = h.Limits[d].Name, a.req.Keys[d]
+			limit, key = h.Limits[d].Name, a.ticket.Req.Keys[d]
 			if key == "" {
 				continue
 			}
@@ -77,9 +81,9 @@ func (h *Handler) sendLevels(w http.ResponseWriter, a *admission, res limiter.Re
 		}
 		var used int64
 		if d == limiter.TotalDim {
-			used, _ = h.zone.Load(limiter.TotalDim)
+			used, _ = h.engine.Load(limiter.TotalDim)
 		} else {
-			used = h.zone.KeyUnits(d, key)
+			used = h.engine.KeyUnits(d, key)
 		}
 		if policy != nil {
 			policy, level = append(policy, ", "...), append(level, ", "...)
@@ -102,5 +106,5 @@ func (h *Handler) sendLevels(w http.ResponseWriter, a *admission, res limiter.Re
 // (limiter.TotalDim: the total's), in units: as the engine counts it, the
 // fixed max or a's own, split by replicas, or the adaptive total's limit.
 func (h *Handler) capOf(a *admission, d int) int64 {
-	return h.limits.Cap(&a.req, d)
+	return h.gate.Limits().Cap(&a.ticket.Req, d)
 }

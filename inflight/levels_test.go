@@ -14,7 +14,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
-	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
+	"github.com/caddy-inflight/caddy-inflight/inflight/core"
 )
 
 func init() {
@@ -171,21 +171,21 @@ func TestLimitHeadersUseTheCapEnforced(t *testing.T) {
 // TestLimitHeadersNameLimits: limit_headers must name the handler's limits
 // or its total, each once; with a shared store nothing is sent.
 func TestLimitHeadersNameLimits(t *testing.T) {
-	limits := []Limit{{Name: "client"}, {Name: "tenant"}}
+	limits := []core.Limit{{Name: "client"}, {Name: "tenant"}}
 	for _, tc := range []struct {
 		h    *Handler
 		want string
 	}{
-		{&Handler{Limits: limits, LimitHeaders: []string{"tenants"}}, `limit_headers "tenants" is not allowed: want the names of this handler's limits ["client" "tenant"]`},
-		{&Handler{Limits: limits, LimitHeaders: []string{"total"}}, `limit_headers "total" is not allowed`},
-		{&Handler{Limits: limits, Total: 5, LimitHeaders: []string{"nope"}}, `["client" "tenant" "total"]`},
-		{&Handler{Limits: limits, LimitHeaders: []string{"tenant", "tenant"}}, `limit_headers "tenant" is given twice`},
+		{&Handler{Config: core.Config{Limits: limits}, LimitHeaders: []string{"tenants"}}, `limit_headers "tenants" is not allowed: want the names of this handler's limits ["client" "tenant"]`},
+		{&Handler{Config: core.Config{Limits: limits}, LimitHeaders: []string{"total"}}, `limit_headers "total" is not allowed`},
+		{&Handler{Config: core.Config{Limits: limits, Total: 5}, LimitHeaders: []string{"nope"}}, `["client" "tenant" "total"]`},
+		{&Handler{Config: core.Config{Limits: limits}, LimitHeaders: []string{"tenant", "tenant"}}, `limit_headers "tenant" is given twice`},
 	} {
 		if err := tc.h.compileLimitHeaders(); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("limit_headers %q: %v, want an error containing %s", tc.h.LimitHeaders, err, tc.want)
 		}
 	}
-	h := &Handler{Limits: limits, TotalAdaptive: &AdaptiveTotal{}, LimitHeaders: []string{"total", "client"}}
+	h := &Handler{Config: core.Config{Limits: limits}, TotalAdaptive: &AdaptiveTotal{}, LimitHeaders: []string{"total", "client"}}
 	if err := h.compileLimitHeaders(); err != nil || fmt.Sprint(h.levels) != fmt.Sprint([]int{-1, 0}) {
 		t.Errorf("total adaptive, limit_headers total client: %v, dimensions %v", err, h.levels)
 	}
@@ -199,12 +199,11 @@ func TestLimitHeadersNameLimits(t *testing.T) {
 // total.
 func inFlight(label string) int64 {
 	var n int64
-	eachZone(func(z *zone, _ bool) {
-		if z.label == label {
-			_, requests := z.Load(limiter.TotalDim)
-			n += requests
+	for _, z := range core.States() {
+		if z.Zone == label && z.Total != nil {
+			n += *z.Total
 		}
-	})
+	}
 	return n
 }
 

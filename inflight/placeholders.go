@@ -1,17 +1,33 @@
 package inflight
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
-	"fmt"
 	"net/http"
 	"net/textproto"
+	"slices"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
+
+// DefaultKey is the key of a limit that names none: the client's IP address
+// as Caddy determined it, honouring the server's trusted_proxies.
+const DefaultKey = "{http.vars.client_ip}"
+
+// shorthands are the long forms of the Caddyfile's placeholder shorthands
+// that keys use most, so messages can show a key as the user wrote it.
+var shorthands = strings.NewReplacer(
+	"{http.vars.client_ip}", "{client_ip}",
+	"{http.request.remote.host}", "{remote_host}",
+	"{http.request.header.", "{header.",
+	"{http.request.cookie.", "{cookie.",
+	"{http.request.uri.query.", "{query.",
+	"{http.vars.", "{vars.",
+)
+
+// ShortForm writes a placeholder template with the Caddyfile's shorthands,
+// for messages: `{http.request.header.X-Key}` is shown as `{header.X-Key}`.
+func ShortForm(tmpl string) string { return shorthands.Replace(tmpl) }
 
 // valueFunc evaluates a placeholder template for one request.
 type valueFunc func(r *http.Request) string
@@ -84,42 +100,10 @@ func compileKey(tmpl string) valueFunc {
 	}
 }
 
-// keyIsAddress reports whether a key template yields a client address, which
-// may be logged at debug level; any other key may carry a secret (an API key,
-// a cookie) and is logged only as a hash.
-func keyIsAddress(tmpl string) bool {
-	return tmpl == DefaultKey || tmpl == "{http.request.remote.host}"
-}
+// addressKeys are the key templates that yield a client address, which may
+// be logged at debug level; any other key may carry a secret (an API key, a
+// cookie) and is logged only as a hash.
+var addressKeys = []string{DefaultKey, "{http.request.remote.host}"}
 
-// redact returns a short stable stand-in for a key that may be secret.
-func redact(key string) string {
-	sum := sha256.Sum256([]byte(key))
-	return "h:" + hex.EncodeToString(sum[:6])
-}
-
-// labelValue returns key as a metric label value, which must be valid
-// UTF-8, one to one: a byte that is not valid UTF-8 is written as \xNN and
-// a backslash as \\, so no key reads as another; a key that reads as
-// overflowKey is written \x5foverflow.
-func labelValue(key string) string {
-	if key == overflowKey {
-		return `\x5f` + key[1:]
-	}
-	if utf8.ValidString(key) && !strings.Contains(key, `\`) {
-		return key
-	}
-	var b strings.Builder
-	for i := 0; i < len(key); {
-		r, size := utf8.DecodeRuneInString(key[i:])
-		switch {
-		case r == utf8.RuneError && size == 1:
-			fmt.Fprintf(&b, `\x%02x`, key[i])
-		case r == '\\':
-			b.WriteString(`\\`)
-		default:
-			b.WriteString(key[i : i+size])
-		}
-		i += size
-	}
-	return b.String()
-}
+// keyIsAddress reports whether a key template yields a client address.
+func keyIsAddress(tmpl string) bool { return slices.Contains(addressKeys, tmpl) }

@@ -1,34 +1,19 @@
 package inflight
 
 import (
-	"embed"
 	"net/http"
 	"path"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/core"
 )
 
 func init() {
 	caddy.RegisterModule(new(UI))
 }
-
-// The live page's files, served beside each other so that the page finds
-// them, and the state, by relative URLs wherever it is mounted.
-const (
-	uiPage   = "ui"
-	uiScript = "ui.js"
-	uiStyle  = "ui.css"
-	uiState  = "state"
-)
-
-//go:embed ui/index.html ui/ui.js ui/ui.css
-var uiFiles embed.FS
-
-// uiCSP lets the page load only its own script and style and fetch only
-// from its own origin: no inline code, no other host.
-const uiCSP = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 
 // UI serves the live page of every zone's state, as the admin API does at
 // `GET /inflight/ui`, on a site's route, so that it can be put behind the
@@ -62,12 +47,12 @@ func (*UI) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler
 		p = orig.URL.Path
 	}
 	switch name := path.Base(p); {
-	case name == uiState:
-		return serveState(w)
-	case name == uiScript || name == uiStyle:
-		serveUIFile(w, name)
+	case name == core.StateFile:
+		return core.ServeState(w)
+	case name == core.ScriptFile || name == core.StyleFile:
+		core.ServePageFile(w, name)
 	case strings.HasSuffix(p, "/"):
-		serveUIFile(w, uiPage)
+		core.ServePageFile(w, core.PageFile)
 	default:
 		// Relative to the path the browser sees, so it holds behind a
 		// stripped prefix too (http.Redirect would resolve it against
@@ -76,30 +61,6 @@ func (*UI) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler
 		w.WriteHeader(http.StatusFound)
 	}
 	return nil
-}
-
-// serveUIFile writes one of the page's files (name: ui, ui.js, ui.css).
-func serveUIFile(w http.ResponseWriter, name string) {
-	file, ctype := "ui/index.html", "text/html; charset=utf-8"
-	switch name {
-	case uiScript:
-		file, ctype = "ui/ui.js", "text/javascript; charset=utf-8"
-	case uiStyle:
-		file, ctype = "ui/ui.css", "text/css; charset=utf-8"
-	}
-	body, err := uiFiles.ReadFile(file)
-	if err != nil { // embedded: cannot happen
-		http.Error(w, err.Error(), http.StatusInternalServerError)
-		return
-	}
-	h := w.Header()
-	h.Set("Content-Type", ctype)
-	h.Set("Content-Security-Policy", uiCSP)
-	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("Cache-Control", "no-cache")
-	// Referer must stay: the admin endpoint checks it on browsers' requests.
-	h.Set("Referrer-Policy", "same-origin")
-	w.Write(body)
 }
 
 // Interface guard

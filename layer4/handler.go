@@ -1,25 +1,25 @@
 // Package layer4 is the caddy-l4 connection handler `inflight`
 // (layer4.handlers.inflight): it caps the connections one client, or any
-// key of a connection, may have open at once, with the engine, zones,
-// metrics and admin API of the HTTP handler `inflight`. It is a module of
+// key of a connection, may have open at once: an edge of inflight/core,
+// with the options, zones, admission, metrics and admin API of the HTTP
+// handler `inflight`. It is a module of
 // its own, so that builds without caddy-l4 never compile it:
 //
 //	xcaddy build --with github.com/mholt/caddy-l4 --with github.com/caddy-inflight/caddy-inflight/layer4
 package layer4
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"runtime"
 	"sync"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/mholt/caddy-l4/layer4"
 	"go.uber.org/zap"
 
-	"github.com/caddy-inflight/caddy-inflight/inflight"
+	"github.com/caddy-inflight/caddy-inflight/inflight/core"
+	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 	_ "github.com/caddy-inflight/caddy-inflight/inflight/redisstore"
 )
 
@@ -39,82 +39,24 @@ func init() {
 // admin API, logged at debug level and emitted as the event
 // `inflight_refused`, as the HTTP handler's are.
 type Handler struct {
-	// Limits are the dimensions a connection must fit in, all of them, to
-	// be admitted. Keys are placeholder templates of the layer4 app, and
-	// `{l4.conn.remote_ip}`: the client's IP address, without the port
-	// (after a proxy_protocol handler, the address it carried), as a
-	// prefix with KeyPrefix. Maxes are fixed positive integers.
-	Limits []inflight.Limit `json:"limits,omitempty"`
-
-	// Total caps the connections in flight through this handler (its zone)
-	// across all keys. 0 means no total cap.
-	Total int `json:"total,omitempty"`
-
-	// Zone names the counters: handlers with the same zone share them,
-	// HTTP handlers included, and must have the same limits. A handler
-	// without a zone has counters of its own, in a zone named after its
-	// server's listen addresses and its position among the server's
-	// unnamed inflight handlers (`layer4 :5432#1`; in a listener wrapper,
-	// the HTTP server's). Counts carry over a reload either way.
-	Zone string `json:"zone,omitempty"`
+	// Limits, Total, Zone, DryRun, Replicas, Wait, MaxWaiting,
+	// MaxWaitingPerKey, Priority, Fair, Weight, MaxKeys, PerKeyMetrics,
+	// PlainKeys and Store, as in the HTTP handler (see core.Config), for
+	// connections. Keys, and the priority and weight templates, are
+	// placeholder templates of the layer4 app, and `{l4.conn.remote_ip}`:
+	// the client's IP address, without the port (after a proxy_protocol
+	// handler, the address it carried), as a prefix with KeyPrefix; the
+	// default key. `{l4.conn.remote_addr}` (address and port) is refused
+	// as a key: every connection would be a key of its own. Maxes are
+	// fixed positive integers. With a store, each connection holds a
+	// lease, renewed while it is open.
+	core.Config
 
 	// KeyPrefix makes `{l4.conn.remote_ip}` the client's network, so that
 	// all the addresses of one /24 (IPv4) or /64 (IPv6) count as one key.
 	KeyPrefix *KeyPrefix `json:"key_prefix,omitempty"`
 
-	// DryRun counts and reports everything as if enforced (refusals appear
-	// in metrics with reason `dry_run`) but lets every connection through;
-	// one that would be refused takes no slot.
-	DryRun bool `json:"dry_run,omitempty"`
-
-	// Replicas is the number of Caddy instances sharing the load: each
-	// enforces ceil(max/replicas). With a store, only while it is
-	// unreachable. Default: 1.
-	Replicas int `json:"replicas,omitempty"`
-
-	// Wait is how long a connection over a cap is held, unread, waiting
-	// for a slot before it is closed (reason `timeout`). 0 closes it at
-	// once.
-	Wait caddy.Duration `json:"wait,omitempty"`
-
-	// MaxWaiting bounds the connections waiting in this handler's zone;
-	// one more is closed at once (reason `queue_full`). Default with
-	// `wait`: 1000.
-	MaxWaiting int `json:"max_waiting,omitempty"`
-
-	// MaxWaitingPerKey bounds the connections waiting with one key (of the
-	// Fair limit, or else the first). 0: no bound besides MaxWaiting.
-	MaxWaitingPerKey int `json:"max_waiting_per_key,omitempty"`
-
-	// Priority is a placeholder template giving a waiting connection its
-	// class, `high`, `normal` or `low`, as in the HTTP handler.
-	Priority string `json:"priority,omitempty"`
-
-	// Fair names the limit whose keys share the slots fairly while
-	// connections wait, as in the HTTP handler.
-	Fair string `json:"fair,omitempty"`
-
-	// Weight is a key's share under Fair: a number from 0.001 to 1000, or
-	// a placeholder template resolving to one.
-	Weight string `json:"weight,omitempty"`
-
-	// MaxKeys bounds the keys each limit holds at once; a connection with
-	// a new key is closed (reason `keys_full`) while it is reached.
-	MaxKeys int `json:"max_keys,omitempty"`
-
-	// PerKeyMetrics exports per-key series, keys hashed (raw with
-	// PlainKeys), as in the HTTP handler.
-	PerKeyMetrics bool `json:"per_key_metrics,omitempty"`
-
-	// PlainKeys shows raw keys in per-key metrics and the admin API.
-	PlainKeys bool `json:"plain_keys,omitempty"`
-
-	// StoreRaw keeps the counts in a store shared by a fleet (`redis`): a
-	// lease per connection, renewed while it is open. Module namespace:
-	// `http.handlers.inflight.stores`.
-	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=http.handlers.inflight.stores inline_key=type"`
-
-	gate     *inflight.Gate
+	gate     *core.Gate
 	logger   *zap.Logger
 	keys     []keyFunc
 	priority keyFunc
@@ -148,23 +90,20 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.KeyPrefix.check(); err != nil {
 		return err
 	}
-	cfg := &inflight.Handler{
-		Limits: h.Limits, Total: h.Total, Zone: h.Zone, DryRun: h.DryRun, Replicas: h.Replicas,
-		Wait: h.Wait, MaxWaiting: h.MaxWaiting, MaxWaitingPerKey: h.MaxWaitingPerKey,
-		Priority: h.Priority, Fair: h.Fair, Weight: h.Weight, MaxKeys: h.MaxKeys,
-		PerKeyMetrics: h.PerKeyMetrics, PlainKeys: h.PlainKeys, StoreRaw: h.StoreRaw,
-	}
-	for i := range cfg.Limits {
-		if cfg.Limits[i].Key == "" {
-			cfg.Limits[i].Key = RemoteIP
+	for i, l := range h.Limits {
+		if l.Key == "" {
+			h.Limits[i].Key = RemoteIP
+		}
+		if err := checkKey(l.Key); err != nil {
+			return fmt.Errorf("inflight: limit %q: %v", l.Name, err)
 		}
 	}
 	var err error
-	h.gate, err = inflight.JoinGate(ctx, cfg, siteOf(ctx), "connection")
+	h.gate, err = core.Join(ctx, &h.Config, core.Edge{Site: siteOf(ctx), Noun: "connection", AddressKeys: []string{RemoteIP}})
 	if err != nil {
 		return err
 	}
-	h.compile(cfg)
+	h.compile()
 	return nil
 }
 
@@ -183,9 +122,10 @@ func (h *Handler) Handle(cx *layer4.Connection, next layer4.Handler) error {
 	if h.setIP {
 		cx.Replacer().Set(remoteIPKey, ip)
 	}
-	keys := make([]string, len(h.keys))
+	s := &slot{gate: h.gate}
+	h.gate.InitTicket(&s.ticket)
 	for i, key := range h.keys {
-		keys[i] = key(cx, ip)
+		s.ticket.Req.Keys[i] = key(cx, ip)
 	}
 	var class, weight string
 	if h.priority != nil {
@@ -194,43 +134,50 @@ func (h *Handler) Handle(cx *layer4.Connection, next layer4.Handler) error {
 	if h.weight != nil {
 		weight = h.weight(cx, ip)
 	}
-	start := time.Now()
-	t, limit, reason := h.gate.Admit(cx.Context, keys, class, weight)
-	if t == nil {
-		if reason == "dry_run" {
-			return next.Handle(cx)
-		}
+	v := h.gate.Admit(cx.Context, &s.ticket, class, weight)
+	switch {
+	case v.Outcome == limiter.Admitted:
+	case v.Reason == core.ReasonDryRun:
+		return next.Handle(cx)
+	default:
 		if ce := h.logger.Check(zap.DebugLevel, "closing connection"); ce != nil {
+			reason := v.Reason
+			if v.Outcome == limiter.Aborted {
+				reason = "aborted"
+			}
 			ce.Write(zap.String("remote", cx.RemoteAddr().String()), zap.String("zone", h.gate.Zone()),
-				zap.String("limit", limit), zap.String("reason", reason), zap.Duration("waited", time.Since(start)))
+				zap.String("limit", v.Limit), zap.String("reason", reason), zap.Duration("waited", v.Waited))
 		}
 		return nil // the server closes it
 	}
 	if isPacket(cx) {
 		// A UDP session: caddy-l4 ends it when the handler chain returns,
 		// and needs its own connection type in cx.Conn.
-		defer t.Release()
+		defer s.release()
 		return next.Handle(cx)
 	}
-	cx.Conn = &releasingConn{Conn: cx.Conn, ticket: t}
+	conn := &releasingConn{Conn: cx.Conn, slot: s}
+	cx.Conn = conn
 	err := next.Handle(cx)
 	switch {
 	case err != nil && !hijacked(err):
-		t.Release() // the server closes the connection
+		s.release() // the server closes the connection
 	case cx.Context.Value(listenerCtxKey) != nil:
 		// A listener wrapper hands the connection to the HTTP server after
 		// the routes, whichever handler returned: the HTTP server reads it
 		// to its end or closes it. Should another route end it without
 		// either, the slot goes back once the connection is unreachable.
-		runtime.AddCleanup(cx, (*inflight.Ticket).Release, t)
-	case !t.Released():
+		runtime.AddCleanup(cx, (*slot).release, s)
+	case !conn.ended():
 		// The handler that served the connection ends it by reading it to
 		// its end or closing it, both seen here; this one did neither.
 		h.warnNonTerminal.Do(func() {
 			h.logger.Warn("inflight is in a route whose handlers returned while the connection was open: its slot is given back now; put inflight in the route of the handler that serves the connection, such as proxy",
 				zap.String("zone", h.gate.Zone()))
 		})
-		t.Release()
+		s.release()
+	default:
+		s.release() // the server closes the connection
 	}
 	return err
 }

@@ -1,13 +1,12 @@
 package layer4
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
 	"strings"
 
 	"github.com/mholt/caddy-l4/layer4"
-
-	"github.com/caddy-inflight/caddy-inflight/inflight"
 )
 
 // RemoteIP is the placeholder of the client's IP address, without the
@@ -23,18 +22,30 @@ const remoteIPKey = "l4.conn.remote_ip"
 // keyFunc evaluates a template for one connection; ip is its RemoteIP.
 type keyFunc func(cx *layer4.Connection, ip string) string
 
+// remoteAddr is caddy-l4's placeholder of the client's address and port.
+const remoteAddr = "{l4.conn.remote_addr}"
+
+// checkKey refuses a limit key that counts nothing: with the client's port,
+// every connection is a key of its own.
+func checkKey(key string) error {
+	if strings.Contains(key, remoteAddr) {
+		return fmt.Errorf("key %q is not allowed: %s includes the client's port, so every connection would be a key of its own; want %s, the client's address", key, remoteAddr, RemoteIP)
+	}
+	return nil
+}
+
 // compile turns the templates into functions: a constant, the remote IP,
 // or the replacer's evaluation.
-func (h *Handler) compile(cfg *inflight.Handler) {
-	h.keys = make([]keyFunc, len(cfg.Limits))
-	for i, l := range cfg.Limits {
+func (h *Handler) compile() {
+	h.keys = make([]keyFunc, len(h.Limits))
+	for i, l := range h.Limits {
 		h.keys[i] = h.template(l.Key)
 	}
-	if cfg.Priority != "" {
-		h.priority = h.template(cfg.Priority)
+	if h.Priority != "" {
+		h.priority = h.template(h.Priority)
 	}
-	if cfg.Weight != "" && cfg.Fair != "" {
-		h.weight = h.template(cfg.Weight)
+	if h.Weight != "" && h.Fair != "" {
+		h.weight = h.template(h.Weight)
 	}
 }
 

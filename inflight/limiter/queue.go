@@ -47,13 +47,13 @@ type Outcome uint8
 
 // Outcomes of Acquire.
 const (
-	Admitted   Outcome = iota
-	Full               // refused at once: a dimension had no room
-	Timeout            // waited the whole wait without a slot
-	QueueFull          // refused at once: max_waiting requests already wait
-	Aborted            // the request's context ended while it waited
-	KeysFull           // refused at once: a new key, and its dimension holds MaxKeys
-	StoreError         // refused at once: a shared store was unreachable and fails closed
+	Admitted    Outcome = iota
+	Full                // refused at once: a dimension had no room
+	Timeout             // waited the whole wait without a slot
+	QueueFull           // refused at once: max_waiting requests already wait
+	Aborted             // the request's context ended while it waited
+	KeysFull            // refused at once: a new key, and its dimension holds MaxKeys
+	Unavailable         // refused at once: the ledger could not answer, and the store fails closed
 )
 
 // Result reports an admission. Dim is the refusing dimension (TotalDim for

@@ -30,7 +30,7 @@ func TestStallLongerThanLeaseLeavesNoGhost(t *testing.T) {
 	warmUp(t, z, limits, cli)
 
 	stop, flush := p.holdRequests()
-	if res := z.Acquire(context.Background(), request(limits, "k"), limiter.WaitOptions{}); res.Outcome != limiter.StoreError {
+	if res := z.Acquire(context.Background(), request(limits, "k"), limiter.WaitOptions{}); res.Outcome != limiter.Unavailable {
 		t.Fatalf("acquire with its script held up: %v, want store_error (on_error closed)", res.Outcome)
 	}
 	stop()

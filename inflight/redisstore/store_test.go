@@ -128,7 +128,7 @@ func TestReloadChangingOptionsKeepsLeases(t *testing.T) {
 
 // Defect 4: a client's own cancellation counted as a Redis failure, so
 // with on_error closed other clients were refused.
-func TestClientCancellationIsNoStoreError(t *testing.T) {
+func TestClientCancellationIsNotUnavailable(t *testing.T) {
 	addr, _ := startRedis(t)
 	s := newStore(t, store(addr, func(s *Store) { s.OnError = "closed" }))
 	limits := &limiter.Limits{Max: []int64{5}}

@@ -69,7 +69,7 @@ func (z *redisZone) Release(req *limiter.Request) { z.queue.Release(req) }
 // Redis once it answers again.
 func (z *redisZone) fallback(ctx context.Context, req *limiter.Request, opt limiter.WaitOptions) limiter.Result {
 	if z.book.closed {
-		return limiter.Result{Outcome: limiter.StoreError, Dim: firstDim(req)}
+		return limiter.Result{Outcome: limiter.Unavailable, Dim: firstDim(req)}
 	}
 	return z.queue.AcquireAlone(ctx, req, opt)
 }

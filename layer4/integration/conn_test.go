@@ -70,6 +70,12 @@ func TestWaitAdmittedOnClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "the second connection waits", func() bool { return c.zone(t, zoneOf(at)).Waiting == 1 })
+	if z := c.zone(t, zoneOf(at)); z.WaitingUnits != 1 {
+		t.Errorf("admin API: %d units waiting with one connection waiting, want 1, as an HTTP zone reports", z.WaitingUnits)
+	}
+	if got := c.metric(t, "caddy_inflight_waiting_units", `zone="`+zoneOf(at)+`"`); got != 1 {
+		t.Errorf("caddy_inflight_waiting_units = %v with one connection waiting, want 1", got)
+	}
 	if echoed(t, dial(t, at, "127.0.0.1")) {
 		t.Fatal("a third connection was admitted")
 	}
@@ -82,8 +88,8 @@ func TestWaitAdmittedOnClose(t *testing.T) {
 		t.Fatal("the waiting connection was closed, not admitted, when the first closed")
 	}
 	t.Logf("the waiting connection was served %v after the first closed; the third was closed (queue_full)", time.Since(started).Round(time.Millisecond))
-	if z := c.zone(t, zoneOf(at)); z.Waiting != 0 || z.Limits[0].Held != 1 {
-		t.Errorf("admin API: waiting %d held %d, want 0 and 1", z.Waiting, z.Limits[0].Held)
+	if z := c.zone(t, zoneOf(at)); z.Waiting != 0 || z.WaitingUnits != 0 || z.Limits[0].Held != 1 {
+		t.Errorf("admin API: waiting %d (%d units) held %d, want 0 (0) and 1", z.Waiting, z.WaitingUnits, z.Limits[0].Held)
 	}
 }
 

@@ -135,10 +135,11 @@ type zoneState struct {
 		Held int64  `json:"held"`
 		Keys int    `json:"keys"`
 	} `json:"limits"`
-	Waiting int64            `json:"waiting"`
-	Refused map[string]int64 `json:"refused"`
-	TopKeys []any            `json:"top_keys"`
-	Retired bool             `json:"retired"`
+	Waiting      int64            `json:"waiting"`
+	WaitingUnits int64            `json:"waiting_units"`
+	Refused      map[string]int64 `json:"refused"`
+	TopKeys      []any            `json:"top_keys"`
+	Retired      bool             `json:"retired"`
 }
 
 // zone returns the admin API's state of a zone.

@@ -1,7 +1,6 @@
-package inflight
+package core
 
 import (
-	"net/http/httptest"
 	"testing"
 
 	"go.uber.org/zap"
@@ -14,8 +13,8 @@ import (
 // that is not counted as it reads is logged once, hashed.
 func TestWeightResolution(t *testing.T) {
 	core, logs := observer.New(zapcore.WarnLevel)
-	h := &Handler{Limits: []Limit{{Name: "tenant"}}, Fair: "tenant", Weight: "{http.request.header.X-Weight}", logger: zap.New(core)}
-	if err := h.compileFair(); err != nil {
+	g := &Gate{cfg: &Config{Limits: []Limit{{Name: "tenant"}}, Fair: "tenant", Weight: "{http.request.header.X-Weight}"}, logger: zap.New(core)}
+	if err := g.compileFair(); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
@@ -26,11 +25,7 @@ func TestWeightResolution(t *testing.T) {
 		{"0", 1}, {"-3", 1}, {"abc", 1}, {"abc", 1}, {"NaN", 1}, {"-Inf", 1}, {"", 1}, {"1e-400", 1},
 		{"1e-17", 0.001}, {"5e-324", 0.001}, {"1e300", 1000}, {"1e400", 1000}, {"+Inf", 1000}, {"1e300", 1000},
 	} {
-		r := httptest.NewRequest("GET", "/", nil)
-		if tc.value != "" {
-			r.Header.Set("X-Weight", tc.value)
-		}
-		if got := h.resolveWeight(r); got != tc.want {
+		if got := g.parseWeight(tc.value); got != tc.want {
 			t.Errorf("weight %q: %v, want %v", tc.value, got, tc.want)
 		}
 	}
@@ -50,19 +45,19 @@ func TestWeightResolution(t *testing.T) {
 // max_waiting_per_key must not be negative, and a weight given as a number
 // must be within the bounds.
 func TestFairNamesALimit(t *testing.T) {
-	for _, h := range []*Handler{
+	for _, c := range []*Config{
 		{Limits: []Limit{{Name: "tenant"}}, Fair: "client"},
 		{Limits: []Limit{{Name: "tenant"}}, MaxWaitingPerKey: -1},
 		{Limits: []Limit{{Name: "tenant"}}, Fair: "tenant", Weight: "5000"},
 		{Limits: []Limit{{Name: "tenant"}}, Fair: "tenant", Weight: "0"},
 		{Limits: []Limit{{Name: "tenant"}}, Fair: "tenant", Weight: "heavy"},
 	} {
-		if err := h.compileFair(); err == nil {
-			t.Errorf("fair %q, max_waiting_per_key %d, weight %q: accepted", h.Fair, h.MaxWaitingPerKey, h.Weight)
+		if err := (&Gate{cfg: c}).compileFair(); err == nil {
+			t.Errorf("fair %q, max_waiting_per_key %d, weight %q: accepted", c.Fair, c.MaxWaitingPerKey, c.Weight)
 		}
 	}
-	h := &Handler{Limits: []Limit{{Name: "client"}, {Name: "tenant"}}, Fair: "tenant", MaxWaitingPerKey: 3}
-	if err := h.compileFair(); err != nil || !h.waitOpt.Fair || h.waitOpt.KeyDim != 1 || h.waitOpt.MaxWaitingPerKey != 3 {
-		t.Fatalf("fair tenant: %v, options %+v", err, h.waitOpt)
+	g := &Gate{cfg: &Config{Limits: []Limit{{Name: "client"}, {Name: "tenant"}}, Fair: "tenant", MaxWaitingPerKey: 3}}
+	if err := g.compileFair(); err != nil || !g.waitOpt.Fair || g.waitOpt.KeyDim != 1 || g.waitOpt.MaxWaitingPerKey != 3 {
+		t.Fatalf("fair tenant: %v, options %+v", err, g.waitOpt)
 	}
 }

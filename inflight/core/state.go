@@ -1,4 +1,4 @@
-package inflight
+package core
 
 import (
 	"math"
@@ -19,12 +19,12 @@ type zoneView struct {
 	// adaptive is set when the adaptive limit caps the total (not dry_run).
 	adaptive bool
 	store    Store
-	// costs is set when requests hold their cost: units are not requests.
+	// costs is set when units hold their cost: units are not requests.
 	costs bool
 }
 
-func (h *Handler) view() *zoneView {
-	return &zoneView{max: h.limits.Max, total: h.limits.Total, adaptive: h.limits.Adaptive != nil, store: h.store, costs: h.cost != nil}
+func (g *Gate) view() *zoneView {
+	return &zoneView{max: g.limits.Max, total: g.limits.Total, adaptive: g.limits.Adaptive != nil, store: g.store, costs: g.costed}
 }
 
 // StoreHealth is a shared store's state, as the admin API shows it.
@@ -61,7 +61,7 @@ type zoneStats struct {
 }
 
 // reasons are the refusal reasons, in the order zoneStats counts them.
-var reasons = [...]string{reasonFull, reasonTimeout, reasonQueueFull, reasonKeysFull, reasonStore, reasonDryRun}
+var reasons = [...]string{reasonFull, reasonTimeout, reasonQueueFull, reasonKeysFull, reasonStore, ReasonDryRun}
 
 // startStats notes, once, the refusals counted under the zone's name and
 // limits so far: by a zone of the same name made before this one.

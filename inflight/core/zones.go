@@ -1,9 +1,10 @@
-package inflight
+package core
 
 import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -75,10 +76,10 @@ func zoneID(label string, named bool, limits []Limit, hasTotal bool) string {
 }
 
 // describeShape writes a zone's limits for an error message.
-func describeShape(limits []Limit, hasTotal bool) string {
+func describeShape(limits []Limit, hasTotal bool, show func(string) string) string {
 	parts := make([]string, 0, len(limits)+1)
 	for _, l := range limits {
-		parts = append(parts, l.Name+" "+ShortForm(l.Key))
+		parts = append(parts, l.Name+" "+show(l.Key))
 	}
 	if hasTotal {
 		parts = append(parts, "total")
@@ -141,4 +142,24 @@ func loadZone(id, label string, limits []Limit, hasTotal bool) (*zone, error) {
 		return nil, err
 	}
 	return v.(*zone), nil
+}
+
+// anonymous numbers the unnamed handlers of the config being loaded, per
+// site. Loads do not overlap, so one count serves the current load.
+var anonymous = struct {
+	sync.Mutex
+	config any
+	seen   map[string]int
+}{}
+
+// numberedZone returns the name of the next unnamed handler of site in the
+// config being loaded.
+func numberedZone(ctx caddy.Context, site string) string {
+	anonymous.Lock()
+	defer anonymous.Unlock()
+	if config := ctx.GetMetricsRegistry(); anonymous.config != config || config == nil {
+		anonymous.config, anonymous.seen = config, map[string]int{}
+	}
+	anonymous.seen[site]++
+	return site + "#" + strconv.Itoa(anonymous.seen[site])
 }

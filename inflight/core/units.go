@@ -1,4 +1,4 @@
-package inflight
+package core
 
 import (
 	"sync/atomic"
@@ -86,14 +86,5 @@ func (w *waitUnits) end() {
 	if w.units != 0 {
 		w.zone.waiting.Add(-w.units)
 		w.units = 0
-	}
-}
-
-// queued runs when a's request is queued: its units count as waiting, and
-// its client is watched while it waits if its body must be read for that.
-func (a *admission) queued() {
-	a.waiting.start(&a.req)
-	if a.watch.r != nil {
-		a.watch.start()
 	}
 }

@@ -1,4 +1,4 @@
-package inflight
+package core
 
 import (
 	"cmp"
@@ -51,10 +51,10 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method not allowed")}
 	}
 	switch name := strings.TrimPrefix(r.URL.Path, "/inflight/"); name {
-	case "", uiState:
-		return serveState(w)
-	case uiPage, uiScript, uiStyle:
-		serveUIFile(w, name)
+	case "", StateFile:
+		return ServeState(w)
+	case PageFile, ScriptFile, StyleFile:
+		ServePageFile(w, name)
 		return nil
 	}
 	return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("not found: %s (the inflight admin API serves /inflight/ and /inflight/ui)", r.URL.Path)}
@@ -126,8 +126,15 @@ type keyHeld struct {
 	Held  int64  `json:"held"` // units
 }
 
-// serveState writes every zone's state as JSON.
-func serveState(w http.ResponseWriter) error {
+// ServeState writes every zone's state as JSON.
+func ServeState(w http.ResponseWriter) error {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	return json.NewEncoder(w).Encode(map[string]any{"zones": States()})
+}
+
+// States returns every zone's state, by zone name.
+func States() []ZoneState {
 	states := []ZoneState{}
 	eachZone(func(z *zone, retired bool) {
 		st := stateOf(z)
@@ -135,9 +142,7 @@ func serveState(w http.ResponseWriter) error {
 		states = append(states, st)
 	})
 	slices.SortFunc(states, func(a, b ZoneState) int { return cmp.Compare(a.Zone, b.Zone) })
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	return json.NewEncoder(w).Encode(map[string]any{"zones": states})
+	return states
 }
 
 func stateOf(z *zone) ZoneState {

@@ -1,4 +1,4 @@
-package inflight
+package core
 
 import (
 	"cmp"
@@ -23,11 +23,11 @@ const (
 	keysPlain                  // raw
 )
 
-func (h *Handler) keyDisplay() int32 {
+func (g *Gate) keyDisplay() int32 {
 	switch {
-	case !h.PerKeyMetrics:
+	case !g.cfg.PerKeyMetrics:
 		return keysAnonymous
-	case h.PlainKeys:
+	case g.cfg.PlainKeys:
 		return keysPlain
 	}
 	return keysHashed

@@ -1,4 +1,4 @@
-package inflight
+package core
 
 import (
 	"errors"
@@ -126,7 +126,9 @@ const (
 	reasonQueueFull = "queue_full"
 	reasonKeysFull  = "keys_full"
 	reasonStore     = "store_error"
-	reasonDryRun    = "dry_run"
+	// ReasonDryRun is the reason of a unit let through by dry_run that
+	// would have been refused.
+	ReasonDryRun = "dry_run"
 )
 
 func reasonFor(o limiter.Outcome) string {
@@ -137,7 +139,7 @@ func reasonFor(o limiter.Outcome) string {
 		return reasonQueueFull
 	case limiter.KeysFull:
 		return reasonKeysFull
-	case limiter.StoreError:
+	case limiter.Unavailable:
 		return reasonStore
 	}
 	return reasonFull

@@ -1,4 +1,4 @@
-package inflight
+package core
 
 import (
 	"fmt"
@@ -11,12 +11,12 @@ import (
 )
 
 func TestKeySeriesAreCappedAndRemovedAtZero(t *testing.T) {
-	h := &Handler{Zone: "cap-test", label: "cap-test", Limits: []Limit{{Name: "key"}}}
+	h := &Gate{cfg: &Config{Zone: "cap-test", Limits: []Limit{{Name: "key"}}}, label: "cap-test"}
 	var ks keySeries
-	var admitted []*admission
+	var admitted []*Ticket
 	for i := range maxKeySeries + 5 {
-		a := newAdmission(1)
-		a.req.Keys[0] = fmt.Sprint("key-", i)
+		a := newTicket(1)
+		a.Req.Keys[0] = fmt.Sprint("key-", i)
 		ks.admit(h, a)
 		admitted = append(admitted, a)
 	}
@@ -38,12 +38,12 @@ func TestKeySeriesAreCappedAndRemovedAtZero(t *testing.T) {
 // and the text `\xff\xfe\x80bad` are two keys and two series, each with
 // its own count, and a key "_overflow" is not the overflow series.
 func TestPlainKeySeriesAreOneToOne(t *testing.T) {
-	h := &Handler{Zone: "plain-test", label: "plain-test", Limits: []Limit{{Name: "key"}}, PlainKeys: true}
+	h := &Gate{cfg: &Config{Zone: "plain-test", Limits: []Limit{{Name: "key"}}, PlainKeys: true}, label: "plain-test"}
 	var ks keySeries
-	var admitted []*admission
+	var admitted []*Ticket
 	for _, key := range []string{"\xff\xfe\x80bad", `\xff\xfe\x80bad`, overflowKey} {
-		a := newAdmission(1)
-		a.req.Keys[0] = key
+		a := newTicket(1)
+		a.Req.Keys[0] = key
 		ks.admit(h, a)
 		admitted = append(admitted, a)
 	}
@@ -69,13 +69,13 @@ func TestPlainKeySeriesAreOneToOne(t *testing.T) {
 // idle for keyWaitIdle, except a key still holding a slot and one with a
 // request waiting.
 func TestKeyWaitSeriesAreCappedAndSweptWhenIdle(t *testing.T) {
-	h := &Handler{Zone: "wait-test", label: "wait-test", Limits: []Limit{{Name: "tenant"}}, PerKeyMetrics: true}
+	h := &Gate{cfg: &Config{Zone: "wait-test", Limits: []Limit{{Name: "tenant"}}, PerKeyMetrics: true}, label: "wait-test"}
 	var ks keySeries
 	start := time.Now()
-	var admitted []*admission
+	var admitted []*Ticket
 	for i := range maxKeySeries + 5 {
-		a := newAdmission(1)
-		a.req.Keys[0] = fmt.Sprint("tenant-", i)
+		a := newTicket(1)
+		a.Req.Keys[0] = fmt.Sprint("tenant-", i)
 		ks.waited(h, a, limiter.Admitted, 300*time.Millisecond, start)
 		ks.admit(h, a)
 		admitted = append(admitted, a)

@@ -1,4 +1,4 @@
-package inflight
+package core
 
 import (
 	"testing"
@@ -13,7 +13,7 @@ import (
 // rename zones do not pile them up; a zone with a request in flight is kept
 // until it drains. The per-key wait series of each go with it.
 func TestRetiredZonesAreKeptOnlyWhileBusy(t *testing.T) {
-	limits := []Limit{{Name: "client", Key: DefaultKey, Max: Max{Fixed: 1}}}
+	limits := []Limit{{Name: "client", Key: "{http.vars.client_ip}", Max: Max{Fixed: 1}}}
 	idle, _ := loadZone(zoneID("retired-idle", true, limits, false), "retired-idle", limits, false)
 	busy, _ := loadZone(zoneID("retired-busy", true, limits, false), "retired-busy", limits, false)
 	req := &limiter.Request{Keys: []string{"k"}, Max: []int64{0}, Limits: &limiter.Limits{Max: []int64{1}}}
@@ -21,9 +21,9 @@ func TestRetiredZonesAreKeptOnlyWhileBusy(t *testing.T) {
 		t.Fatal("refused")
 	}
 	for _, z := range []*zone{idle, busy} {
-		h := &Handler{label: z.label, Limits: limits, PerKeyMetrics: true}
-		a := newAdmission(1)
-		a.req.Keys[0] = "k"
+		h := &Gate{cfg: &Config{Limits: limits, PerKeyMetrics: true}, label: z.label}
+		a := newTicket(1)
+		a.Req.Keys[0] = "k"
 		z.series.waited(h, a, limiter.Admitted, time.Second, time.Now())
 	}
 	zones.Delete(idle.id)

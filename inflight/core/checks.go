@@ -1,7 +1,6 @@
-package inflight
+package core
 
 import (
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -10,15 +9,12 @@ import (
 )
 
 // The checks below are made by the Caddyfile parser at the option's line,
-// so that its error names file:line, and again by the handler when it loads
-// JSON.
+// so that its error names file:line, and again when a handler joins its
+// zone from JSON.
 
 // CapRange says what a fixed cap (a max, a total) may be: a zone counts
 // units in 40 bits, and a larger cap would overflow into its request count.
 var CapRange = fmt.Sprintf("an integer from 1 to %d (2^40-1)", int64(limiter.MaxCost))
-
-// ErrAdaptiveWithStore refuses `total adaptive` beside a shared store.
-var ErrAdaptiveWithStore = errors.New("total adaptive cannot be used with a shared store (store redis): each instance measures only its own requests' latency, so a fleet-wide adaptive cap is not designed; use a fixed total with the store, or total adaptive without it")
 
 // CheckPriority refuses a priority that is neither a placeholder nor a
 // class: a literal such as "urgent" would make every request normal.

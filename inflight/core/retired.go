@@ -1,4 +1,4 @@
-package inflight
+package core
 
 import "sync"
 

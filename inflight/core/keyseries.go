@@ -1,4 +1,4 @@
-package inflight
+package core
 
 import (
 	"sync"
@@ -66,9 +66,9 @@ type keyWaits struct {
 	recent   waitWindow
 }
 
-// keyLabel is how h's per-key series show key.
-func (h *Handler) keyLabel(key string) string {
-	if h.PlainKeys {
+// keyLabel is how g's per-key series show key.
+func (g *Gate) keyLabel(key string) string {
+	if g.cfg.PlainKeys {
 		return labelValue(key)
 	}
 	return redact(key)
@@ -97,43 +97,43 @@ func (k *keySeries) entry(limit, label string) (seriesKey, *keyStats) {
 	return sk, s
 }
 
-// admit adds a's keys, recording in a.labels the label each was counted
+// admit adds a's keys, recording in t.labels the label each was counted
 // under (already there if it waited).
-func (k *keySeries) admit(h *Handler, a *admission) {
+func (k *keySeries) admit(g *Gate, t *Ticket) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	for d, key := range a.req.Keys {
+	for d, key := range t.Req.Keys {
 		if key == "" {
 			continue
 		}
-		label := a.labels[d]
+		label := t.labels[d]
 		if label == "" {
-			label = h.keyLabel(key)
+			label = g.keyLabel(key)
 		}
-		sk, s := k.entry(h.Limits[d].Name, label)
-		a.labels[d] = sk.key
+		sk, s := k.entry(g.cfg.Limits[d].Name, label)
+		t.labels[d] = sk.key
 		s.held++
-		s.units += a.req.Units()
-		keyRequests.WithLabelValues(h.label, sk.limit, sk.key).Inc()
+		s.units += t.Req.Units()
+		keyRequests.WithLabelValues(g.label, sk.limit, sk.key).Inc()
 	}
 }
 
-// release takes a's keys away, deleting series that reach zero.
-func (k *keySeries) release(h *Handler, a *admission) {
+// release takes t's keys away, deleting series that reach zero.
+func (k *keySeries) release(g *Gate, t *Ticket) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	for d, label := range a.labels {
+	for d, label := range t.labels {
 		if label == "" {
 			continue
 		}
-		sk := seriesKey{h.Limits[d].Name, label}
+		sk := seriesKey{g.cfg.Limits[d].Name, label}
 		s := k.keys[sk]
-		s.units -= a.req.Units()
+		s.units -= t.Req.Units()
 		if s.held--; s.held > 0 {
-			keyRequests.WithLabelValues(h.label, sk.limit, sk.key).Dec()
+			keyRequests.WithLabelValues(g.label, sk.limit, sk.key).Dec()
 			continue
 		}
-		keyRequests.DeleteLabelValues(h.label, sk.limit, sk.key)
+		keyRequests.DeleteLabelValues(g.label, sk.limit, sk.key)
 		if s.waits == nil {
 			delete(k.keys, sk)
 			continue
@@ -142,24 +142,24 @@ func (k *keySeries) release(h *Handler, a *admission) {
 	}
 }
 
-// waited records, under each of a's keys, how long its request waited and
-// how the wait ended, and records in a.labels the label of each key.
-func (k *keySeries) waited(h *Handler, a *admission, o limiter.Outcome, took time.Duration, now time.Time) {
+// waited records, under each of t's keys, how long its request waited and
+// how the wait ended, and records in t.labels the label of each key.
+func (k *keySeries) waited(g *Gate, t *Ticket, o limiter.Outcome, took time.Duration, now time.Time) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	for d, key := range a.req.Keys {
+	for d, key := range t.Req.Keys {
 		if key == "" {
 			continue
 		}
-		sk, s := k.entry(h.Limits[d].Name, h.keyLabel(key))
-		a.labels[d] = sk.key
+		sk, s := k.entry(g.cfg.Limits[d].Name, g.keyLabel(key))
+		t.labels[d] = sk.key
 		if s.waits == nil {
 			s.waits = new(keyWaits)
 		}
 		s.waits.outcomes |= 1 << o
 		s.waits.idle = now
 		s.waits.recent.observe(now, took.Seconds())
-		keyWaitSeconds.WithLabelValues(h.label, sk.limit, sk.key, outcomeLabel(o)).Observe(took.Seconds())
+		keyWaitSeconds.WithLabelValues(g.label, sk.limit, sk.key, outcomeLabel(o)).Observe(took.Seconds())
 	}
 }
 

@@ -1,4 +1,4 @@
-package inflight
+package core
 
 import (
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"

@@ -1,12 +1,13 @@
-package inflight
+package core
 
 import (
+	"context"
 	"encoding/json"
-	"io"
-	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
@@ -77,57 +78,45 @@ func TestRequestSeriesCountRequestsAndUnitsBeside(t *testing.T) {
 	}
 }
 
-// TestWaitingUnitsAndCostsThroughTheHandler: with a cost, a request
-// waiting counts its units as waiting until its wait ends, and each
-// admitted request adds its units to the cost histogram, in metrics and
-// the admin API.
-func TestWaitingUnitsAndCostsThroughTheHandler(t *testing.T) {
-	url, release := serveHandler(t, map[string]any{
-		"zone":   "units-wait",
-		"limits": []any{map[string]any{"name": "client", "max": 2}},
-		"wait":   "30s",
-		"cost":   "2",
-	})
+// TestWaitingUnitsAndCostsThroughTheGate: with costs, a unit waiting
+// counts its units as waiting until its wait ends, and each admitted unit
+// adds its units to the cost histogram, in metrics and the admin API.
+func TestWaitingUnitsAndCostsThroughTheGate(t *testing.T) {
+	g := testGateOn(t, "units-wait", &Config{
+		Zone:   "units-wait",
+		Limits: []Limit{{Name: "client", Key: "{client}", Max: Max{Fixed: 2}}},
+		Wait:   caddy.Duration(30 * time.Second),
+	}, Edge{Costs: true})
 	zoneLabels := map[string]string{"zone": "units-wait"}
 	before, _ := sample(t, "caddy_inflight_request_cost", zoneLabels)
 	before = max(before, 0)
-	held := fetch(t, url, "X-Hold", "1")
-	done := make(chan *http.Response, 1)
-	go func() {
-		resp, err := http.Get(url)
-		if err != nil {
-			panic(err)
-		}
-		done <- resp
-	}()
-	eventually(t, "a request waits", func() bool {
+	held, waiter := g.newTicket("k"), g.newTicket("k")
+	held.Req.Cost, waiter.Req.Cost = 2, 2
+	if v := g.Admit(context.Background(), held, "", ""); v.Outcome != limiter.Admitted {
+		t.Fatalf("the first unit: %+v, want admitted", v)
+	}
+	done := make(chan Verdict, 1)
+	go func() { done <- g.Admit(context.Background(), waiter, "", "") }()
+	// The queue counts the unit before its units are counted as waiting
+	// (once it is queued, outside the queue's lock): wait for both.
+	eventually(t, "one unit of cost 2 waits: caddy_inflight_waiting 1 and caddy_inflight_waiting_units 2", func() bool {
 		n, _ := sample(t, "caddy_inflight_waiting", zoneLabels)
-		return n == 1
+		units, _ := sample(t, "caddy_inflight_waiting_units", zoneLabels)
+		return n == 1 && units == 2
 	})
-	if units, _ := sample(t, "caddy_inflight_waiting_units", zoneLabels); units != 2 {
-		t.Errorf("caddy_inflight_waiting_units %v with one request of cost 2 waiting, want 2", units)
+	g.Release(held)
+	if v := <-done; v.Outcome != limiter.Admitted {
+		t.Fatalf("the waiter: %+v, want admitted", v)
 	}
-	release()
-	io.Copy(io.Discard, held.Body)
-	held.Body.Close()
-	resp := <-done
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("the waiter got %d, want 200", resp.StatusCode)
-	}
+	g.Release(waiter)
 	if units, _ := sample(t, "caddy_inflight_waiting_units", zoneLabels); units != 0 {
 		t.Errorf("caddy_inflight_waiting_units %v once nobody waits, want 0", units)
 	}
 	count, sum := sample(t, "caddy_inflight_request_cost", zoneLabels)
 	if count-before != 2 || sum != 2*count {
-		t.Errorf("caddy_inflight_request_cost: %v more requests, sum %v of %v; want 2 more, each of 2", count-before, sum, count)
+		t.Errorf("caddy_inflight_request_cost: %v more units, sum %v of %v; want 2 more, each of 2", count-before, sum, count)
 	}
-	var st ZoneState
-	eachZone(func(z *zone, _ bool) {
-		if z.label == "units-wait" {
-			st = stateOf(z)
-		}
-	})
+	st := stateOf(g.zone)
 	if st.Cost == nil || st.Cost.Count != int64(count) || st.Cost.Sum != int64(sum) || st.WaitingUnits != 0 {
 		t.Errorf("admin API: cost %+v, waiting units %d; want the histogram's %v and %v, and 0", st.Cost, st.WaitingUnits, count, sum)
 	}
@@ -137,10 +126,10 @@ func TestWaitingUnitsAndCostsThroughTheHandler(t *testing.T) {
 // least, MaxCost at most) as waiting, and its end takes back exactly that.
 func TestWaitingUnitsAreTheCost(t *testing.T) {
 	var s unitStats
-	a := newAdmission(1)
+	a := newTicket(1)
 	a.waiting.zone = &s
 	for _, tc := range []struct{ cost, want int64 }{{7, 7}, {0, 1}, {-3, 1}, {limiter.MaxCost + 1, limiter.MaxCost}} {
-		a.req.Cost = tc.cost
+		a.Req.Cost = tc.cost
 		a.onQueued()
 		if got := s.waiting.Load(); got != tc.want {
 			t.Errorf("cost %d: %d units waiting, want %d", tc.cost, got, tc.want)
@@ -153,34 +142,25 @@ func TestWaitingUnitsAreTheCost(t *testing.T) {
 	}
 }
 
-// TestWithoutCostUnitsAreRequests: without a cost every request holds one
+// TestWithoutCostUnitsAreRequests: without costs every unit holds one
 // unit: the zone has no cost histogram and the admin API no cost, while
-// its requests, units and refusals are counted as with one.
+// its units in flight are counted as with costs.
 func TestWithoutCostUnitsAreRequests(t *testing.T) {
-	url, release := serveHandler(t, map[string]any{
-		"zone":   "units-none",
-		"limits": []any{map[string]any{"name": "client", "max": 1}},
+	g := testGate(t, "units-none", &Config{
+		Zone:   "units-none",
+		Limits: []Limit{{Name: "client", Key: "{client}", Max: Max{Fixed: 1}}},
 	})
-	held := fetch(t, url, "X-Hold", "1")
-	refused := fetch(t, url)
-	refused.Body.Close()
-	if refused.StatusCode != http.StatusTooManyRequests {
-		t.Fatalf("a second request with max 1: %d, want 429", refused.StatusCode)
+	held := g.newTicket("k")
+	if v := g.Admit(context.Background(), held, "", ""); v.Outcome != limiter.Admitted {
+		t.Fatalf("the first unit: %+v, want admitted", v)
 	}
-	var st ZoneState
-	eachZone(func(z *zone, _ bool) {
-		if z.label == "units-none" {
-			st = stateOf(z)
-		}
-	})
-	release()
-	io.Copy(io.Discard, held.Body)
-	held.Body.Close()
+	defer g.Release(held)
 	if count, _ := sample(t, "caddy_inflight_request_cost", map[string]string{"zone": "units-none"}); count != -1 {
-		t.Errorf("caddy_inflight_request_cost of a zone without cost: %v requests, want no series", count)
+		t.Errorf("caddy_inflight_request_cost of a zone without cost: %v units, want no series", count)
 	}
-	if l := st.Limits[0]; st.Cost != nil || l.Held != 1 || l.Units != 1 || st.Refused[reasonFull] != 1 {
-		t.Errorf("admin API: cost %+v, limit %+v, refused %v; want no cost, 1 request of 1 unit, 1 refused full", st.Cost, l, st.Refused)
+	st := stateOf(g.zone)
+	if l := st.Limits[0]; st.Cost != nil || l.Held != 1 || l.Units != 1 {
+		t.Errorf("admin API: cost %+v, limit %+v; want no cost, 1 unit held", st.Cost, l)
 	}
 }
 
@@ -189,7 +169,7 @@ func TestWithoutCostUnitsAreRequests(t *testing.T) {
 // only, as the metric counts them.
 func TestRefusalsCountFromTheZonesStart(t *testing.T) {
 	rejectedTotal.WithLabelValues("refusals", "client", reasonFull).Add(2)
-	limits := []Limit{{Name: "client", Key: DefaultKey, Max: Max{Fixed: 1}}}
+	limits := []Limit{{Name: "client", Key: "{client}", Max: Max{Fixed: 1}}}
 	z, _ := loadZone(zoneID("refusals", true, limits, false), "refusals", limits, false)
 	defer zones.Delete(z.id)
 	z.startStats()
@@ -204,23 +184,22 @@ func TestRefusalsCountFromTheZonesStart(t *testing.T) {
 }
 
 // TestStateOfACostZoneIsInUnits: the state the live page reads gives, for
-// a zone whose requests have costs, the units in flight beside the
-// requests and the cap in units, and says the zone has costs: 3 requests
-// of cost 500 under a total of 2000 are 1500 units of 2000.
+// a zone whose units have costs, the units in flight beside the requests
+// and the cap in units, and says the zone has costs: 3 requests of cost
+// 500 under a total of 2000 are 1500 units of 2000.
 func TestStateOfACostZoneIsInUnits(t *testing.T) {
-	url, release := serveHandler(t, map[string]any{"zone": "units-page", "total": 2000, "cost": "500"})
-	var held []*http.Response
-	for range 3 {
-		held = append(held, fetch(t, url, "X-Hold", "1"))
+	g := testGateOn(t, "units-page", &Config{Zone: "units-page", Total: 2000}, Edge{Costs: true})
+	for i := range 3 {
+		tk := g.newTicket()
+		tk.Req.Cost = 500
+		if v := g.Admit(context.Background(), tk, "", ""); v.Outcome != limiter.Admitted {
+			t.Fatalf("unit %d: %+v, want admitted", i, v)
+		}
+		defer g.Release(tk)
 	}
 	w := httptest.NewRecorder()
-	if err := serveState(w); err != nil {
+	if err := ServeState(w); err != nil {
 		t.Fatal(err)
-	}
-	release()
-	for _, resp := range held {
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
 	}
 	var state struct {
 		Zones []struct {

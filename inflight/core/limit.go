@@ -1,4 +1,4 @@
-package inflight
+package core
 
 import (
 	"encoding/json"
@@ -10,11 +10,10 @@ import (
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
 
-// DefaultKey is the key of a limit that names none: the client's IP address
-// as Caddy determined it, honouring the server's trusted_proxies.
-const DefaultKey = "{http.vars.client_ip}"
+// totalName is the limit name the total cap reports as.
+const totalName = "total"
 
-// Limit is one dimension of a handler: requests with the same evaluated key
+// Limit is one dimension of a handler: units with the same evaluated key
 // share its cap.
 type Limit struct {
 	// Name identifies the limit in metrics, logs, events and the
@@ -22,17 +21,18 @@ type Limit struct {
 	// digits, `_` and `-`; `total` is reserved for the handler's total cap.
 	Name string `json:"name"`
 
-	// Key is a placeholder template evaluated per request; requests with the
+	// Key is a placeholder template evaluated per unit; units with the
 	// same value share the limit's slots. A key without placeholders makes
-	// one counter for every request. A request whose key evaluates to empty
-	// is not limited by this limit. Default: `{http.vars.client_ip}`.
+	// one counter for every unit. A unit whose key evaluates to empty is
+	// not limited by this limit. Default: the client's IP address
+	// (`{http.vars.client_ip}`, `{l4.conn.remote_ip}` for layer4).
 	Key string `json:"key,omitempty"`
 
-	// Max is how many requests with the same key may be in flight at once: an
-	// integer from 1 to 2^40-1, or a placeholder string that resolves to one per
-	// request (for example an output of the `map` handler). A request whose
-	// placeholder does not resolve to a positive integer is answered with
-	// 500.
+	// Max is how many units with the same key may be in flight at once:
+	// an integer from 1 to 2^40-1, or (HTTP only) a placeholder string
+	// that resolves to one per request (for example an output of the `map`
+	// handler). A request whose placeholder does not resolve to a positive
+	// integer is answered with 500.
 	Max Max `json:"max"`
 }
 
@@ -115,18 +115,3 @@ func checkLimits(limits []Limit) error {
 	}
 	return nil
 }
-
-// shorthands are the long forms of the Caddyfile's placeholder shorthands
-// that keys use most, so messages can show a key as the user wrote it.
-var shorthands = strings.NewReplacer(
-	"{http.vars.client_ip}", "{client_ip}",
-	"{http.request.remote.host}", "{remote_host}",
-	"{http.request.header.", "{header.",
-	"{http.request.cookie.", "{cookie.",
-	"{http.request.uri.query.", "{query.",
-	"{http.vars.", "{vars.",
-)
-
-// ShortForm writes a placeholder template with the Caddyfile's shorthands,
-// for messages: `{http.request.header.X-Key}` is shown as `{header.X-Key}`.
-func ShortForm(tmpl string) string { return shorthands.Replace(tmpl) }

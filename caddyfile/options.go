@@ -1,0 +1,309 @@
+package caddyfile
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight"
+	"github.com/caddy-inflight/caddy-inflight/inflight/core"
+	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
+)
+
+// Block is how one protocol's inflight directive reads its block: the
+// options every protocol shares (core.Config) are read here, the
+// protocol's own by Own.
+type Block struct {
+	// DefaultKey is the key of `inflight <max>`: the client's address.
+	DefaultKey string
+	// FixedMax refuses a placeholder max (they are resolved per HTTP
+	// request only).
+	FixedMax bool
+	// Subdirectives lists the block's options, for error messages.
+	Subdirectives string
+	// Placeholder is an example placeholder of the protocol, for messages
+	// (such as {tenant_priority}).
+	Placeholder string
+	// CheckKey, if set, refuses a limit's key the protocol cannot count by.
+	CheckKey func(key string) error
+	// OtherTotal, if set, tells that the protocol's own options cap the
+	// total (an adaptive total): the block then needs no other limit.
+	OtherTotal func() bool
+	// Own reads one of the protocol's own options, whose name the
+	// dispenser is on, and reports whether it knew it. It is asked first.
+	Own func(d *caddyfile.Dispenser, opt string) (bool, error)
+}
+
+// ParseBlock reads an inflight directive into cfg, the dispenser on the
+// directive's name:
+//
+//	inflight [<max>] {
+//		limit       <name> <key> <max>   # repeatable; all must admit
+//		total       <max>                # one cap across all keys
+//		zone        <name>               # share counters with handlers naming it
+//		dry_run                          # count and report, never refuse
+//		replicas    <n>                  # each of n instances enforces ceil(max/n)
+//		wait        <duration>           # wait for a slot instead of refusing (0)
+//		max_waiting <n>                  # bound on waiting units (1000)
+//		max_waiting_per_key <n>          # bound on waiting units of one key
+//		priority    <placeholder>        # high | normal | low per unit
+//		fair        <limit>              # share slots fairly among the limit's keys
+//		weight      <placeholder>        # a key's share under fair (class weight)
+//		max_keys    <n>                  # bound on keys in flight per limit
+//		metrics     per_key [plain]      # per-key series (hashed keys, or raw)
+//		store       redis { ... }        # counts shared by a fleet, in Redis
+//		...                              # the protocol's own (Block.Own)
+//	}
+//
+// `inflight <max>` is short for `limit client <Block.DefaultKey> <max>`.
+// Every error names the file and line.
+func ParseBlock(d *caddyfile.Dispenser, cfg *core.Config, b Block) error {
+	d.Next() // the directive's name
+	args := d.RemainingArgs()
+	shorthand := len(args) == 1
+	switch len(args) {
+	case 0:
+	case 1:
+		max, err := b.parseMax(args[0])
+		if err != nil {
+			return d.Errf("inflight: %v", err)
+		}
+		cfg.Limits = append(cfg.Limits, core.Limit{Name: "client", Key: b.DefaultKey, Max: max})
+	default:
+		return d.Errf("inflight: too many arguments %q: want at most one, the max per client IP", shortForms(args))
+	}
+	seen := map[string]bool{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		opt := d.Val()
+		if seen[opt] && opt != "limit" {
+			return d.Errf("inflight: %s is given twice: give it once", opt)
+		}
+		seen[opt] = true
+		if b.Own != nil {
+			known, err := b.Own(d, opt)
+			if err != nil {
+				return err
+			}
+			if known {
+				continue
+			}
+		}
+		if err := b.parseOption(d, cfg, opt, shorthand); err != nil {
+			return err
+		}
+	}
+	if len(cfg.Limits) == 0 && cfg.Total == 0 && (b.OtherTotal == nil || !b.OtherTotal()) {
+		return d.Errf("inflight: no limit: give a max (inflight 20), a limit or a total")
+	}
+	if cfg.Fair != "" && !slices.ContainsFunc(cfg.Limits, func(l core.Limit) bool { return l.Name == cfg.Fair }) {
+		return d.Errf("inflight: fair %q is not allowed: want the name of one of this block's limits", cfg.Fair)
+	}
+	return nil
+}
+
+// parseOption reads one shared option.
+func (b Block) parseOption(d *caddyfile.Dispenser, cfg *core.Config, opt string, shorthand bool) error {
+	var err error
+	switch opt {
+	case "limit":
+		err = b.parseLimit(d, cfg, shorthand)
+	case "total":
+		cfg.Total, err = capInt(d, opt)
+	case "zone":
+		cfg.Zone, err = zoneName(d)
+	case "dry_run":
+		if d.NextArg() {
+			return d.Errf("inflight: dry_run takes no arguments, got %q", d.Val())
+		}
+		cfg.DryRun = true
+	case "replicas":
+		cfg.Replicas, err = positiveInt(d, opt)
+	case "wait":
+		var dur time.Duration
+		dur, err = duration(d, opt, true)
+		cfg.Wait = caddy.Duration(dur)
+	case "max_waiting":
+		cfg.MaxWaiting, err = positiveInt(d, opt)
+	case "max_waiting_per_key":
+		cfg.MaxWaitingPerKey, err = positiveInt(d, opt)
+	case "priority":
+		cfg.Priority, err = checked(d, opt, "high, normal or low, or a placeholder such as "+b.placeholder("priority"), core.CheckPriority)
+	case "fair":
+		cfg.Fair, err = oneArg(d, opt, "the name of a limit, such as fair tenant")
+	case "weight":
+		cfg.Weight, err = checked(d, opt, "a placeholder such as "+b.placeholder("weight")+", or a number", core.CheckWeight)
+	case "max_keys":
+		cfg.MaxKeys, err = positiveInt(d, opt)
+	case "metrics":
+		err = parseMetrics(d, cfg)
+	case "store":
+		err = parseStore(d, cfg)
+	default:
+		return d.Errf("inflight: unknown subdirective %q: want one of %s", opt, b.Subdirectives)
+	}
+	return err
+}
+
+// placeholder is an example placeholder named after what it gives.
+func (b Block) placeholder(what string) string {
+	return strings.Replace(b.Placeholder, "*", what, 1)
+}
+
+// parseMax reads a limit's max.
+func (b Block) parseMax(v string) (core.Max, error) {
+	max, err := core.ParseMax(v)
+	if b.FixedMax && (err != nil || max.Placeholder != "") {
+		return core.Max{}, fmt.Errorf("max %q is not allowed: want %s", v, core.CapRange)
+	}
+	return max, err
+}
+
+// parseLimit reads `limit <name> <key> <max>`; shorthand tells that the
+// first limit came from `inflight <max>`.
+func (b Block) parseLimit(d *caddyfile.Dispenser, cfg *core.Config, shorthand bool) error {
+	args := d.RemainingArgs()
+	if len(args) != 3 {
+		return d.Errf("inflight: limit %q: want three arguments, limit <name> <key> <max>", shortForms(args))
+	}
+	if err := core.CheckLimitName(args[0]); err != nil {
+		return d.Errf("inflight: limit %s", err)
+	}
+	if b.CheckKey != nil {
+		if err := b.CheckKey(args[1]); err != nil {
+			return d.Errf("inflight: limit %s: %v", args[0], err)
+		}
+	}
+	max, err := b.parseMax(args[2])
+	if err != nil {
+		return d.Errf("inflight: limit %s: %v", args[0], err)
+	}
+	for i, l := range cfg.Limits {
+		switch {
+		case l.Name != args[0]:
+		case i == 0 && shorthand:
+			return d.Errf("inflight: limit %q is already defined by the max after inflight (inflight <max> means limit client %s <max>): give this limit another name", args[0], inflight.ShortForm(b.DefaultKey))
+		default:
+			return d.Errf("inflight: limit %q is given twice: each limit needs its own name", args[0])
+		}
+	}
+	cfg.Limits = append(cfg.Limits, core.Limit{Name: args[0], Key: args[1], Max: max})
+	return nil
+}
+
+// parseMetrics reads `metrics per_key [plain]`.
+func parseMetrics(d *caddyfile.Dispenser, cfg *core.Config) error {
+	args := d.RemainingArgs()
+	if len(args) == 0 || len(args) > 2 || args[0] != "per_key" || (len(args) == 2 && args[1] != "plain") {
+		return d.Errf("inflight: metrics %q is not allowed: want metrics per_key, or metrics per_key plain", args)
+	}
+	cfg.PerKeyMetrics = true
+	cfg.PlainKeys = len(args) == 2
+	return nil
+}
+
+// parseStore reads `store <type> { ... }` with the store module's own
+// Caddyfile syntax.
+func parseStore(d *caddyfile.Dispenser, cfg *core.Config) error {
+	if !d.NextArg() {
+		return d.Errf("inflight: store: want a store type, such as store redis { address 127.0.0.1:6379 }")
+	}
+	name := d.Val()
+	id := "http.handlers.inflight.stores." + name
+	if _, err := caddy.GetModule(id); err != nil {
+		return d.Errf("inflight: store %q is not allowed: want redis", name)
+	}
+	unm, err := caddyfile.UnmarshalModule(d, id)
+	if err != nil {
+		return err
+	}
+	cfg.StoreRaw = caddyconfig.JSONModuleObject(unm, "type", name, nil)
+	return nil
+}
+
+// checked reads one argument and refuses it, at its line, if check does.
+func checked(d *caddyfile.Dispenser, opt, want string, check func(string) error) (string, error) {
+	v, err := oneArg(d, opt, want)
+	if err == nil {
+		if err = check(v); err != nil {
+			err = d.Errf("inflight: %v", err)
+		}
+	}
+	return v, err
+}
+
+func oneArg(d *caddyfile.Dispenser, opt, want string) (string, error) {
+	args := d.RemainingArgs()
+	if len(args) != 1 {
+		return "", d.Errf("inflight: %s %q: want one argument, %s", opt, shortForms(args), want)
+	}
+	return args[0], nil
+}
+
+// zoneName reads a zone's name, which may not contain '#', the mark of the
+// automatic names of unnamed zones.
+func zoneName(d *caddyfile.Dispenser) (string, error) {
+	v, err := oneArg(d, "zone", "a zone name")
+	if err == nil && strings.Contains(v, "#") {
+		err = d.Errf("inflight: zone %q is not allowed: '#' marks the automatic names of unnamed zones; choose a name without it", v)
+	}
+	return v, err
+}
+
+func positiveInt(d *caddyfile.Dispenser, opt string) (int, error) {
+	v, err := oneArg(d, opt, "a positive integer")
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		return 0, d.Errf("inflight: %s %q is not allowed: want a positive integer", opt, v)
+	}
+	return n, nil
+}
+
+// capInt reads a fixed cap: an integer within the units' range.
+func capInt(d *caddyfile.Dispenser, opt string) (int, error) {
+	v, err := oneArg(d, opt, core.CapRange)
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 || n > limiter.MaxCost {
+		return 0, d.Errf("inflight: %s %q is not allowed: want %s", opt, v, core.CapRange)
+	}
+	return n, nil
+}
+
+// duration reads a Caddy duration (such as 1s, 1m30s or 1d); zero is
+// allowed only where it means "off".
+func duration(d *caddyfile.Dispenser, opt string, zeroOK bool) (time.Duration, error) {
+	v, err := oneArg(d, opt, "a duration such as 30s")
+	if err != nil {
+		return 0, err
+	}
+	dur, err := caddy.ParseDuration(v)
+	if err != nil || dur < 0 || (dur == 0 && !zeroOK) {
+		want := "a positive duration such as 30s"
+		if zeroOK {
+			want = "a duration such as 30s, or 0"
+		}
+		return 0, d.Errf("inflight: %s %q is not allowed: want %s", opt, v, want)
+	}
+	return dur, nil
+}
+
+// shortForms writes placeholder arguments as the user wrote them: Caddy
+// expands the shorthands before the directive sees its tokens.
+func shortForms(args []string) []string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		out[i] = inflight.ShortForm(a)
+	}
+	return out
+}

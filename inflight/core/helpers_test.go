@@ -1,0 +1,67 @@
+package core
+
+import (
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// newTicket returns a ticket for dims limits, as InitTicket makes them.
+func newTicket(dims int) *Ticket {
+	t := new(Ticket)
+	(&Gate{cfg: &Config{Limits: make([]Limit, dims)}}).InitTicket(t)
+	return t
+}
+
+// testGate joins a gate to the zone named label without a Caddy context,
+// as Join does: cfg's defaults, its compiled limits and the zone's metrics.
+// Its units are not refused: it has no events app to report to.
+func testGate(t *testing.T, label string, cfg *Config) *Gate {
+	t.Helper()
+	return testGateOn(t, label, cfg, Edge{})
+}
+
+// testGateOn is testGate for the edge edge.
+func testGateOn(t *testing.T, label string, cfg *Config, edge Edge) *Gate {
+	t.Helper()
+	cfg.setDefaults()
+	if err := cfg.check(false); err != nil {
+		t.Fatal(err)
+	}
+	g := &Gate{cfg: cfg, label: label, logger: zap.NewNop(), refusedLog: "unit refused"}
+	g.compile(edge)
+	if err := g.compileFair(); err != nil {
+		t.Fatal(err)
+	}
+	hasTotal := cfg.Total > 0
+	g.zoneID = zoneID(label, true, cfg.Limits, hasTotal)
+	z, err := loadZone(g.zoneID, label, cfg.Limits, hasTotal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.zone, g.store = z, z.Zone
+	g.initMetrics()
+	g.zone.view.Store(g.view())
+	g.zone.Adopt(g.limits)
+	t.Cleanup(func() { g.Leave() })
+	return g
+}
+
+// newTicket returns a ticket of g with keys.
+func (g *Gate) newTicket(keys ...string) *Ticket {
+	t := new(Ticket)
+	g.InitTicket(t)
+	copy(t.Req.Keys, keys)
+	return t
+}
+
+// eventually waits for cond, generously: verdicts never depend on timing.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not after 10s", what)
+		}
+	}
+}

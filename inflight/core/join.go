@@ -1,0 +1,182 @@
+package core
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyevents"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
+)
+
+// Edge is what a protocol's handler tells its gate about itself.
+type Edge struct {
+	// Site names where the handler stands (`example.com`, `layer4
+	// :5432`): an unnamed zone is named after it and the handler's position
+	// among the unnamed handlers there (`example.com#1`).
+	Site string
+	// Noun names a unit in log lines: request, connection.
+	Noun string
+	// AddressKeys are the key templates whose values are client
+	// addresses, logged in clear at debug level; any other key may carry a
+	// secret and is logged as a hash.
+	AddressKeys []string
+	// UnitMax tells that a limit's max may be a placeholder, resolved per
+	// unit into the ticket's Req.Max by the edge.
+	UnitMax bool
+	// Costs tells that units have costs (the edge sets each ticket's
+	// Req.Cost): the cost histogram and the admin API's cost count them.
+	// Without, every unit holds one unit, and admitting one writes nothing
+	// the whole zone shares.
+	Costs bool
+	// Show writes a key template as the user wrote it, for messages; nil
+	// shows it as it is.
+	Show func(tmpl string) string
+	// Adaptive, if set, makes the zone's total adaptive (the edge measures
+	// its units' latency); it counts as the zone's total.
+	Adaptive *limiter.AdaptiveConfig
+}
+
+// Join checks cfg, applying its defaults, and joins its zone, shared with
+// other handlers and config generations, binding the shared store if any.
+// On error the caller must still call Leave, as Caddy calls Cleanup.
+func Join(ctx caddy.Context, cfg *Config, edge Edge) (*Gate, error) {
+	g := &Gate{cfg: cfg, ctx: ctx, logger: ctx.Logger(), refusedLog: edge.Noun + " refused"}
+	cfg.setDefaults()
+	if err := cfg.check(edge.Adaptive != nil); err != nil {
+		return g, fmt.Errorf("inflight: %w", err)
+	}
+	for _, l := range cfg.Limits {
+		if l.Max.Placeholder != "" && !edge.UnitMax {
+			return g, fmt.Errorf("inflight: limit %q: max %q is not allowed here: want a positive integer (placeholders are resolved per HTTP request only)", l.Name, l.Max.Placeholder)
+		}
+	}
+	g.compile(edge)
+	if err := g.compileFair(); err != nil {
+		return g, fmt.Errorf("inflight: %w", err)
+	}
+	eventsApp, err := ctx.App("events")
+	if err != nil {
+		return g, fmt.Errorf("inflight: getting events app: %v", err)
+	}
+	g.events = eventsApp.(*caddyevents.App)
+	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return g, fmt.Errorf("inflight: registering metrics: %v", err)
+	}
+	if err := g.joinZone(ctx, edge); err != nil {
+		return g, err
+	}
+	if edge.Adaptive != nil {
+		g.adaptive = g.zone.adaptive.adaptive(*edge.Adaptive)
+		if !cfg.DryRun {
+			g.limits.Adaptive = g.adaptive
+		}
+	}
+	g.initMetrics()
+	g.zone.keyDisplay.Store(g.keyDisplay())
+	g.zone.view.Store(g.view())
+	g.zone.Adopt(g.limits)
+	cfg.warnIneffective(g.logger)
+	return g, nil
+}
+
+// Leave leaves the zone; units still in flight release into it safely,
+// and its waiters move to the limits of the config that replaced this one.
+func (g *Gate) Leave() error {
+	if g.zone == nil {
+		return nil
+	}
+	g.zone.Retire(g.limits)
+	if g.adaptive != nil {
+		g.zone.adaptive.leave()
+	}
+	_, err := zones.Delete(g.zoneID)
+	return err
+}
+
+// Zone returns the zone's name, as metrics and the admin API show it.
+func (g *Gate) Zone() string { return g.label }
+
+// Engine returns the zone's counts in this process.
+func (g *Gate) Engine() *limiter.Zone { return g.zone.Zone }
+
+// Limits returns the caps the gate enforces.
+func (g *Gate) Limits() *limiter.Limits { return g.limits }
+
+// Adaptive returns the zone's adaptive total, nil without one.
+func (g *Gate) Adaptive() *limiter.Adaptive { return g.adaptive }
+
+// compile turns the config into what Admit reads.
+func (g *Gate) compile(edge Edge) {
+	c := g.cfg
+	g.limits = &limiter.Limits{
+		Max:     make([]int64, len(c.Limits)),
+		Total:   int64(c.Total),
+		MaxKeys: int64(c.MaxKeys),
+		Divisor: int64(c.Replicas),
+	}
+	g.addresses = make([]bool, len(c.Limits))
+	for i, l := range c.Limits {
+		g.limits.Max[i] = l.Max.Fixed
+		g.addresses[i] = slices.Contains(edge.AddressKeys, l.Key)
+	}
+	g.costed = edge.Costs
+	g.classed = c.Priority != ""
+	if !c.DryRun {
+		g.waitOpt = limiter.WaitOptions{Wait: time.Duration(c.Wait), MaxWaiting: c.MaxWaiting}
+	}
+}
+
+// joinZone takes a reference to the gate's zone and binds the shared store
+// if any.
+func (g *Gate) joinZone(ctx caddy.Context, edge Edge) error {
+	c := g.cfg
+	hasTotal := c.Total > 0 || edge.Adaptive != nil
+	g.label = c.Zone
+	if g.label == "" {
+		g.label = numberedZone(ctx, edge.Site)
+	}
+	g.zoneID = zoneID(g.label, c.Zone != "", c.Limits, hasTotal)
+	show := edge.Show
+	if show == nil {
+		show = func(s string) string { return s }
+	}
+	if err := claimZone(ctx.GetMetricsRegistry(), c.Zone, g.zoneID, describeShape(c.Limits, hasTotal, show)); err != nil {
+		return fmt.Errorf("inflight: %w", err)
+	}
+	z, err := loadZone(g.zoneID, g.label, c.Limits, hasTotal)
+	if err != nil {
+		return fmt.Errorf("inflight: zone %q: %v", g.label, err)
+	}
+	g.zone, g.store = z, z.Zone
+	if c.StoreRaw == nil {
+		return nil
+	}
+	mod, err := ctx.LoadModule(c, "StoreRaw")
+	if err != nil {
+		return fmt.Errorf("inflight: loading store: %v", err)
+	}
+	g.store = mod.(SharedStore).Bind(fleetID(g.label, g.zoneID), names(c.Limits), hasTotal, z.Zone)
+	return nil
+}
+
+func (g *Gate) initMetrics() {
+	g.rejected = map[string][]prometheus.Counter{}
+	for _, reason := range reasons {
+		cs := make([]prometheus.Counter, 0, len(g.cfg.Limits)+1)
+		for _, l := range g.cfg.Limits {
+			cs = append(cs, rejectedTotal.WithLabelValues(g.label, l.Name, reason))
+		}
+		g.rejected[reason] = append(cs, rejectedTotal.WithLabelValues(g.label, totalName, reason))
+	}
+	g.zone.startStats()
+	for _, o := range waitOutcomes {
+		g.waited[o] = teeObserver{waitSeconds.WithLabelValues(g.label, outcomeLabel(o)), &g.zone.stats.waits}
+	}
+	if g.costed {
+		g.costs = costObserver{requestCost.WithLabelValues(g.label), &g.zone.units}
+	}
+}
