@@ -8,65 +8,92 @@ import (
 	"time"
 )
 
-// A request that needs two keyed caps (tenant T and client C, caps 10,
-// each held by 9 requests of cost 1) is admitted within a few service
-// times while small requests keep arriving for T and C: the room it was
-// refused in stays held for it until both have drained. Time is the zone's
-// fake clock; one round is a service time, in which the requests holding T
-// (even rounds) or C (odd rounds) end and as many newcomers arrive.
-func TestWaiterNeedingTwoCapsIsNotPassedForEver(t *testing.T) {
-	const rounds, service = 50, time.Second
-	clock := newFakeClock()
-	z := NewZone(2, false, clock)
-	lim := &Limits{Max: []int64{10, 10}}
-	var onT, onC []*Request
-	n := 0
-	arrive := func(tenant, client string) *Request {
-		n++
-		if tenant == "" {
-			tenant = fmt.Sprint("tenant", n)
-		}
-		if client == "" {
-			client = fmt.Sprint("client", n)
-		}
-		r := req(lim, tenant, client)
-		if ok, _ := z.TryAcquire(r); ok {
-			return r
-		}
-		return nil
-	}
-	for range 9 {
-		onT = append(onT, arrive("T", ""))
-		onC = append(onC, arrive("", "C"))
-	}
-	big := costly(lim, 10, "T", "C")
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	w := enqueue(t, ctx, z, "big", big, WaitOptions{Wait: time.Hour})
+// twoCaps is the scenario of a request that needs two keyed caps (tenant T
+// and client C, caps 10, each held by 9 requests of cost 1) while small
+// requests keep arriving for T and C. One round is a service time, in which
+// the requests holding T (even rounds) or C (odd rounds) end and as many
+// newcomers arrive. A store under test says how requests are tried,
+// released, and how a round passes.
+type twoCaps struct {
+	lim     *Limits
+	try     func(*Request) bool // admits at once, or refuses
+	release func(*Request)
+	waiting func() int64
+	pass    func() // a service time passes
+	onT     []*Request
+	onC     []*Request
+	n       int
+}
 
-	admittedIn := -1
+func newTwoCaps() *twoCaps { return &twoCaps{lim: &Limits{Max: []int64{10, 10}}} }
+
+// arrive tries a cost-1 request for tenant and client ("": one of its own).
+func (s *twoCaps) arrive(tenant, client string) *Request {
+	s.n++
+	if tenant == "" {
+		tenant = fmt.Sprint("tenant", s.n)
+	}
+	if client == "" {
+		client = fmt.Sprint("client", s.n)
+	}
+	if r := req(s.lim, tenant, client); s.try(r) {
+		return r
+	}
+	return nil
+}
+
+// fill has 9 requests hold T and 9 hold C.
+func (s *twoCaps) fill() {
+	for range 9 {
+		s.onT = append(s.onT, s.arrive("T", ""))
+		s.onC = append(s.onC, s.arrive("", "C"))
+	}
+}
+
+// roundsUntilAdmitted plays up to rounds rounds and returns the round in
+// which nobody waits any more, or -1.
+func (s *twoCaps) roundsUntilAdmitted(rounds int) int {
 	for round := range rounds {
-		clock.Advance(service)
-		ending := &onT
-		tenant, client := "T", ""
+		s.pass()
+		ending, tenant, client := &s.onT, "T", ""
 		if round%2 == 1 {
-			ending, tenant, client = &onC, "", "C"
+			ending, tenant, client = &s.onC, "", "C"
 		}
 		held := *ending
 		*ending = nil
 		for _, r := range held {
 			if r != nil {
-				z.Release(r)
+				s.release(r)
 			}
-			if r := arrive(tenant, client); r != nil {
+			if r := s.arrive(tenant, client); r != nil {
 				*ending = append(*ending, r)
 			}
 		}
-		if z.Waiting() == 0 {
-			admittedIn = round + 1
-			break
+		if s.waiting() == 0 {
+			return round + 1
 		}
 	}
+	return -1
+}
+
+// The request needing two caps is admitted within a few service times:
+// the room it was refused in stays held for it until both have drained.
+// Time is the zone's fake clock.
+func TestWaiterNeedingTwoCapsIsNotPassedForEver(t *testing.T) {
+	const rounds, service = 50, time.Second
+	clock := newFakeClock()
+	z := NewZone(2, false, clock)
+	s := newTwoCaps()
+	s.try = func(r *Request) bool { ok, _ := z.TryAcquire(r); return ok }
+	s.release, s.waiting = z.Release, z.Waiting
+	s.pass = func() { clock.Advance(service) }
+	s.fill()
+	big := costly(s.lim, 10, "T", "C")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	w := enqueue(t, ctx, z, "big", big, WaitOptions{Wait: time.Hour})
+
+	admittedIn := s.roundsUntilAdmitted(rounds)
 	if admittedIn < 0 {
 		t.Fatalf("cost-10 request needing T and C still waits after %d service times (T holds %d, C holds %d units)",
 			rounds, z.KeyUnits(0, "T"), z.KeyUnits(1, "C"))
@@ -90,61 +117,26 @@ func TestSharedWaiterNeedingTwoCapsIsNotPassedForEver(t *testing.T) {
 		z := NewZone(2, false, nil)
 		l := newMemLedger(1000, 1000)
 		q := NewSharedQueue(z, l, time.Hour)
-		lim := &Limits{Max: []int64{10, 10}}
-		var onT, onC []*Request
-		n := 0
-		arrive := func(tenant, client string) *Request {
-			n++
-			if tenant == "" {
-				tenant = fmt.Sprint("tenant", n)
-			}
-			if client == "" {
-				client = fmt.Sprint("client", n)
-			}
-			r := req(lim, tenant, client)
-			if res, err := q.Acquire(context.Background(), r, WaitOptions{}); err == nil && res.Outcome == Admitted {
-				return r
-			}
-			return nil
+		s := newTwoCaps()
+		s.try = func(r *Request) bool {
+			res, err := q.Acquire(context.Background(), r, WaitOptions{})
+			return err == nil && res.Outcome == Admitted
 		}
-		for range 9 {
-			onT = append(onT, arrive("T", ""))
-			onC = append(onC, arrive("", "C"))
-		}
+		s.release = func(r *Request) { l.release(q, r); synctest.Wait() }
+		s.waiting = func() int64 { synctest.Wait(); return q.Waiting() }
+		s.pass = func() { time.Sleep(service) }
+		s.fill()
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		done := make(chan Result, 1)
-		big := costly(lim, 10, "T", "C")
+		big := costly(s.lim, 10, "T", "C")
 		go func() {
 			res, _ := q.Acquire(ctx, big, WaitOptions{Wait: time.Hour})
 			done <- res
 		}()
 		synctest.Wait()
-		admittedIn := -1
-		for round := range rounds {
-			time.Sleep(service)
-			ending := &onT
-			tenant, client := "T", ""
-			if round%2 == 1 {
-				ending, tenant, client = &onC, "", "C"
-			}
-			held := *ending
-			*ending = nil
-			for _, r := range held {
-				if r != nil {
-					l.release(q, r)
-					synctest.Wait()
-				}
-				if r := arrive(tenant, client); r != nil {
-					*ending = append(*ending, r)
-				}
-			}
-			synctest.Wait()
-			if q.Waiting() == 0 {
-				admittedIn = round + 1
-				break
-			}
-		}
+
+		admittedIn := s.roundsUntilAdmitted(rounds)
 		if admittedIn < 0 {
 			t.Fatalf("cost-10 request needing T and C still waits after %d service times", rounds)
 		}
@@ -154,8 +146,10 @@ func TestSharedWaiterNeedingTwoCapsIsNotPassedForEver(t *testing.T) {
 		}
 		t.Logf("cost-10 request needing two caps admitted through the ledger after %d service times", admittedIn)
 		q.Release(big)
-		for _, r := range append(onT, onC...) {
-			q.Release(r)
+		for _, r := range append(s.onT, s.onC...) {
+			if r != nil {
+				q.Release(r)
+			}
 		}
 		if l.totalHeld() != 0 || z.Held(0) != 0 || z.Held(1) != 0 {
 			t.Fatalf("after every release: ledger %d units, zone %d and %d; want 0", l.totalHeld(), z.Held(0), z.Held(1))
