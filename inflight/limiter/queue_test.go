@@ -281,3 +281,38 @@ func TestQueuedHook(t *testing.T) {
 		t.Fatalf("waiter: outcome %d, hook ran %d times, want admitted and 1", r.Outcome, calls)
 	}
 }
+
+// TestAbortedAsGrantedGivesTheSlotBack: a waiter whose client leaves just as
+// a release hands it the slot (both have happened when it wakes) gives the
+// slot back, whichever it sees first: the zone is empty afterwards and the
+// next request is admitted. Each round sets up both at once; Go picks
+// between them at random, so 64 rounds see an abort of a granted waiter
+// with a chance of 1 - 2^-64.
+func TestAbortedAsGrantedGivesTheSlotBack(t *testing.T) {
+	z, lim, _ := oneSlot()
+	aborted := 0
+	for round := range 64 {
+		holder := req(lim, "k")
+		mustAdmit(t, z, holder)
+		ctx, cancel := context.WithCancel(context.Background())
+		waiter := req(lim, "k")
+		// Runs once the waiter is queued, before it waits: the release grants
+		// it the slot and its context ends, both before it looks.
+		opt := WaitOptions{Wait: time.Hour, Queued: func() { z.Release(holder); cancel() }}
+		switch res := z.Acquire(ctx, waiter, opt); res.Outcome {
+		case Aborted:
+			aborted++
+		case Admitted:
+			z.Release(waiter)
+		default:
+			t.Fatalf("round %d: outcome %d, want aborted or admitted", round, res.Outcome)
+		}
+		if z.Held(0) != 0 || z.Keys(0) != 0 || z.Waiting() != 0 {
+			t.Fatalf("round %d: held %d, keys %d, waiting %d after the waiter ended; want 0, 0, 0 (a slot leaked)", round, z.Held(0), z.Keys(0), z.Waiting())
+		}
+	}
+	if aborted == 0 {
+		t.Fatal("no round saw the waiter aborted as it was granted")
+	}
+	t.Logf("%d of 64 rounds aborted a granted waiter", aborted)
+}

@@ -369,3 +369,77 @@ func TestSharedQueueMaxKeysUnderConcurrentWaiters(t *testing.T) {
 			over.Load(), admitted.Load(), z.Keys(0), z.Held(TotalDim), l.totalHeld())
 	}
 }
+
+// TestSharedQueueSecondReleasePanicsAndGivesNothingBack: a second Release of
+// the same admission through a shared queue panics and gives nothing back
+// twice, neither in the zone nor in the ledger: both still count the
+// request in flight.
+func TestSharedQueueSecondReleasePanicsAndGivesNothingBack(t *testing.T) {
+	z := NewZone(1, true, nil)
+	l := newMemLedger(100, 100)
+	q := NewSharedQueue(z, l, time.Hour)
+	lim := &Limits{Max: []int64{100}, Total: 100}
+	a, b := costly(lim, 3, "k"), costly(lim, 2, "k")
+	for _, r := range []*Request{a, b} {
+		if res, err := q.Acquire(context.Background(), r, WaitOptions{}); err != nil || res.Outcome != Admitted {
+			t.Fatalf("acquire: %+v %v, want admitted", res, err)
+		}
+	}
+	q.Release(a)
+	if !panics(func() { q.Release(a) }) {
+		t.Error("a second Release returned quietly, want a panic")
+	}
+	if key, total, ledger := z.KeyUnits(0, "k"), z.Held(TotalDim), l.totalHeld(); key != 2 || total != 2 || ledger != 2 {
+		t.Errorf("after a second Release: key %d units, total %d, ledger %d; want 2, 2, 2 (b's)", key, total, ledger)
+	}
+	q.Release(b)
+	if z.Held(TotalDim) != 0 || l.totalHeld() != 0 {
+		t.Errorf("counts not back at zero: zone %d, ledger %d", z.Held(TotalDim), l.totalHeld())
+	}
+}
+
+// TestSharedQueueAbortedAsGrantedGivesTheSlotBack: a waiter of a shared
+// queue whose client leaves just as the ledger admits it (both have
+// happened when it wakes) gives back what it was granted, in the zone and
+// in the ledger. Go picks between the two at random, so 64 rounds see an
+// abort of a granted waiter with a chance of 1 - 2^-64.
+func TestSharedQueueAbortedAsGrantedGivesTheSlotBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		z := NewZone(1, true, nil)
+		l := newMemLedger(100, 1)
+		q := NewSharedQueue(z, l, time.Hour)
+		lim := &Limits{Max: []int64{100}, Total: 1}
+		aborted := 0
+		for round := range 64 {
+			holder := costly(lim, 1, "h")
+			if res, err := q.Acquire(context.Background(), holder, WaitOptions{}); err != nil || res.Outcome != Admitted {
+				t.Fatalf("round %d: holder %+v %v, want admitted", round, res, err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			waiter := costly(lim, 1, "w")
+			// Runs once the waiter is queued, before it waits: the ledger
+			// admits it (the queue's goroutine is idle again) and its context
+			// ends, both before it looks.
+			opt := WaitOptions{Wait: time.Hour, Queued: func() { l.release(q, holder); synctest.Wait(); cancel() }}
+			res, err := q.Acquire(ctx, waiter, opt)
+			switch {
+			case err != nil:
+				t.Fatalf("round %d: %v", round, err)
+			case res.Outcome == Aborted:
+				aborted++
+			case res.Outcome == Admitted:
+				l.release(q, waiter)
+			default:
+				t.Fatalf("round %d: outcome %d, want aborted or admitted", round, res.Outcome)
+			}
+			synctest.Wait()
+			if z.Held(TotalDim) != 0 || l.totalHeld() != 0 || z.WaitingOutside() != 0 {
+				t.Fatalf("round %d: zone holds %d, ledger %d, %d waiting after the waiter ended; want 0, 0, 0 (a slot leaked)", round, z.Held(TotalDim), l.totalHeld(), z.WaitingOutside())
+			}
+		}
+		if aborted == 0 {
+			t.Fatal("no round saw the waiter aborted as it was granted")
+		}
+		t.Logf("%d of 64 rounds aborted a granted waiter", aborted)
+	})
+}

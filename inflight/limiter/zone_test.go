@@ -432,3 +432,65 @@ func TestSecondReleasePanicsAndGivesNothingBack(t *testing.T) {
 	}
 	z.Release(b)
 }
+
+// TestHeldRequestsMeetEachCapExactly: requests that stay admitted fill each
+// cap of a two-limit zone with a total exactly, whichever binds: the client
+// key's, the tenant key's (the second dimension) and the total. A burst of
+// 16 concurrent requests that can each only be refused by one of them is
+// admitted up to that cap and no further, every refusal names it, and the
+// counts are the admitted units in every dimension.
+func TestHeldRequestsMeetEachCapExactly(t *testing.T) {
+	const clientMax, tenantMax, total, burst = 3, 5, 7, 16
+	lim := &Limits{Max: []int64{clientMax, tenantMax}, Total: total}
+	for _, c := range []struct {
+		name string
+		keys func(i int) (client, tenant string)
+		want int64
+		dim  int
+	}{
+		{"client", func(i int) (string, string) { return "c", fmt.Sprint("t", i) }, clientMax, 0},
+		{"tenant", func(i int) (string, string) { return fmt.Sprint("c", i), "t" }, tenantMax, 1},
+		{"total", func(i int) (string, string) { return fmt.Sprint("c", i), fmt.Sprint("t", i) }, total, TotalDim},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			z := NewZone(2, true, nil)
+			var mu sync.Mutex
+			var held []*Request
+			var wg sync.WaitGroup
+			start := make(chan struct{})
+			for i := range burst {
+				wg.Go(func() {
+					r := req(lim, "", "")
+					r.Keys[0], r.Keys[1] = c.keys(i)
+					<-start
+					ok, d := z.TryAcquire(r)
+					if !ok {
+						if d != c.dim {
+							t.Errorf("refused by dimension %d, want %d", d, c.dim)
+						}
+						return
+					}
+					mu.Lock()
+					held = append(held, r)
+					mu.Unlock()
+				})
+			}
+			close(start)
+			wg.Wait()
+			if n := int64(len(held)); n != c.want {
+				t.Fatalf("%d of %d held at once, want exactly %d", n, burst, c.want)
+			}
+			for _, d := range []int{0, 1, TotalDim} {
+				if got := z.Held(d); got != c.want {
+					t.Errorf("dimension %d holds %d units, want %d", d, got, c.want)
+				}
+			}
+			for _, r := range held {
+				z.Release(r)
+			}
+			if z.Held(0)+z.Held(1)+z.Held(TotalDim) != 0 || z.Keys(0)+z.Keys(1) != 0 {
+				t.Error("counts not back at zero")
+			}
+		})
+	}
+}

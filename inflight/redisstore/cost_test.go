@@ -472,3 +472,29 @@ func TestWaiterNeedingTwoCapsIsAdmittedThroughRedis(t *testing.T) {
 		}
 	}
 }
+
+// TestReleaseGivesBackItsUnitsOnce: a release gives back in Redis the units
+// of its lease and no more: with leases of 2 and 3 units in a key of cap 5,
+// releasing the 2 leaves the set's counter at 3, and 3 more units are
+// refused.
+func TestReleaseGivesBackItsUnitsOnce(t *testing.T) {
+	addr, cli := startRedis(t)
+	s := newStore(t, store(addr, nil))
+	limits := &limiter.Limits{Max: []int64{5}}
+	z, _ := zoneOf(s, "once-back", limits)
+	a, b := costly(limits, "k", 2), costly(limits, "k", 3)
+	mustAdmit(t, z, a, "2 units")
+	mustAdmit(t, z, b, "3 units beside them")
+	z.Release(a)
+	eventually(t, "the release of 2 units sent", func() bool { return members(t, cli, "t") == 1 })
+	if got := unitCounters(t, cli, "t"); len(got) != 1 || sum(got) != 3 {
+		t.Fatalf("units counters %v after releasing 2 of 5 units, want one of 3", got)
+	}
+	next := costly(limits, "k", 3)
+	if res := z.Acquire(context.Background(), next, limiter.WaitOptions{}); res.Outcome != limiter.Full {
+		z.Release(next)
+		t.Fatalf("3 more units beside 3 under a cap of 5: %v, want full", res.Outcome)
+	}
+	z.Release(b)
+	eventually(t, "every unit given back", func() bool { return nothingLeft(t, cli, "t") })
+}
