@@ -160,8 +160,8 @@ func TestValidateSaysRedisIsUnreachable(t *testing.T) {
 	t.Fatalf("validate logged %q, want the warning %q naming %s and the connection refusal", lines, redisAbsent, addr)
 }
 
-// Issue 17 §2: `caddy validate` said nothing of a wrong password (the check
-// only dialled). It warns, with the reason, and never shows the password.
+// `caddy validate` warns of a password Redis refuses, with the reason, and
+// never shows the password.
 func TestValidateSaysRedisRefusesThePassword(t *testing.T) {
 	path, err := exec.LookPath("redis-server")
 	if err != nil {

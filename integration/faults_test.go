@@ -288,7 +288,7 @@ var faultCases = []faultCase{
 		return time.Now()
 	}},
 	// A script waits in Redis's socket for the whole stop: it must not
-	// write a lease once the book stopped removing it (issue 17 §1).
+	// write a lease once the book stopped removing it.
 	{name: "SIGSTOP for 2× the lease, SIGCONT", onError: "closed", outage: true, inject: func(e *faultEnv) time.Time {
 		e.redis.pause()
 		time.Sleep(2 * e.timing.lease)

@@ -99,9 +99,9 @@ func TestRedisOverTLS(t *testing.T) {
 
 // TestRedisTLSNewCAOnReload: Redis gets a certificate from a new CA; the
 // operator replaces the CA file and reloads the same config. The store
-// connects with the new CA (before, the reload kept the client made with
-// the old one, since the config had not changed, and every request was
-// refused).
+// connects with the new CA, although the config did not change: the
+// reload does not keep the client made with the old one, and requests are
+// admitted.
 func TestRedisTLSNewCAOnReload(t *testing.T) {
 	first, second := newTestPKI(t), newTestPKI(t)
 	ca := filepath.Join(t.TempDir(), "ca.pem")

@@ -343,10 +343,10 @@ func TestStalledWaitingBodyTimesOut(t *testing.T) {
 	<-holder
 }
 
-// TestBodyAboveBufferWaitsAsBefore: a POST whose body is longer than
+// TestBodyAboveBufferWaitsUntilItsWaitEnds: a POST whose body is longer than
 // wait_body_buffer is read only up to it; if its client leaves, the request
 // stays queued until its wait ends and counts as a timeout.
-func TestBodyAboveBufferWaitsAsBefore(t *testing.T) {
+func TestBodyAboveBufferWaitsUntilItsWaitEnds(t *testing.T) {
 	b := newHashBackend(t)
 	// wait 3s: still waiting 300ms after its client left even on a busy
 	// machine, and over within eventually's 5s.

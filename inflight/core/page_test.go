@@ -12,8 +12,8 @@ import (
 )
 
 // TestAdminPaths: the admin API answers its state, its page and the page's
-// files, and 404 on any other path under /inflight/ (it used to answer the
-// state on every one).
+// files, and 404 on any other path under /inflight/ (not the state on
+// every one).
 func TestAdminPaths(t *testing.T) {
 	a := new(AdminAPI)
 	for path, want := range map[string]string{

@@ -62,10 +62,10 @@ func silentRedis(t *testing.T) string {
 	return l.Addr().String()
 }
 
-// Issue 17 §2: the startup check only dialled, so `caddy validate` and
-// startup said nothing of a wrong or missing password, a Redis that never
-// answers, or TLS against a plaintext Redis. It authenticates and pings
-// with the store's own options, and names the cause.
+// The startup check (`caddy validate` and startup) does more than dial: it
+// authenticates and pings with the store's own options, so a wrong or
+// missing password, a Redis that never answers, or TLS against a plaintext
+// Redis is reported, naming the cause.
 func TestStartupCheckNamesTheCause(t *testing.T) {
 	protected := startRedisWith(t, "--requirepass", secret)
 	plain := startRedisWith(t)

@@ -247,9 +247,8 @@ func TestUnitCountersBackAtZero(t *testing.T) {
 }
 
 // Each ended lease is removed by one script: under concurrency the ZREMs
-// are at most one per lease and set (before, every admission removed again
-// every lease not yet confirmed removed: 15 ZREMs a request under load).
-// And admissions that arrive while a call is under way go in one script.
+// are at most one per lease and set, not one per admission for every lease
+// not yet confirmed removed. And admissions that arrive while a call is under way go in one script.
 func TestEachLeaseRemovedOnceAndAdmissionsBatched(t *testing.T) {
 	addr, cli := startRedis(t)
 	s := newStore(t, store(addr, nil))

@@ -11,10 +11,10 @@ import (
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
 
-// Issue 17 §4: caddy_inflight_store_errors_total{op="release"} rose with
-// no log line to explain it (an outage is logged once, by the operation
-// that found it), and no line named the zone. The first failure of each
-// operation in an outage is logged, naming its zones and the reason.
+// Every rise of caddy_inflight_store_errors_total (op="release" included)
+// has a log line to explain it, naming the zone: an outage is logged once,
+// by the operation that found it, and the first failure of each operation
+// in an outage is logged, naming its zones and the reason.
 func TestEveryFailedOperationIsExplained(t *testing.T) {
 	addr, cli := startRedis(t)
 	p := newFaultProxy(t, addr)

@@ -69,8 +69,8 @@ func TestRequestAfterCleanupIsAdmitted(t *testing.T) {
 
 // The dispatcher of a zone's waiters runs a batch of its own: a waiter that
 // leaves while the batch is in Redis, in a config being cleaned up, must
-// not let the book close under the batch. Before, the batch failed on the
-// closed client, and the lease it had taken in Redis was left to expire.
+// not let the book close under the batch: the batch does not fail on a
+// closed client, and leaves no lease in Redis to expire.
 func TestCleanupDuringDispatchLeavesNoLease(t *testing.T) {
 	addr, cli := startRedis(t)
 	p := newFaultProxy(t, addr)

@@ -18,9 +18,9 @@ import (
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
 
-// Defect 8: go-redis wrote plain-text lines ("redis: 2026/11/30 ...
-// pool.go:770: ...") to stderr, into Caddy's JSON log; they go through
-// Caddy's logger, named redis.
+// go-redis's lines ("redis: 2026/11/30 ... pool.go:770: ...") go through
+// Caddy's logger, named redis, not as plain text to stderr into Caddy's
+// JSON log.
 func TestGoRedisLogsThroughCaddysLogger(t *testing.T) {
 	stderr := captureStderr(t)
 	// A sentinel that does not listen: go-redis logs the failed lookup of
@@ -103,9 +103,9 @@ func (r *recordedLogging) has(text string) bool {
 	return slices.ContainsFunc(r.lines, func(l string) bool { return strings.Contains(l, text) })
 }
 
-// Issue 17 §3: provisioning the store set go-redis's process-wide logger,
-// replacing the one another plugin had set: that plugin's go-redis lines
-// went to Caddy's log instead. A logger set by someone else stays.
+// Provisioning the store keeps a go-redis process-wide logger that another
+// plugin set: that plugin's go-redis lines go where it sends them, not to
+// Caddy's log.
 func TestAnotherPluginsGoRedisLoggerIsKept(t *testing.T) {
 	theirs := new(recordedLogging)
 	redis.SetLogger(theirs)
@@ -119,7 +119,7 @@ func TestAnotherPluginsGoRedisLoggerIsKept(t *testing.T) {
 	}
 }
 
-// Issue 17 §3: lines of go-redis clients other than the store's are
+// Lines of go-redis clients other than the store's are
 // written as go-redis writes them, not in Caddy's log under the store's
 // name.
 func TestOtherClientsGoRedisLinesStayTheirs(t *testing.T) {

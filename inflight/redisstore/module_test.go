@@ -28,8 +28,8 @@ func TestCaddyfileRefusesBadValues(t *testing.T) {
 	}
 }
 
-// Issue 17 §3: a wrong argument count showed the arguments, a password
-// included.
+// An error about a wrong argument count does not show the arguments: a
+// password among them stays hidden.
 func TestCaddyfileErrorsDoNotShowPasswords(t *testing.T) {
 	for _, opt := range []string{"password", "sentinel_password"} {
 		d := caddyfile.NewTestDispenser("redis {\n" + opt + " s3cret-Pa55word extra\n}")

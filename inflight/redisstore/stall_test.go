@@ -10,10 +10,10 @@ import (
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
 
-// Issue 17 §1: an admission held up on its way to Redis (a stopped Redis,
-// SIGSTOP, keeps it in its socket) for longer than the lease ran once it
-// arrived, after the book had stopped removing its members as ghosts: the
-// ghost held a slot for a whole lease. Each script carries a deadline in
+// An admission held up on its way to Redis (a stopped Redis, SIGSTOP,
+// keeps it in its socket) for longer than the lease writes nothing once it
+// arrives, after the book has stopped removing its members as ghosts: no
+// ghost holds a slot for a whole lease. Each script carries a deadline in
 // Redis's time and writes nothing past it. The proxy holds the admission's
 // bytes, not Redis, so that the book's removals in the meantime cannot run
 // after it (with SIGSTOP they wait in Redis's sockets too, in any order).

@@ -52,8 +52,8 @@ func store(addr string, opts func(*Store)) *Store {
 	return s
 }
 
-// Defect 1: the total was never enforced, and the local total went
-// negative on release.
+// The total is enforced through Redis, and the local total comes back to
+// zero on release, never below.
 func TestTotalIsEnforced(t *testing.T) {
 	addr, cli := startRedis(t)
 	s := newStore(t, store(addr, nil))
@@ -86,8 +86,8 @@ func TestTotalIsEnforced(t *testing.T) {
 	eventually(t, "leases removed from Redis", func() bool { return members(t, cli, "t") == 0 })
 }
 
-// Defect 2: an admission whose reply came after timeout left a lease in
-// Redis that nobody renewed or released.
+// An admission whose reply comes after the timeout leaves no lease in
+// Redis that nobody renews or releases.
 func TestLateReplyLeavesNoGhost(t *testing.T) {
 	addr, cli := startRedis(t)
 	p := newFaultProxy(t, addr)
@@ -108,8 +108,8 @@ func TestLateReplyLeavesNoGhost(t *testing.T) {
 	eventually(t, "no lease left in Redis once the request ended", func() bool { return members(t, cli, "t") == 0 })
 }
 
-// Defect 3: a reload that changed a store option closed the client while
-// its requests still ran: their releases failed, their leases stayed.
+// A reload that changes a store option keeps the old client open while its
+// requests still run: their releases reach Redis and their leases go.
 func TestReloadChangingOptionsKeepsLeases(t *testing.T) {
 	addr, cli := startRedis(t)
 	limits := &limiter.Limits{Max: []int64{5}}
@@ -126,8 +126,8 @@ func TestReloadChangingOptionsKeepsLeases(t *testing.T) {
 	eventually(t, "lease released through the old config's client", func() bool { return members(t, cli, "t") == 0 })
 }
 
-// Defect 4: a client's own cancellation counted as a Redis failure, so
-// with on_error closed other clients were refused.
+// A client's own cancellation is not a Redis failure: with on_error closed,
+// other clients are still admitted.
 func TestClientCancellationIsNotUnavailable(t *testing.T) {
 	addr, _ := startRedis(t)
 	s := newStore(t, store(addr, func(s *Store) { s.OnError = "closed" }))
@@ -145,8 +145,8 @@ func TestClientCancellationIsNotUnavailable(t *testing.T) {
 	}
 }
 
-// Defect 5: leases Redis lost (FLUSHALL) were never re-created, so the
-// fleet over-admitted for as long as the requests ran.
+// Leases Redis lost (FLUSHALL) are re-created by the renewal, so the fleet
+// does not over-admit while their requests run.
 func TestRenewalRecreatesLostLeases(t *testing.T) {
 	addr, cli := startRedis(t)
 	s := newStore(t, store(addr, func(s *Store) { s.Lease = caddy.Duration(3 * time.Second) }))
@@ -161,8 +161,8 @@ func TestRenewalRecreatesLostLeases(t *testing.T) {
 	}
 }
 
-// Defect 5: requests admitted locally while Redis was unreachable (on_error
-// open) were never entered into Redis when it came back.
+// Requests admitted locally while Redis was unreachable (on_error open) are
+// entered into Redis when it comes back.
 func TestLocalAdmissionsEnterRedisWhenItReturns(t *testing.T) {
 	addr, cli := startRedis(t)
 	p := newFaultProxy(t, addr)
@@ -178,7 +178,7 @@ func TestLocalAdmissionsEnterRedisWhenItReturns(t *testing.T) {
 	eventually(t, "local admission entered into Redis", func() bool { return members(t, cli, "t") == 1 })
 }
 
-// Defect 6: newcomers overtook this instance's waiters.
+// A newcomer does not overtake this instance's waiters.
 func TestNewcomerDoesNotOvertakeWaiter(t *testing.T) {
 	addr, cli := startRedis(t)
 	s := newStore(t, store(addr, nil))
@@ -207,7 +207,7 @@ func TestNewcomerDoesNotOvertakeWaiter(t *testing.T) {
 	}
 }
 
-// Defect 6: Redis waiters never moved to the limits of a new config.
+// Waiters on Redis move to the limits of a new config.
 func TestWaitersMoveToNewLimits(t *testing.T) {
 	addr, _ := startRedis(t)
 	s := newStore(t, store(addr, nil))
@@ -226,7 +226,7 @@ func TestWaitersMoveToNewLimits(t *testing.T) {
 	}
 }
 
-// Defect 6: every release published a notice, although nobody waited.
+// A release publishes a notice only when someone waits.
 func TestReleasePublishesOnlyWhenSomeoneWaits(t *testing.T) {
 	addr, cli := startRedis(t)
 	ctx := context.Background()
@@ -254,7 +254,7 @@ func TestReleasePublishesOnlyWhenSomeoneWaits(t *testing.T) {
 	}
 }
 
-// Defect 7: Release waited for Redis, delaying the response's end.
+// Release does not wait for Redis: the response's end is not delayed.
 func TestReleaseDoesNotWaitForRedis(t *testing.T) {
 	addr, cli := startRedis(t)
 	p := newFaultProxy(t, addr)
@@ -278,8 +278,8 @@ func TestReleaseDoesNotWaitForRedis(t *testing.T) {
 	eventually(t, "lease removed once Redis answers", func() bool { return members(t, cli, "t") == 0 })
 }
 
-// Defect 8: a zone that left and came back reused the store object bound
-// to its old local zone, so metrics showed 0 while Redis held leases.
+// A zone that left and came back counts its requests in its new local
+// zone: metrics show what Redis holds for it, not 0.
 func TestZoneThatCameBackCountsLocally(t *testing.T) {
 	addr, _ := startRedis(t)
 	s := newStore(t, store(addr, nil))
@@ -292,8 +292,8 @@ func TestZoneThatCameBackCountsLocally(t *testing.T) {
 	}
 }
 
-// Defect 4: an outage is logged once when it starts and once when it ends;
-// clients that cancel log nothing (they logged "unreachable" each time).
+// An outage is logged once when it starts and once when it ends; clients
+// that cancel log nothing (not "unreachable" each time).
 func TestOutageLoggedOnceEachWay(t *testing.T) {
 	addr, _ := startRedis(t)
 	p := newFaultProxy(t, addr)
@@ -339,8 +339,7 @@ func TestOutageLoggedOnceEachWay(t *testing.T) {
 	}
 }
 
-// Issue 10 §2: with store redis, max_keys bounds the keys this instance
-// holds; it was ignored.
+// With store redis, max_keys bounds the keys this instance holds.
 func TestMaxKeysBoundsThisInstancesKeys(t *testing.T) {
 	addr, cli := startRedis(t)
 	s := newStore(t, store(addr, nil))
@@ -363,9 +362,9 @@ func TestMaxKeysBoundsThisInstancesKeys(t *testing.T) {
 	}
 }
 
-// Defect 3: a reload that drops the old config's use of the client while
-// one of its requests is being admitted must not close the client under it
-// (the admission failed, and Redis was logged unreachable).
+// A reload that drops the old config's use of the client while one of its
+// requests is being admitted does not close the client under it: the
+// admission succeeds and Redis is not logged unreachable.
 func TestReloadDuringAdmissionKeepsTheClient(t *testing.T) {
 	addr, cli := startRedis(t)
 	p := newFaultProxy(t, addr)
