@@ -16,7 +16,6 @@ import (
 
 	"github.com/caddy-inflight/caddy-inflight/inflight"
 	"github.com/caddy-inflight/caddy-inflight/inflight/core"
-	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
 
 func init() {
@@ -162,8 +161,8 @@ func parseTotal(h httpcaddyfile.Helper, hd *inflight.Handler) error {
 		return h.Errf("inflight: total %q: want one argument, a positive integer or adaptive", args)
 	}
 	if args[0] != "adaptive" {
-		n, err := strconv.Atoi(args[0])
-		if err != nil || n <= 0 || n > limiter.MaxCost {
+		n, ok := fixedCap(args[0])
+		if !ok {
 			return h.Errf("inflight: total %q is not allowed: want %s, or adaptive", args[0], core.CapRange)
 		}
 		hd.Total = n

@@ -273,11 +273,17 @@ func capInt(d *caddyfile.Dispenser, opt string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n <= 0 || n > limiter.MaxCost {
+	n, ok := fixedCap(v)
+	if !ok {
 		return 0, d.Errf("inflight: %s %q is not allowed: want %s", opt, v, core.CapRange)
 	}
 	return n, nil
+}
+
+// fixedCap reads v as a fixed cap, within core.CapRange.
+func fixedCap(v string) (int, bool) {
+	n, err := strconv.Atoi(v)
+	return n, err == nil && n > 0 && n <= limiter.MaxCost
 }
 
 // duration reads a Caddy duration (such as 1s, 1m30s or 1d); zero is
