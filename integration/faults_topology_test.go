@@ -65,14 +65,7 @@ func TestFaultsSentinel(t *testing.T) {
 	printTable(t, []windows{e.checkCycles(fmt.Sprintf("Sentinel: master SIGKILLed, replica promoted, %d times", failovers), cycles, bound, true)})
 	e.wantOutages(failovers)
 	s.wantSwitches(t, failovers)
-	if t.Failed() {
-		for i, c := range cycles {
-			t.Logf("failover %d: master killed at %s, replica promoted at %s", i+1, c.began.Format("15:04:05.000"), c.healed.Format("15:04:05.000"))
-		}
-		for i, m := range e.fleet {
-			t.Logf("instance %d's store and go-redis sentinel lines:\n%s", i, strings.Join(append(m.logLines("redis store"), m.logLines("sentinel:")...), "\n"))
-		}
-	}
+	e.logStoreIfFailed(cycles)
 }
 
 // failover kills the master once a kill is one failover and only one
@@ -179,7 +172,23 @@ func TestFaultsTLSRestart(t *testing.T) {
 			})
 			printTable(t, []windows{e.checkCycles(fmt.Sprintf("TLS: restart with empty data (down 1 s), %d times, on_error %s", c.restarts, c.onError), cycles, e.renewalBound(), true)})
 			e.wantOutages(c.restarts)
+			e.logStoreIfFailed(cycles)
 		})
+	}
+}
+
+// logStoreIfFailed logs, if the test failed, when each fault began and
+// healed, and what each instance's store and go-redis logged.
+func (e *faultEnv) logStoreIfFailed(cycles []cycle) {
+	if !e.t.Failed() {
+		return
+	}
+	for i, c := range cycles {
+		e.t.Logf("fault %d began at %s (%.3f), healed at %s (%.3f)", i+1, c.began.Format("15:04:05.000"), float64(c.began.UnixMilli())/1000,
+			c.healed.Format("15:04:05.000"), float64(c.healed.UnixMilli())/1000)
+	}
+	for i, m := range e.fleet {
+		e.t.Logf("instance %d's store and go-redis lines:\n%s", i, strings.Join(m.logLines(`redis`), "\n"))
 	}
 }
 
