@@ -29,6 +29,19 @@ func isOpen(b *book) bool {
 	return b.client != nil
 }
 
+// maintained waits until b's maintainer has run a whole round (its
+// removals, then closing the book if nothing needs it) that began after
+// the call: it takes a poke only between rounds, so once it has taken two
+// in turn, the round the first began is over. A book that closed has no
+// maintainer, and its last round is over too.
+func maintained(t *testing.T, b *book) {
+	t.Helper()
+	for range 2 {
+		b.poke()
+		eventually(t, "the book's maintainer took its poke", func() bool { return len(b.work) == 0 || !isOpen(b) })
+	}
+}
+
 // observeLogs sends b's log lines to the returned recorder.
 func observeLogs(b *book) *observer.ObservedLogs {
 	core, logs := observer.New(zap.InfoLevel)
@@ -112,8 +125,9 @@ func TestCleanupDuringDispatchLeavesNoLease(t *testing.T) {
 	if res := <-left; res.Outcome != limiter.Aborted {
 		t.Fatalf("the waiter that left: %v, want aborted", res.Outcome)
 	}
+	b := old.book
 	old.Cleanup()
-	time.Sleep(200 * time.Millisecond)
+	maintained(t, b) // it would close the book under the batch now, if it could
 	p.setStall(false)
 	eventually(t, "the lease of the waiter that left removed", func() bool { return members(t, cli, "t") == 0 })
 	for _, e := range logs.All() {

@@ -377,8 +377,9 @@ func TestReloadDuringAdmissionKeepsTheClient(t *testing.T) {
 	admitted := make(chan limiter.Result, 1)
 	go func() { admitted <- z.Acquire(context.Background(), request(limits, "k"), limiter.WaitOptions{}) }()
 	eventually(t, "the admission reached Redis", func() bool { return members(t, cli, "t") == 1 })
-	old.Cleanup() // the reload: nothing else holds the old client
-	time.Sleep(100 * time.Millisecond)
+	b := old.book
+	old.Cleanup()    // the reload: nothing else holds the old client
+	maintained(t, b) // it would close the client under the admission now, if it could
 	p.setStall(false)
 	if res := <-admitted; res.Outcome != limiter.Admitted {
 		t.Fatalf("admission in flight across the reload: %v, want admitted", res.Outcome)
