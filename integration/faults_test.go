@@ -166,7 +166,7 @@ func (e *faultEnv) checkCycles(name string, cycles []cycle, bound time.Duration,
 	t.Helper()
 	// The bound: no slot stays taken for a request that has ended
 	// for longer than one renewal interval.
-	tl := e.rec.replay(e.caps, e.timing.lease/3)
+	tl := e.rec.replay(e.caps, e.timing.lease/3, e.traffic.all())
 	refusals := e.traffic.refusals()
 	w := windows{fault: name, peakTenant: tl.peakTenant, peakTotal: tl.peakTotal}
 	for i, c := range cycles {
@@ -345,7 +345,7 @@ func TestFaultsTotal(t *testing.T) {
 }
 
 // TestFaultsCost runs faults of each kind with requests of costs 1 to 3
-// (X-Cost, one per tenant) under a tenant cap of 6 units: the caps hold in
+// (X-Cost, drawn per request) under a tenant cap of 6 units: the caps hold in
 // units at the backend as they do in requests, with the same bounds after
 // healing.
 func TestFaultsCost(t *testing.T) {
