@@ -128,6 +128,13 @@ type wait struct {
 // earlier (outcome.gaveUp): Caddy gives the slot back once it sees the
 // client go, a moment before its upstream connection's close reaches the
 // backend. outcomes are every request the clients made.
+//
+// A request whose client gave up before it reached the backend may have
+// been admitted as its client left (by the call under way then), and
+// held its units in Redis until its release got there, never seen by the
+// backend: for the refusals it explains (not for over-admission), it
+// counts at the backend for the moment its client left, and like any
+// other request its release may reach Redis up to grace later.
 func (rec *recorder) replay(c caps, grace time.Duration, outcomes []outcome) *timeline {
 	rec.mu.Lock()
 	events := append([]event(nil), rec.events...)
@@ -155,13 +162,23 @@ func (rec *recorder) replay(c caps, grace time.Duration, outcomes []outcome) *ti
 			events[i].at = latest(g, arrived[e.id])
 		}
 	}
+	var ghosts []event // the moments of clients that left before the backend saw them
+	for _, o := range outcomes {
+		if _, ok := arrived[o.id]; !ok && !o.gaveUp.IsZero() {
+			ghosts = append(ghosts, event{o.gaveUp, o.key, max(o.cost, 1), o.id})
+		}
+	}
 	slices.SortStableFunc(events, func(a, b event) int { return a.at.Compare(b.at) })
+	slices.SortStableFunc(ghosts, func(a, b event) int { return a.at.Compare(b.at) })
 	count := map[string]int{}
 	sum, overKeys := 0, 0
 	var overSince, overAdmitted time.Time
 	keySince, totalSince := map[fullAt]time.Time{}, map[int]time.Time{}
 	end := time.Now().Add(time.Hour) // spans still open at the end
 	for _, e := range events {
+		for ; len(ghosts) > 0 && !ghosts[0].at.After(e.at); ghosts = ghosts[1:] {
+			tl.ghost(c, ghosts[0], count[ghosts[0].key], sum)
+		}
 		wasOver := overKeys > 0 || (c.total > 0 && sum > c.total)
 		before, sumBefore := count[e.key], sum
 		count[e.key] += e.delta
@@ -203,6 +220,9 @@ func (rec *recorder) replay(c caps, grace time.Duration, outcomes []outcome) *ti
 			tl.over = append(tl.over, overSpan{span{overSince, e.at}, overAdmitted})
 		}
 	}
+	for _, g := range ghosts {
+		tl.ghost(c, g, count[g.key], sum)
+	}
 	if overKeys > 0 || (c.total > 0 && sum > c.total) {
 		tl.over = append(tl.over, overSpan{span{overSince, end}, overAdmitted})
 	}
@@ -217,6 +237,20 @@ func (rec *recorder) replay(c caps, grace time.Duration, outcomes []outcome) *ti
 		}
 	}
 	return tl
+}
+
+// ghost records the moment g of a client that left before the backend saw
+// its request, with held units of its key and sum in all at the backend
+// then: each cost it leaves no room for is full for that moment.
+func (tl *timeline) ghost(c caps, g event, held, sum int) {
+	for cost := 1; cost <= maxCost; cost++ {
+		if held+g.delta > c.tenant-cost {
+			tl.keyFull[fullAt{g.key, cost}] = append(tl.keyFull[fullAt{g.key, cost}], span{g.at, g.at})
+		}
+		if c.total > 0 && sum+g.delta > c.total-cost {
+			tl.totalFull[cost] = append(tl.totalFull[cost], span{g.at, g.at})
+		}
+	}
 }
 
 // overIn returns how long the backend held more than the caps within
@@ -411,20 +445,50 @@ func TestFaultCheckerHeldRoom(t *testing.T) {
 		{at(0), "d", +2, 0}, {at(2000), "d", -2, 0}, // d holds 2 of 6
 	}}
 	requests := []outcome{
-		{id: 1, key: "b", cost: 3, instance: 0, sent: at(100), done: at(800), status: 429},     // 4 + 3 > 6: deserved
-		{id: 2, key: "b", cost: 1, instance: 0, sent: at(200), done: at(800), status: 429},     // behind 1 on its instance: deserved
-		{id: 3, key: "b", cost: 1, instance: 1, sent: at(200), done: at(800), status: 429},     // 1 is on another instance: lost
-		{id: 4, key: "d", cost: 3, instance: 0, sent: at(100), done: at(800), status: 429},     // 2 + 3 fits: lost
-		{id: 5, key: "d", cost: 1, instance: 0, sent: at(200), done: at(800), status: 429},     // 4 had room, held none: lost
-		{id: 6, key: "b", cost: 3, instance: 2, sent: at(100), done: at(150), gaveUp: at(150)}, // gave up at +150ms
-		{id: 7, key: "b", cost: 1, instance: 2, sent: at(300), done: at(900), status: 429},     // 6 waited no more: lost
+		{id: 1, key: "b", cost: 3, instance: 0, sent: at(100), done: at(800), status: 429}, // 4 + 3 > 6: deserved
+		{id: 2, key: "b", cost: 1, instance: 0, sent: at(200), done: at(800), status: 429}, // behind 1 on its instance: deserved
+		{id: 3, key: "b", cost: 1, instance: 1, sent: at(200), done: at(800), status: 429}, // 1 is on another instance: lost
+		{id: 4, key: "d", cost: 3, instance: 0, sent: at(100), done: at(800), status: 429}, // 2 + 3 fits: lost
+		{id: 5, key: "d", cost: 1, instance: 0, sent: at(200), done: at(800), status: 429}, // 4 had room, held none: lost
+		{id: 6, key: "b", cost: 3, instance: 2, sent: at(100), done: at(150), status: 429}, // refused at +150ms: deserved
+		{id: 7, key: "b", cost: 1, instance: 2, sent: at(300), done: at(900), status: 429}, // 6 waited no more: lost
 	}
 	tl := rec.replay(caps{tenant: 6}, 150*time.Millisecond, requests)
-	var lost []int
-	for _, r := range tl.undeserved(slices.DeleteFunc(slices.Clone(requests), func(o outcome) bool { return o.status == 0 }), at(0), at(2000)) {
-		lost = append(lost, r.id)
-	}
-	if !slices.Equal(lost, []int{3, 4, 5, 7}) {
+	if lost := lostIDs(tl, requests, at(0), at(2000)); !slices.Equal(lost, []int{3, 4, 5, 7}) {
 		t.Errorf("refusals taken for capacity lost: %v, want [3 4 5 7] (2 is held back by 1, a cost-3 waiter of b on its instance with b at 4 of 6)", lost)
 	}
+}
+
+// TestFaultCheckerClientLeftAsAdmitted: a request whose client left before
+// it reached the backend may have been admitted in Redis as it left; a
+// refusal is deserved if that request's units, at the moment its client
+// left, leave no room, and capacity lost otherwise.
+func TestFaultCheckerClientLeftAsAdmitted(t *testing.T) {
+	t0 := time.Now()
+	at := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	rec := &recorder{events: []event{
+		{at(0), "e", +5, 0}, {at(2000), "e", -5, 0}, // e holds 5 of 6
+		{at(0), "f", +4, 0}, {at(2000), "f", -4, 0}, // f holds 4 of 6
+	}}
+	requests := []outcome{
+		{id: 1, key: "e", cost: 1, instance: 0, sent: at(100), done: at(300), gaveUp: at(300)}, // left at +300ms: 5 + 1 of 6
+		{id: 2, key: "e", cost: 1, instance: 1, sent: at(400), done: at(1000), status: 429},    // within the grace after 1 left: deserved
+		{id: 3, key: "e", cost: 1, instance: 1, sent: at(1000), done: at(1600), status: 429},   // long after: lost
+		{id: 4, key: "f", cost: 1, instance: 0, sent: at(100), done: at(300), gaveUp: at(300)}, // left at +300ms: 4 + 1 of 6
+		{id: 5, key: "f", cost: 1, instance: 1, sent: at(400), done: at(1000), status: 429},    // 4 left room: lost
+	}
+	tl := rec.replay(caps{tenant: 6}, 150*time.Millisecond, requests)
+	if lost := lostIDs(tl, requests, at(0), at(2000)); !slices.Equal(lost, []int{3, 5}) {
+		t.Errorf("refusals taken for capacity lost: %v, want [3 5] (2 is explained by 1, which may have held e's last unit as its client left)", lost)
+	}
+}
+
+// lostIDs returns the ids of the refusals among requests that tl takes for
+// capacity lost within [from, to).
+func lostIDs(tl *timeline, requests []outcome, from, to time.Time) []int {
+	var ids []int
+	for _, r := range tl.undeserved(slices.DeleteFunc(slices.Clone(requests), func(o outcome) bool { return o.status == 0 }), from, to) {
+		ids = append(ids, r.id)
+	}
+	return ids
 }
