@@ -393,10 +393,9 @@ func TestFaults(t *testing.T) {
 // with the caps and, if cost, requests of costs 1 to maxCost; and logs
 // the table of windows.
 func runFaults(t *testing.T, cases []faultCase, c caps, cost bool) {
-	var mu sync.Mutex
-	var table []windows
+	table := make([]windows, len(cases)) // in the order of cases
 	t.Run("each", func(t *testing.T) {
-		for _, f := range cases {
+		for i, f := range cases {
 			t.Run(strings.NewReplacer(" ", "_", ",", "").Replace(f.name), func(t *testing.T) {
 				t.Parallel()
 				e := newFaultEnv(t, faultSite{onError: f.onError, cost: cost}, c)
@@ -412,10 +411,7 @@ func runFaults(t *testing.T, cases []faultCase, c caps, cost bool) {
 				if cost {
 					name = f.name + fmt.Sprintf(", costs 1-%d, on_error %s", maxCost, f.onError)
 				}
-				w := e.check(name, began, healed, bound, f.outage)
-				mu.Lock()
-				table = append(table, w)
-				mu.Unlock()
+				table[i] = e.check(name, began, healed, bound, f.outage)
 			})
 		}
 	})
