@@ -473,26 +473,23 @@ func printTable(t *testing.T, table []windows) {
 	t.Logf("lease %v, timeout %v:\n%s", timings().lease, storeTimeout, b.String())
 }
 
-// TestFaultsReleaseDoesNotDelayTheResponse compares the p90 time to a whole
-// response with Redis 200 ms away (a round trip) and without delay. One
-// client at a time: the admission waits for Redis, one round trip, and the
-// release must not hold the response (a second). Ten clients at once: a
-// request that arrives while the zone's admission call is under way goes
+// TestFaultsReleaseDoesNotDelayTheResponse compares the median time to a
+// whole response with Redis 200 ms away (a round trip) and without delay.
+// One client at a time: the admission waits for Redis, one round trip, and
+// the release must not hold the response (a second). Ten clients at once:
+// a request that arrives while the zone's admission call is under way goes
 // in the next (group commit), so it may wait one round trip more, never
-// the release's as well. p90, not p99: 30 and 100 samples, each a round
-// trip, leave 3 and 10 above it; a p99 would be their maximum.
+// the release's as well. The median of 30 and of 100 samples: a release
+// on the response path adds its round trip to every response, the median
+// included, while a loaded machine's scheduling stalls reach the upper
+// samples (a p99 of 30 or 100 samples would be their maximum).
 func TestFaultsReleaseDoesNotDelayTheResponse(t *testing.T) {
 	const rtt = 200 * time.Millisecond
 	r := startRedis(t)
-	// One instance for the lone client, one for the ten, each with a proxy
-	// of its own: two zones, measured at the same time without meeting.
-	proxies := []*faultProxy{newFaultProxy(t, r.addr), newFaultProxy(t, r.addr)}
-	var sites []faultSite
-	for _, p := range proxies {
-		sites = append(sites, faultSite{address: p.addr, lease: 3 * time.Second, timeout: time.Second, onError: "closed", tenantMax: 3})
-	}
-	fleet := startFleet(t, sites, newRecorder(t).addr)
-	p90 := func(url, tenant string, clients, each int) time.Duration {
+	p := newFaultProxy(t, r.addr)
+	site := faultSite{address: p.addr, lease: 3 * time.Second, timeout: time.Second, onError: "closed", tenantMax: 3}
+	url := startFleet(t, []faultSite{site}, newRecorder(t).addr)[0].url
+	median := func(clients, each int) time.Duration {
 		var took []time.Duration
 		var mu sync.Mutex
 		var wg sync.WaitGroup
@@ -500,7 +497,7 @@ func TestFaultsReleaseDoesNotDelayTheResponse(t *testing.T) {
 			wg.Go(func() {
 				for range each {
 					start := time.Now()
-					res := get(context.Background(), http.DefaultClient, url+"/work", "X-Tenant", tenant+strconv.Itoa(w))
+					res := get(context.Background(), http.DefaultClient, url+"/work", "X-Tenant", strconv.Itoa(w))
 					if res.status != http.StatusOK {
 						t.Errorf("request: %d %v", res.status, res.err)
 					}
@@ -511,30 +508,19 @@ func TestFaultsReleaseDoesNotDelayTheResponse(t *testing.T) {
 			})
 		}
 		wg.Wait()
-		return percentile(took, 90)
+		return percentile(took, 50)
 	}
-	measure := func() (alone, busy time.Duration) {
-		var wg sync.WaitGroup
-		wg.Go(func() { alone = p90(fleet[0].url, "alone", 1, 30) })
-		wg.Go(func() { busy = p90(fleet[1].url, "busy", 10, 10) })
-		wg.Wait()
-		return alone, busy
-	}
-	for _, m := range fleet { // the scripts are loaded, connections made
-		p90(m.url, "warm", 10, 1)
-	}
-	alonePlain, busyPlain := measure()
-	for _, p := range proxies {
-		p.SetLatency(rtt / 2)
-	}
-	alone, busy := measure()
-	t.Logf("p90 response completion with Redis %v away: one client %v (%v without delay), ten %v (%v)", rtt, alone, alonePlain, busy, busyPlain)
+	median(10, 1) // the scripts are loaded, connections made
+	alonePlain, busyPlain := median(1, 30), median(10, 10)
+	p.SetLatency(rtt / 2)
+	alone, busy := median(1, 30), median(10, 10)
+	t.Logf("median response completion with Redis %v away: one client %v (%v without delay), ten %v (%v)", rtt, alone, alonePlain, busy, busyPlain)
 	if alone-alonePlain > rtt*3/2 {
-		t.Errorf("one client: responses complete %v later (p90 of 30): the release is on the response path (want less than %v: the admission's round trip alone)",
+		t.Errorf("one client: responses complete %v later (median of 30): the release is on the response path (want less than %v: the admission's round trip alone)",
 			alone-alonePlain, rtt*3/2)
 	}
 	if busy-busyPlain > rtt*5/2 {
-		t.Errorf("ten clients: responses complete %v later (p90 of 100), want less than %v: the admission's round trip and at most one call under way before it",
+		t.Errorf("ten clients: responses complete %v later (median of 100), want less than %v: the admission's round trip and at most one call under way before it",
 			busy-busyPlain, rtt*5/2)
 	}
 }
