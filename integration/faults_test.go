@@ -390,8 +390,7 @@ func TestFaults(t *testing.T) {
 
 // runFaults runs each fault case against a fresh fleet, as many at once as
 // -parallel allows (each has its own Redis, proxies, fleet and backend;
-// -parallel 1 runs them one at a time, on a machine too busy to answer
-// within the store's timeout otherwise), with the caps and, if cost,
+// -parallel 1 runs them one at a time), with the caps and, if cost,
 // requests of costs 1 to maxCost; and logs the table of windows.
 func runFaults(t *testing.T, cases []faultCase, c caps, cost bool) {
 	table := make([]windows, len(cases)) // in the order of cases
