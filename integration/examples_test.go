@@ -214,8 +214,9 @@ func (m *tokenModel) measuring(on bool) {
 // (normal, 1, 8,000) 4. Each keeps requests waiting, and together they ask
 // more than the model's 64,000, which they fill. Shares by weight, each
 // capped by its budget: the default tenant's weighted share is above its
-// budget, so it holds its 8,000 throughout (asserted: at least 85 % of it
-// on average), and interactive and batch share the rest at 2 : 0.5, so
+// budget, so it holds its 8,000 throughout (asserted: at least 80 % of it
+// on average, measured 88 to 98 %: a freed slot takes a moment to reach
+// the model again), and interactive and batch share the rest at 2 : 0.5, so
 // their token-seconds are 4 : 1. Tolerance ±20 % of that ratio: the
 // priority order alone gives 6 (48,000 : 8,000), equal weights 1, and
 // start-time fair queuing keeps each tenant within one grant of its share
@@ -265,10 +266,10 @@ func llmShares(t *testing.T) {
 		}
 	}
 	// Five service times for the queue to form, then twenty measured.
-	eventually(t, "the model is full", func() bool {
+	eventually(t, "the model has been full", func() bool {
 		m.mu.Lock()
 		defer m.mu.Unlock()
-		return m.total == 64000
+		return m.peakAll == 64000
 	})
 	time.Sleep(5 * service)
 	m.measuring(true)
@@ -296,8 +297,8 @@ func llmShares(t *testing.T) {
 	if ratio < 4*0.8 || ratio > 4*1.2 {
 		t.Errorf("interactive (weight 2) held %.0f tokens on average, batch (0.5) %.0f: ratio %.2f, want 4 ± 20 %%", held("key-interactive"), held("key-batch"), ratio)
 	}
-	if a := held("anon"); a < 0.85*8000 {
-		t.Errorf("the default tenant held %.0f tokens on average, want its budget of 8000 (at least 85 %%): its weighted share is above it", a)
+	if a := held("anon"); a < 0.8*8000 {
+		t.Errorf("the default tenant held %.0f tokens on average, want its budget of 8000 (at least 80 %%): its weighted share is above it", a)
 	}
 	if m.peakAll != 64000 {
 		t.Errorf("the model held at most %d tokens at once, want the total, 64000", m.peakAll)
