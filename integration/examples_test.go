@@ -210,8 +210,11 @@ func (m *tokenModel) measuring(on bool) {
 
 // llmShares runs closed-loop clients of three tenants, each request 4,000
 // tokens held 200 ms by the model: interactive (high, weight 2, budget
-// 48,000) 16 clients, batch (low, 0.5, 32,000) 8, the default tenant
-// (normal, 1, 8,000) 4. Each keeps requests waiting, and together they ask
+// 48,000) 32 clients, batch (low, 0.5, 32,000) 16, the default tenant
+// (normal, 1, 8,000) 8: at least twice what each may hold, so that each keeps
+// requests waiting even while the machine is slow to send the next (a key
+// with none waiting starts level again: with half the clients, the ratio
+// below read 2.93 once with two spinning processes). Together they ask
 // more than the model's 64,000, which they fill. Shares by weight, each
 // capped by its budget: the default tenant's weighted share is above its
 // budget, so it holds its 8,000 throughout (asserted: at least 80 % of it
@@ -239,7 +242,7 @@ func llmShares(t *testing.T) {
 		key     string
 		clients int
 		budget  int64
-	}{{"key-interactive", 16, 48000}, {"key-batch", 8, 32000}, {"anon", 4, 8000}}
+	}{{"key-interactive", 32, 48000}, {"key-batch", 16, 32000}, {"anon", 8, 8000}}
 	body := llmRequest(tokens)
 	c := client("127.0.0.1")
 	ctx, cancel := context.WithCancel(context.Background())
