@@ -384,7 +384,14 @@ var faultCases = []faultCase{
 
 // TestFaults runs every fault against a fresh fleet and logs the table of
 // windows for the README.
+//
+// The fleet's tests (TestFaults*) run processes of their own (Redis, Caddy,
+// a backend) on ports of their own, and nothing of the in-process Caddy:
+// they are parallel tests, so they run once the package's other tests are
+// done, as many at once as -parallel allows (GOMAXPROCS: two on two cores),
+// their fault cases included; `-parallel 1` runs them one at a time.
 func TestFaults(t *testing.T) {
+	t.Parallel()
 	runFaults(t, faultCases, tenantCaps, false)
 }
 
@@ -422,6 +429,7 @@ func runFaults(t *testing.T, cases []faultCase, c caps, cost bool) {
 // never gets more than the caps to the backend, and no refusal is
 // undeserved.
 func TestFaultsTotal(t *testing.T) {
+	t.Parallel() // see TestFaults
 	r := startRedis(t)
 	e := startFaultFleet(t, faultSite{onError: "closed"}, withTotal, r.addr, r.addr, r.addr)
 	e.run(0, func(e *faultEnv) time.Time {
@@ -437,6 +445,7 @@ func TestFaultsTotal(t *testing.T) {
 // units at the backend as they do in requests, with the same bounds after
 // healing.
 func TestFaultsCost(t *testing.T) {
+	t.Parallel() // see TestFaults
 	var cases []faultCase
 	for _, f := range faultCases {
 		switch f.name {
@@ -484,6 +493,7 @@ func printTable(t *testing.T, table []windows) {
 // included, while a loaded machine's scheduling stalls reach the upper
 // samples (a p99 of 30 or 100 samples would be their maximum).
 func TestFaultsReleaseDoesNotDelayTheResponse(t *testing.T) {
+	t.Parallel() // see TestFaults
 	const rtt = 200 * time.Millisecond
 	r := startRedis(t)
 	p := newFaultProxy(t, r.addr)

@@ -22,6 +22,7 @@ import (
 // TestFaultsCluster: on a cluster of three masters the fleet is exact, and
 // FLUSHALL on every master heals like on one server.
 func TestFaultsCluster(t *testing.T) {
+	t.Parallel() // see TestFaults
 	nodes := startRedisCluster(t)
 	var addrs []string
 	for _, n := range nodes {
@@ -45,6 +46,7 @@ func TestFaultsCluster(t *testing.T) {
 // each failover, logs it as one outage each way, and is exact again within
 // a renewal interval of the new master's promotion.
 func TestFaultsSentinel(t *testing.T) {
+	t.Parallel() // see TestFaults
 	s := startSentinels(t)
 	sentinels := strings.Join(s.sentinels, " ")
 	e := startFaultFleet(t, faultSite{masterName: "faults", onError: "open"}, tenantCaps, sentinels, sentinels, sentinels)
@@ -104,6 +106,7 @@ func (s *sentinelSetup) failover(t *testing.T) (promoted time.Time) {
 // as a new outage, cut the back-off short, refused (on_error closed) or
 // admitted locally (open) after Redis answered again.
 func TestFaultsTLSRestart(t *testing.T) {
+	t.Parallel() // see TestFaults
 	pki := newTestPKI(t)
 	for _, onError := range []string{"closed", "open"} {
 		t.Run(onError, func(t *testing.T) {
