@@ -112,13 +112,15 @@ func (b *workers) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // TestAdaptiveRealBackend puts a real backend of c workers (service time
 // S) behind a real Caddy under 5× overload from closed-loop clients that
 // wait for a slot, first with a fixed `total` of c, then with `total
-// adaptive`, and reports what each measures over its run's second half. In
-// CI it runs for a few seconds with loose bounds (the machine is shared);
-// for the figures:
+// adaptive` from its default initial 4, and reports what each measures
+// over its run's second half. It asserts what a shared machine cannot move:
+// the limit's median left initial and stays at most 2c (the machine's own
+// latency can hold it below c: 6 to 9 with both cores busy), no failed
+// request, and a baseline not below S. For the figures:
 //
 //	INFLIGHT_ADAPTIVE_SECONDS=30 go test -count=1 -v -run '^TestAdaptiveRealBackend$' ./integration
 func TestAdaptiveRealBackend(t *testing.T) {
-	const c, service = 8, 50 * time.Millisecond
+	const c, service, initial = 8, 50 * time.Millisecond, 4 // initial: total adaptive's default
 	seconds := 4
 	if s := os.Getenv("INFLIGHT_ADAPTIVE_SECONDS"); s != "" {
 		fmt.Sscan(s, &seconds)
@@ -139,8 +141,8 @@ func TestAdaptiveRealBackend(t *testing.T) {
 	if fixed.failed+adaptive.failed > 0 {
 		t.Errorf("%d requests failed, want none (clients wait for a slot)", fixed.failed+adaptive.failed)
 	}
-	if settled < c/2 || settled > 2*c {
-		t.Errorf("limit settled at %.0f, want about c = %d (within [%d, %d] on a shared machine)", settled, c, c/2, 2*c)
+	if settled <= initial || settled > 2*c {
+		t.Errorf("limit settled at %.0f, want it moved from initial %d towards c = %d: above %d, at most %d", settled, initial, c, initial, 2*c)
 	}
 	if baseline < service.Seconds() {
 		t.Errorf("baseline %.1f ms, below the service time %v: it cannot be", baseline*1000, service)
@@ -232,13 +234,16 @@ func overload(t *testing.T, total string, c int, service time.Duration, duration
 }
 
 // Two clients hammering a path the application answers 500 in 10 ms do not
-// shrink the adaptive total for everyone: beside them, 12 clients of a
-// backend of c = 8 workers get at least 90 % of the throughput a fixed
-// `total 8` gives them beside the same two (a ratio of two runs of 4 s).
-// The latency reflex is taken out (tolerance 10): on a shared machine it
-// answers the machine's own noise (TestAdaptiveRealBackend), and only the
-// failures are under test here. A 500 that counted as overload held the
-// limit at 1 to 2 and the ratio at 0.26. For longer runs:
+// shrink the adaptive total for everyone: beside them, with 12 clients of a
+// backend of c = 8 workers, the limit never goes below c over the run's
+// second half (4 s). The latency reflex is taken out (tolerance 10): on a
+// shared machine it answers the machine's own noise (TestAdaptiveRealBackend),
+// and only the failures are under test here. A 500 that counted as overload
+// held the limit at 1 to 2. The throughput against a fixed `total 8` beside
+// the same two is logged, not asserted: the two runs follow one another, and
+// their ratio follows the CPU each got (1.14 on a quiet machine, 0.67 to 0.81
+// with two processes spinning on the two cores, the limit at 28 throughout).
+// For longer runs:
 //
 //	INFLIGHT_ADAPTIVE_SECONDS=30 go test -count=1 -v -run '^TestAdaptiveApplicationErrors$' ./integration
 func TestAdaptiveApplicationErrors(t *testing.T) {
@@ -255,15 +260,10 @@ func TestAdaptiveApplicationErrors(t *testing.T) {
 	})
 	slices.Sort(limits)
 	ratio := adaptive.throughput / fixed.throughput
-	t.Logf("c=%d S=%v, %d clients and 2 of a 500 path, %v each: total %d: %v; total adaptive: %v, limit median %.0f (%.0f to %.0f); ratio %.2f",
+	t.Logf("c=%d S=%v, %d clients and 2 of a 500 path, %v each: total %d: %v; total adaptive: %v, limit median %.0f (%.0f to %.0f); throughput ratio %.2f",
 		c, service, 3*c/2, duration, c, fixed, adaptive, limits[len(limits)/2], limits[0], limits[len(limits)-1], ratio)
-	// The controller's verdict is the limit: 500s must not take it below
-	// the backend's capacity (before: 1 to 2). Throughput is the user's
-	// view, but end to end on a busy machine it moves with the CPU the two
-	// runs got (0.96–1.33 quiet, 0.85 with three suites at once; 0.26
-	// before); the simulation holds it to 0.9 in virtual time.
-	if limits[len(limits)/2] < c || ratio < 0.75 {
-		t.Errorf("beside clients of a 500 path: limit median %.0f (want at least c = %d); throughput total adaptive %.3f, total %d %.3f of c/S: ratio %.2f, want at least 0.75", limits[len(limits)/2], c, adaptive.throughput, c, fixed.throughput, ratio)
+	if limits[0] < c {
+		t.Errorf("beside clients of a 500 path: the limit went down to %.0f (median %.0f), want never below c = %d", limits[0], limits[len(limits)/2], c)
 	}
 }
 

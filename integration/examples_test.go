@@ -8,8 +8,12 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
@@ -45,74 +49,270 @@ func TestExampleCaddyfile(t *testing.T) {
 	}
 }
 
-// TestExampleLLMGateway caps tokens in flight: a batch prompt of 100,000
-// bytes with max_tokens 7000 (32,000 tokens) fills its tenant's budget, so
-// the tenant's next request waits, while the interactive tenant's streams
-// and the default tenant's request go through at once; the units the model
-// holds are the estimates, the model-wide total caps them, and everything
-// is back at zero once the model ends the streams.
+// TestExampleLLMGateway caps tokens in flight, as the example promises.
+//
+// A big prompt holds back its own tenant, never its neighbours: a batch
+// prompt of 100,000 bytes with max_tokens 7000 (32,000 tokens) fills its
+// tenant's budget, so the tenant's next request waits, while the
+// interactive tenant's streams and the default tenant's request go through
+// at once; the units the model holds are the estimates, the model-wide
+// total caps them, and everything is back at zero once the model ends the
+// streams.
+//
+// Busy tenants share the model by weight, in token-seconds: the three
+// tenants keep more requests of 4,000 tokens queued than the model's
+// 64,000 hold, so the total fills; see llmShares.
 func TestExampleLLMGateway(t *testing.T) {
-	model := newBackendAt(t, "127.0.0.1:11434")
-	loadExample(t, "llm-gateway.Caddyfile")
-	c := client("127.0.0.1")
-	const admin = "127.0.0.1:2019"
-	units := func(limit string) float64 {
-		return metricAt(t, admin, "caddy_inflight_units", `zone="model"`, `limit="`+limit+`"`)
-	}
-	waiting := func() float64 { return metricAt(t, admin, "caddy_inflight_waiting", `zone="model"`) }
-	// post sends a chat request and returns its result and the tokens
-	// the gateway estimates for it: ceil(body bytes / 4) + max_tokens.
-	post := func(key string, prompt, maxTokens int) (chan result, int) {
-		body := fmt.Sprintf(`{"model":"m","max_tokens":%d,"messages":[{"role":"user","content":"%s"}]}`, maxTokens, strings.Repeat("x", prompt))
-		done := make(chan result, 1)
-		go func() {
-			req, _ := http.NewRequest("POST", "http://127.0.0.1:8090/stream", strings.NewReader(body))
-			req.Header.Set("Authorization", "Bearer "+key)
-			resp, err := c.Do(req)
-			if err != nil {
-				done <- result{err: err}
-				return
+	t.Run("a big prompt holds back only its own tenant", func(t *testing.T) {
+		model := newBackendAt(t, "127.0.0.1:11434")
+		loadExample(t, "llm-gateway.Caddyfile")
+		c := client("127.0.0.1")
+		const admin = "127.0.0.1:2019"
+		units := func(limit string) float64 {
+			return metricAt(t, admin, "caddy_inflight_units", `zone="model"`, `limit="`+limit+`"`)
+		}
+		waiting := func() float64 { return metricAt(t, admin, "caddy_inflight_waiting", `zone="model"`) }
+		// post sends a chat request and returns its result and the tokens
+		// the gateway estimates for it: ceil(body bytes / 4) + max_tokens.
+		post := func(key string, prompt, maxTokens int) (chan result, int) {
+			body := fmt.Sprintf(`{"model":"m","max_tokens":%d,"messages":[{"role":"user","content":"%s"}]}`, maxTokens, strings.Repeat("x", prompt))
+			done := make(chan result, 1)
+			go func() {
+				req, _ := http.NewRequest("POST", "http://127.0.0.1:8090/stream", strings.NewReader(body))
+				req.Header.Set("Authorization", "Bearer "+key)
+				resp, err := c.Do(req)
+				if err != nil {
+					done <- result{err: err}
+					return
+				}
+				defer resp.Body.Close()
+				b, err := io.ReadAll(resp.Body)
+				done <- result{status: resp.StatusCode, body: string(b), err: err}
+			}()
+			return done, (len(body)+3)/4 + maxTokens
+		}
+		// The big prompt: above the batch budget of 32,000, so it counts as
+		// the budget and is admitted alone.
+		big, cost := post("key-batch", 100_000, 7000)
+		if cost <= 32000 {
+			t.Fatalf("the big prompt costs %d, want more than the budget", cost)
+		}
+		eventually(t, "the big prompt holds the batch budget", func() bool { return units("tenant") == 32000 })
+		next, _ := post("key-batch", 100, 200)
+		eventually(t, "the batch tenant's next request waits", func() bool { return waiting() == 1 })
+		// Neighbours are not held back: three interactive requests and a
+		// default-tenant one.
+		want := 32000
+		var others []chan result
+		for _, r := range []struct {
+			key               string
+			prompt, maxTokens int
+		}{{"key-interactive", 4000, 2000}, {"key-interactive", 4000, 2000}, {"key-interactive", 4000, 2000}, {"anon", 400, 100}} {
+			done, cost := post(r.key, r.prompt, r.maxTokens)
+			others, want = append(others, done), want+cost
+		}
+		eventually(t, "the neighbours run", func() bool { return model.cur.Load() == 5 })
+		if got := units("total"); got != float64(want) {
+			t.Fatalf("the model holds %v tokens, want %d (the budget of 32,000 and the four neighbours' estimates)", got, want)
+		}
+		if waiting() != 1 {
+			t.Fatalf("%v requests wait, want only the batch tenant's second", waiting())
+		}
+		model.open()
+		for _, d := range append(others, big, next) {
+			if r := <-d; r.err != nil || r.status != 200 || !strings.Contains(r.body, "data: end") {
+				t.Fatalf("stream: %d %q %v", r.status, r.body, r.err)
 			}
-			defer resp.Body.Close()
-			b, err := io.ReadAll(resp.Body)
-			done <- result{status: resp.StatusCode, body: string(b), err: err}
-		}()
-		return done, (len(body)+3)/4 + maxTokens
+		}
+		eventually(t, "no token left in flight", func() bool { return units("total") == 0 && waiting() == 0 })
+	})
+	t.Run("busy tenants share the model by weight in token-seconds", llmShares)
+}
+
+// llmRequest is a chat request of exactly tokens tokens by the gateway's
+// estimate, ceil(body bytes / 4) + max_tokens.
+func llmRequest(tokens int) string {
+	prompt := strings.Repeat("x", 400)
+	body := func(maxTokens int) string {
+		return fmt.Sprintf(`{"model":"m","max_tokens":%d,"messages":[{"role":"user","content":"%s"}]}`, maxTokens, prompt)
 	}
-	// The big prompt: above the batch budget of 32,000, so it counts as
-	// the budget and is admitted alone.
-	big, cost := post("key-batch", 100_000, 7000)
-	if cost <= 32000 {
-		t.Fatalf("the big prompt costs %d, want more than the budget", cost)
+	maxTokens := tokens - (len(body(1000))+3)/4 // the same length for 4 digits
+	return body(maxTokens)
+}
+
+// tokenModel is a model that streams each request for a fixed time, and
+// keeps the tokens it holds per API key (from the client's X-Tokens): their
+// peaks until the measure ends, and their integral (token-seconds) while
+// measuring.
+type tokenModel struct {
+	service  time.Duration
+	mu       sync.Mutex
+	held     map[string]int64
+	total    int64
+	peak     map[string]int64
+	peakAll  int64
+	last     time.Time
+	measure  bool
+	ended    bool // the peaks are kept until the measure ends
+	from     time.Time
+	window   time.Duration // how long it measured
+	integral map[string]float64
+}
+
+func (m *tokenModel) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	key := r.Header.Get("Authorization")
+	tokens, _ := strconv.ParseInt(r.Header.Get("X-Tokens"), 10, 64)
+	m.change(key, tokens)
+	defer m.change(key, -tokens)
+	io.Copy(io.Discard, r.Body)
+	w.Header().Set("Content-Type", "text/event-stream")
+	io.WriteString(w, "data: start\n\n")
+	w.(http.Flusher).Flush()
+	select {
+	case <-time.After(m.service):
+	case <-r.Context().Done(): // the client left
+		return
 	}
-	eventually(t, "the big prompt holds the batch budget", func() bool { return units("tenant") == 32000 })
-	next, _ := post("key-batch", 100, 200)
-	eventually(t, "the batch tenant's next request waits", func() bool { return waiting() == 1 })
-	// Neighbours are not held back: three interactive requests and a
-	// default-tenant one.
-	want := 32000
-	var others []chan result
-	for _, r := range []struct {
-		key               string
-		prompt, maxTokens int
-	}{{"key-interactive", 4000, 2000}, {"key-interactive", 4000, 2000}, {"key-interactive", 4000, 2000}, {"anon", 400, 100}} {
-		done, cost := post(r.key, r.prompt, r.maxTokens)
-		others, want = append(others, done), want+cost
-	}
-	eventually(t, "the neighbours run", func() bool { return model.cur.Load() == 5 })
-	if got := units("total"); got != float64(want) {
-		t.Fatalf("the model holds %v tokens, want %d (the budget of 32,000 and the four neighbours' estimates)", got, want)
-	}
-	if waiting() != 1 {
-		t.Fatalf("%v requests wait, want only the batch tenant's second", waiting())
-	}
-	model.open()
-	for _, d := range append(others, big, next) {
-		if r := <-d; r.err != nil || r.status != 200 || !strings.Contains(r.body, "data: end") {
-			t.Fatalf("stream: %d %q %v", r.status, r.body, r.err)
+	io.WriteString(w, "data: end\n\n")
+}
+
+// change adds d tokens to key's, after adding the token-seconds held since
+// the last change.
+func (m *tokenModel) change(key string, d int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := time.Now()
+	if m.measure {
+		for k, n := range m.held {
+			m.integral[k] += float64(n) * now.Sub(m.last).Seconds()
 		}
 	}
-	eventually(t, "no token left in flight", func() bool { return units("total") == 0 && waiting() == 0 })
+	m.last = now
+	m.held[key] += d
+	m.total += d
+	if !m.ended { // clients leaving at the end free slots at Caddy before the model notices
+		m.peak[key] = max(m.peak[key], m.held[key])
+		m.peakAll = max(m.peakAll, m.total)
+	}
+}
+
+// measuring starts (true) or ends (false) the integral.
+func (m *tokenModel) measuring(on bool) {
+	m.change("", 0)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.measure = on; on {
+		m.from = m.last
+	} else {
+		m.window, m.ended = m.last.Sub(m.from), true
+	}
+}
+
+// llmShares runs closed-loop clients of three tenants, each request 4,000
+// tokens held 200 ms by the model: interactive (high, weight 2, budget
+// 48,000) 32 clients, batch (low, 0.5, 32,000) 16, the default tenant
+// (normal, 1, 8,000) 8: at least twice what each may hold, so that each keeps
+// requests waiting even while the machine is slow to send the next (a key
+// with none waiting starts level again: with half the clients, the ratio
+// below read 2.93 once with two spinning processes). Together they ask
+// more than the model's 64,000, which they fill. Shares by weight, each
+// capped by its budget: the default tenant's weighted share is above its
+// budget, so it holds its 8,000 throughout (asserted: at least 80 % of it
+// on average, measured 88 to 98 %: a freed slot takes a moment to reach
+// the model again), and interactive and batch share the rest at 2 : 0.5, so
+// their token-seconds are 4 : 1. Tolerance ±20 % of that ratio: the
+// priority order alone gives 6 (48,000 : 8,000), equal weights 1, and
+// start-time fair queuing keeps each tenant within one grant of its share
+// (batch has about 50 grants in the 4 s measured).
+//
+// Not asserted, logged: how full the model is on average. The default
+// tenant's waiter is the best flow by its tag (its budget keeps it below
+// its weighted share) and waits at its own budget, and the room it is
+// listed under (the total) is held for it (docs/guarantees.md): the model
+// held 32,788 of its 64,000 tokens on average in a run, with the shares
+// right. Without that hold it is full (62,863) but the shares are the
+// priority order's.
+func llmShares(t *testing.T) {
+	const tokens, service = 4000, 200 * time.Millisecond
+	m := &tokenModel{service: service, held: map[string]int64{}, peak: map[string]int64{}, integral: map[string]float64{}}
+	serveAt(t, "127.0.0.1:11434", m)
+	loadExample(t, "llm-gateway.Caddyfile")
+	const admin = "127.0.0.1:2019"
+	tenants := []struct {
+		key     string
+		clients int
+		budget  int64
+	}{{"key-interactive", 32, 48000}, {"key-batch", 16, 32000}, {"anon", 8, 8000}}
+	body := llmRequest(tokens)
+	c := client("127.0.0.1")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for _, tn := range tenants {
+		for range tn.clients {
+			wg.Go(func() {
+				for ctx.Err() == nil {
+					req, _ := http.NewRequestWithContext(ctx, "POST", "http://127.0.0.1:8090/stream", strings.NewReader(body))
+					req.Header.Set("Authorization", "Bearer "+tn.key)
+					req.Header.Set("X-Tokens", strconv.Itoa(tokens))
+					resp, err := c.Do(req)
+					if err == nil {
+						_, err = io.Copy(io.Discard, resp.Body)
+						resp.Body.Close()
+					}
+					if ctx.Err() == nil && (err != nil || resp.StatusCode != 200) {
+						failed.Add(1)
+					}
+				}
+			})
+		}
+	}
+	// Five service times for the queue to form, then twenty measured.
+	eventually(t, "the model has been full", func() bool {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return m.peakAll == 64000
+	})
+	time.Sleep(5 * service)
+	m.measuring(true)
+	time.Sleep(20 * service)
+	m.measuring(false)
+	cancel()
+	wg.Wait()
+
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var sum float64
+	for _, v := range m.integral {
+		sum += v
+	}
+	held := func(key string) float64 { return m.integral["Bearer "+key] / m.window.Seconds() }
+	var report []string
+	for _, tn := range tenants {
+		report = append(report, fmt.Sprintf("%s %.0f (peak %d of %d)", tn.key, held(tn.key), m.peak["Bearer "+tn.key], tn.budget))
+		if m.peak["Bearer "+tn.key] > tn.budget {
+			t.Errorf("%s held %d tokens at once, over its budget of %d", tn.key, m.peak["Bearer "+tn.key], tn.budget)
+		}
+	}
+	ratio := held("key-interactive") / held("key-batch")
+	t.Logf("tokens held on average: %s; interactive : batch %.2f (want 4); the model %.0f of 64000 on average, at most %d", strings.Join(report, ", "), ratio, sum/m.window.Seconds(), m.peakAll)
+	if ratio < 4*0.8 || ratio > 4*1.2 {
+		t.Errorf("interactive (weight 2) held %.0f tokens on average, batch (0.5) %.0f: ratio %.2f, want 4 ± 20 %%", held("key-interactive"), held("key-batch"), ratio)
+	}
+	if a := held("anon"); a < 0.8*8000 {
+		t.Errorf("the default tenant held %.0f tokens on average, want its budget of 8000 (at least 80 %%): its weighted share is above it", a)
+	}
+	if m.peakAll != 64000 {
+		t.Errorf("the model held at most %d tokens at once, want the total, 64000", m.peakAll)
+	}
+	if n := failed.Load(); n > 0 {
+		t.Errorf("%d requests failed, want none (each waits up to 60s)", n)
+	}
+	eventually(t, "no token left in flight", func() bool {
+		return metricAt(t, admin, "caddy_inflight_units", `zone="model"`, `limit="total"`) == 0 &&
+			metricAt(t, admin, "caddy_inflight_waiting", `zone="model"`) == 0
+	})
 }
 
 // TestExampleAPIKeys: a key may have 4 in flight, a tenant its cap, the

@@ -8,9 +8,11 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -41,10 +43,16 @@ var rude = []behaviour{finishes, finishes, cancels, resets, posts}
 // outcome is one request as its client saw it; status 0 when it got no
 // response (it gave up or was reset).
 type outcome struct {
+	id         int // X-Request-Id: the recorder's events name it
 	key        string
 	cost       int // the units it asked for (1 without costs)
+	instance   int // the fleet member it was sent to
 	sent, done time.Time
-	status     int
+	// gaveUp is when its client went (its deadline, the halt, or the
+	// reset), if it did: Caddy gives its slot back once it sees that,
+	// before the upstream connection's close reaches the backend.
+	gaveUp time.Time
+	status int
 }
 
 // traffic runs clients against a fleet until halted, recording outcomes.
@@ -55,7 +63,9 @@ type traffic struct {
 	client     *http.Client
 	ctx        context.Context // ends every request in flight at halt
 	halt       context.CancelFunc
+	halted     time.Time // when halt was called; set before it
 	wg         sync.WaitGroup
+	ids        atomic.Int64
 
 	mu       sync.Mutex
 	outcomes []outcome
@@ -82,6 +92,11 @@ func startTraffic(t *testing.T, urls []string, maxCost int, streamHold time.Dura
 
 // stop ends the clients and their requests in flight, and waits for them.
 func (tr *traffic) stop() {
+	tr.mu.Lock()
+	if tr.halted.IsZero() {
+		tr.halted = time.Now()
+	}
+	tr.mu.Unlock()
 	tr.halt()
 	tr.wg.Wait()
 }
@@ -93,12 +108,9 @@ func (tr *traffic) run(l tenantLoad) {
 			return
 		}
 		b := l.mix[rand.IntN(len(l.mix))]
-		// Each tenant's requests have one cost (1 to maxCost by tenant): a
-		// waiter for more units holds back its tenant's smaller ones behind
-		// it (no starvation), which the checker would count as refusals
-		// with room.
-		o := outcome{key: l.key, cost: 1 + int(l.key[0])%tr.maxCost, sent: time.Now()}
-		o.status = tr.send(b, o, tr.urls[rand.IntN(len(tr.urls))])
+		o := outcome{id: int(tr.ids.Add(1)), key: l.key, cost: 1 + rand.IntN(tr.maxCost), instance: rand.IntN(len(tr.urls))}
+		o.sent = time.Now()
+		o.status, o.gaveUp = tr.send(b, o, tr.urls[o.instance])
 		o.done = time.Now()
 		tr.mu.Lock()
 		tr.outcomes = append(tr.outcomes, o)
@@ -112,8 +124,9 @@ func (tr *traffic) run(l tenantLoad) {
 	}
 }
 
-// send makes o's request and returns its status (0: no response).
-func (tr *traffic) send(b behaviour, o outcome, base string) int {
+// send makes o's request and returns its status (0: no response) and
+// when its client gave up on it (zero if it did not).
+func (tr *traffic) send(b behaviour, o outcome, base string) (status int, gaveUp time.Time) {
 	ms := 50 + rand.IntN(250)
 	ctx := tr.ctx
 	method, body := http.MethodGet, ""
@@ -131,8 +144,7 @@ func (tr *traffic) send(b behaviour, o outcome, base string) int {
 		if rand.IntN(2) == 0 {
 			after = time.Duration(10+rand.IntN(290)) * time.Millisecond
 		}
-		resetAfterSending(base, o, ms, after)
-		return 0
+		return 0, resetAfterSending(base, o, ms, after)
 	case posts:
 		method, body = http.MethodPost, strings.Repeat("x", 4096)
 		if rand.IntN(2) == 0 {
@@ -144,29 +156,56 @@ func (tr *traffic) send(b behaviour, o outcome, base string) int {
 	req, _ := http.NewRequestWithContext(ctx, method, fmt.Sprintf("%s/work?ms=%d", base, ms), strings.NewReader(body))
 	req.Header.Set("X-Tenant", o.key)
 	req.Header.Set("X-Cost", strconv.Itoa(o.cost))
+	req.Header.Set("X-Request-Id", strconv.Itoa(o.id))
 	resp, err := tr.client.Do(req)
+	if err == nil {
+		defer resp.Body.Close()
+		_, err = io.Copy(io.Discard, resp.Body)
+	}
 	if err != nil {
-		return 0
+		return 0, tr.wentAt(ctx)
 	}
-	defer resp.Body.Close()
-	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
-		return 0
+	return resp.StatusCode, time.Time{}
+}
+
+// wentAt is when a request whose context ended was given up: its
+// deadline, or the halt; before either the transport closes its
+// connection.
+func (tr *traffic) wentAt(ctx context.Context) time.Time {
+	if ctx.Err() == nil {
+		return time.Time{} // it failed on its own: no response, not given up
 	}
-	return resp.StatusCode
+	tr.mu.Lock()
+	halted := tr.halted
+	tr.mu.Unlock()
+	if d, ok := ctx.Deadline(); ok && (halted.IsZero() || d.Before(halted)) {
+		return d
+	}
+	return halted
 }
 
 // resetAfterSending sends a request on a raw connection and resets the
-// connection (RST) after a while, as a client that vanishes does.
-func resetAfterSending(base string, o outcome, ms int, after time.Duration) {
+// connection (RST) after a while, as a client that vanishes does. It
+// returns when it reset it.
+func resetAfterSending(base string, o outcome, ms int, after time.Duration) time.Time {
 	u, _ := url.Parse(base)
 	c, err := net.Dial("tcp", u.Host)
 	if err != nil {
-		return
+		return time.Time{}
 	}
-	fmt.Fprintf(c, "GET /work?ms=%d HTTP/1.1\r\nHost: %s\r\nX-Tenant: %s\r\nX-Cost: %d\r\n\r\n", ms, u.Host, o.key, o.cost)
+	fmt.Fprintf(c, "GET /work?ms=%d HTTP/1.1\r\nHost: %s\r\nX-Tenant: %s\r\nX-Cost: %d\r\nX-Request-Id: %d\r\n\r\n", ms, u.Host, o.key, o.cost, o.id)
 	time.Sleep(after)
 	c.(*net.TCPConn).SetLinger(0)
+	reset := time.Now()
 	c.Close()
+	return reset
+}
+
+// all returns every request made so far.
+func (tr *traffic) all() []outcome {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	return slices.Clone(tr.outcomes)
 }
 
 // refusals returns the requests refused (429, or 503).

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"io"
 	"net"
 	"sync"
 	"testing"
@@ -157,4 +158,31 @@ func (p *faultProxy) pipe(src, dst *net.TCPConn) {
 	delete(p.conns, src)
 	delete(p.conns, dst)
 	p.mu.Unlock()
+}
+
+// pong returns when Redis first answers a PING through p, trying again
+// every 50 ms on a new connection (bytes sent into a drop are lost), for
+// up to wait.
+func (p *faultProxy) pong(t testing.TB, wait time.Duration) time.Time {
+	t.Helper()
+	buf := make([]byte, len("+PONG\r\n"))
+	for deadline := time.Now().Add(wait); time.Now().Before(deadline); {
+		c, err := net.DialTimeout("tcp", p.addr, 50*time.Millisecond)
+		if err != nil {
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		c.SetDeadline(time.Now().Add(50 * time.Millisecond))
+		_, err = c.Write([]byte("PING\r\n"))
+		if err == nil {
+			_, err = io.ReadFull(c, buf)
+		}
+		answered := time.Now()
+		c.Close()
+		if err == nil && string(buf) == "+PONG\r\n" {
+			return answered
+		}
+	}
+	t.Fatalf("Redis did not answer a PING through the proxy to %s within %v", p.target, wait)
+	return time.Time{}
 }

@@ -23,6 +23,7 @@ import (
 // TestFaultsCluster: on a cluster of three masters the fleet is exact, and
 // FLUSHALL on every master heals like on one server.
 func TestFaultsCluster(t *testing.T) {
+	t.Parallel() // see TestFaults
 	nodes := startRedisCluster(t)
 	var addrs []string
 	for _, n := range nodes {
@@ -49,6 +50,7 @@ func TestFaultsCluster(t *testing.T) {
 // where go-redis's dial breaker once turned each failover into several
 // outages (TestFirstCallAfterManyFailedDials catches that deterministically).
 func TestFaultsSentinel(t *testing.T) {
+	t.Parallel() // see TestFaults
 	const failovers = 3
 	s := startSentinels(t)
 	sentinels := strings.Join(s.sentinels, " ")
@@ -151,6 +153,7 @@ func (s *sentinelSetup) wantSwitches(t *testing.T, n int) {
 // admitted locally (open) after Redis answered again. Three restarts in a
 // row with on_error closed, one with open.
 func TestFaultsTLSRestart(t *testing.T) {
+	t.Parallel() // see TestFaults
 	pki := newTestPKI(t)
 	for _, c := range []struct {
 		onError  string

@@ -3,7 +3,6 @@
 package integration
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -260,17 +259,31 @@ func metric(t testing.TB, name string, labels ...string) float64 {
 // metricAt is metric for an admin endpoint at another address.
 func metricAt(t testing.TB, admin, name string, labels ...string) float64 {
 	t.Helper()
+	return metricIn(t, scrapeAt(t, admin), name, labels...)
+}
+
+// scrapeAt returns the metrics an admin endpoint exposes now, for reading
+// several series of one instant with metricIn.
+func scrapeAt(t testing.TB, admin string) string {
+	t.Helper()
 	resp, err := adminClient.Get("http://" + admin + "/metrics")
 	if err != nil {
 		t.Fatalf("metrics: %v", err)
 	}
 	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("metrics: %v", err)
+	}
+	return string(body)
+}
+
+// metricIn is metric, read from a scrape.
+func metricIn(t testing.TB, scraped, name string, labels ...string) float64 {
+	t.Helper()
 	var sum float64
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
 next:
-	for sc.Scan() {
-		line := sc.Text()
+	for _, line := range strings.Split(scraped, "\n") {
 		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
 			continue
 		}

@@ -7,10 +7,12 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/redis/go-redis/v9"
 )
 
 // fleetSite is one instance's Caddyfile: a tenant limit kept in Redis in
@@ -124,22 +126,32 @@ func TestKilledInstanceSlotsComeBackAfterTheLease(t *testing.T) {
 }
 
 // TestStreamLongerThanLeaseKeepsItsSlot: renewal keeps a lease alive for
-// as long as its request runs.
+// as long as its request runs. The stream's lease is watched in Redis: after
+// each renewal (its expiry moves on) the only slot is still taken, until
+// Redis's clock is two leases past the lease's first expiry.
 func TestStreamLongerThanLeaseKeepsItsSlot(t *testing.T) {
+	const lease = time.Second
 	r := startRedis(t)
 	b := newBackend(t)
 	port := freePort(t)
-	loadRaw(fleetSite(port, r.addr, b.addr, 1, "1s", "closed"))
+	loadRaw(fleetSite(port, r.addr, b.addr, 1, lease.String(), "closed"))
 	t.Cleanup(func() { caddy.Stop() })
 	url := fmt.Sprintf("http://127.0.0.1:%d", port)
 	c := client("127.0.0.1")
+	rc := redis.NewClient(&redis.Options{Addr: r.addr})
+	defer rc.Close()
 	done := hold(t, b, context.Background(), c, url+"/stream", "X-Tenant", "acme")
-	for range 6 { // three leases long
-		time.Sleep(500 * time.Millisecond)
+	var first, expiry int64
+	eventually(t, "the stream's lease is in Redis", func() bool { first = leaseExpiry(t, rc); return first > 0 })
+	renewals := 0
+	for expiry = first; redisNow(t, rc) < first+2*lease.Milliseconds(); renewals++ {
+		seen := expiry
+		eventually(t, "the stream's lease is renewed", func() bool { expiry = leaseExpiry(t, rc); return expiry > seen })
 		if res := get(context.Background(), c, url+"/", "X-Tenant", "acme"); res.status != 429 {
-			t.Fatalf("while the stream holds the only slot: %d, want 429", res.status)
+			t.Fatalf("after %d renewals, while the stream holds the only slot: %d, want 429", renewals+1, res.status)
 		}
 	}
+	t.Logf("the stream's lease was renewed %d times over three leases", renewals)
 	b.open()
 	<-done
 	eventually(t, "the slot is free after the stream", func() bool {
@@ -147,13 +159,51 @@ func TestStreamLongerThanLeaseKeepsItsSlot(t *testing.T) {
 	})
 }
 
-// TestRedisDown stops Redis mid-run: fail open keeps serving under local
-// caps and logs it, fail closed refuses with the configured status; no
-// request waits longer than the Redis timeout; both recover when Redis
-// returns.
+// leaseExpiry returns the latest expiry (Redis ms) of the leases in Redis:
+// the members of every sorted set but the zones' waiting sets.
+func leaseExpiry(t *testing.T, rc *redis.Client) int64 {
+	t.Helper()
+	ctx := context.Background()
+	keys, err := rc.Keys(ctx, "*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var latest int64
+	for _, k := range keys {
+		if strings.HasSuffix(k, ":waiting") || rc.Type(ctx, k).Val() != "zset" {
+			continue
+		}
+		for _, z := range rc.ZRangeWithScores(ctx, k, 0, -1).Val() {
+			latest = max(latest, int64(z.Score))
+		}
+	}
+	return latest
+}
+
+// redisNow is Redis's clock in ms, the clock leases expire by.
+func redisNow(t *testing.T, rc *redis.Client) int64 {
+	t.Helper()
+	now, err := rc.Time(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return now.UnixMilli()
+}
+
+// TestRedisDown stops Redis mid-run, killed (connections refused) or frozen
+// (SIGSTOP: connections stay open, no answer comes): fail open keeps
+// serving under local caps and logs it, fail closed refuses with the
+// configured status; both recover when Redis returns. No request waits for
+// Redis longer than the timeout (200ms) plus what a busy machine's
+// scheduler adds, by the store's own measure of each operation
+// (caddy_inflight_store_seconds): within its 1s bucket, below go-redis's
+// own 3s read and 5s dial timeouts that apply when the timeout does not.
+// Measured against a frozen Redis: 201 to 205 ms, 370 ms with -race on two
+// cores kept busy (docs/fleet.md).
 func TestRedisDown(t *testing.T) {
-	for _, onError := range []string{"open", "closed"} {
-		t.Run(onError, func(t *testing.T) {
+	for _, tc := range []struct{ onError, fault string }{{"open", "killed"}, {"closed", "killed"}, {"open", "frozen"}, {"closed", "frozen"}} {
+		t.Run(tc.onError+"/"+tc.fault, func(t *testing.T) {
+			onError := tc.onError
 			r := startRedis(t)
 			b := newBackend(t)
 			port := freePort(t)
@@ -170,7 +220,21 @@ func TestRedisDown(t *testing.T) {
 				t.Fatalf("with Redis up: %d", res.status)
 			}
 
-			r.stop()
+			// Every operation of the zone counts: the first to fail may be a
+			// release or a renewal, after which requests leave Redis alone.
+			// Each reading is of one scrape: renewals go on meanwhile.
+			storeOps := func() (ops, within1s, seconds float64) {
+				m := scrapeAt(t, adminAddr)
+				return metricIn(t, m, "caddy_inflight_store_seconds_count", `zone="fleet"`),
+					metricIn(t, m, "caddy_inflight_store_seconds_bucket", `zone="fleet"`, `le="1"`),
+					metricIn(t, m, "caddy_inflight_store_seconds_sum", `zone="fleet"`)
+			}
+			opsBefore, within1sBefore, tookBefore := storeOps()
+			if tc.fault == "killed" {
+				r.stop()
+			} else {
+				r.cmd.Process.Signal(syscall.SIGSTOP)
+			}
 			var slowest time.Duration
 			statuses := map[int]int{}
 			for range 20 {
@@ -179,13 +243,15 @@ func TestRedisDown(t *testing.T) {
 				slowest = max(slowest, time.Since(start))
 				statuses[res.status]++
 			}
-			t.Logf("Redis down, on_error %s: %v, slowest %v", onError, statuses, slowest)
+			ops, within1s, took := storeOps()
+			ops, within1s, took = ops-opsBefore, within1s-within1sBefore, took-tookBefore
+			t.Logf("Redis %s, on_error %s: %v; %v operations asked Redis, %.0f ms in all; slowest request %v", tc.fault, onError, statuses, ops, took*1000, slowest)
 			want := map[string]int{"open": 200, "closed": 429}[onError]
 			if statuses[want] != 20 {
-				t.Fatalf("with Redis down: %v, want 20 × %d", statuses, want)
+				t.Fatalf("with Redis %s: %v, want 20 × %d", tc.fault, statuses, want)
 			}
-			if slowest > 3*time.Second { // not go-redis's 5s dial timeout
-				t.Fatalf("a request took %v with Redis down; the timeout is 200ms", slowest)
+			if ops < 1 || within1s != ops {
+				t.Fatalf("with Redis %s: %v of %v Redis operations took longer than 1s, %.0f ms in all; the timeout is 200ms", tc.fault, ops-within1s, ops, took*1000)
 			}
 			if onError == "open" { // local caps still hold
 				held := []<-chan result{
@@ -205,7 +271,11 @@ func TestRedisDown(t *testing.T) {
 				t.Errorf("no log line says Redis is unreachable")
 			}
 
-			r.start(t)
+			if tc.fault == "killed" {
+				r.start(t)
+			} else {
+				r.cmd.Process.Signal(syscall.SIGCONT)
+			}
 			eventually(t, "service recovers with Redis back", func() bool {
 				return get(context.Background(), c, url, "X-Tenant", "acme").status == 200
 			})
@@ -220,6 +290,7 @@ func TestRedisWaitersWakeOnRelease(t *testing.T) {
 	b := newBackend(t)
 	port := freePort(t)
 	cfg := strings.Replace(fleetSite(port, r.addr, b.addr, 1, "5s", "closed"), "zone fleet", "zone fleet\n\t\twait 10s", 1)
+	cfg = strings.Replace(cfg, "admin off", "admin "+adminAddr, 1)
 	if err := loadRaw(cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -229,7 +300,7 @@ func TestRedisWaitersWakeOnRelease(t *testing.T) {
 	holder := hold(t, b, context.Background(), c, url+"/hold", "X-Tenant", "acme")
 	waiter := make(chan result, 1)
 	go func() { waiter <- get(context.Background(), c, url+"/", "X-Tenant", "acme") }()
-	time.Sleep(100 * time.Millisecond) // queued
+	eventually(t, "the waiter is queued", func() bool { return metric(t, "caddy_inflight_waiting", `zone="fleet"`) == 1 })
 	select {
 	case r := <-waiter:
 		t.Fatalf("the waiter ended while the slot was held: %d", r.status)

@@ -1,11 +1,12 @@
 package integration
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
-	"time"
 )
 
 // site returns a Caddyfile site on a free loopback port proxying to b, with
@@ -96,20 +97,30 @@ func TestTrustedProxyKeysByRealClient(t *testing.T) {
 	<-done
 }
 
+// A stream holds its slot to its end: once its headers and first event have
+// reached the client, the next request is still refused, and the slot is
+// free only after the stream ends.
 func TestStreamHoldsItsSlotToTheEnd(t *testing.T) {
 	b := newBackend(t)
 	cfg, url := site(t, b, "\tinflight 1")
 	load(t, cfg)
 	c := client("127.0.0.1")
 
-	done := hold(t, b, context.Background(), c, url+"/stream")
-	time.Sleep(50 * time.Millisecond) // headers and the first event are out
+	resp, err := c.Get(url + "/stream")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	events := bufio.NewReader(resp.Body)
+	if line, err := events.ReadString('\n'); err != nil || line != "data: start\n" {
+		t.Fatalf("stream: %d, first line %q %v; want 200 and data: start", resp.StatusCode, line, err)
+	}
 	if r := get(context.Background(), c, url+"/"); r.status != 429 {
 		t.Fatalf("during the stream: %d, want 429", r.status)
 	}
 	b.open()
-	if r := <-done; r.status != 200 || !strings.Contains(r.body, "data: end") {
-		t.Fatalf("stream: %d %q", r.status, r.body)
+	if rest, err := io.ReadAll(events); err != nil || !strings.Contains(string(rest), "data: end") {
+		t.Fatalf("stream after the first event: %q %v, want data: end", rest, err)
 	}
 	eventually(t, "the slot is free", func() bool { return get(context.Background(), c, url+"/").status == 200 })
 }

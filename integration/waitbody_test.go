@@ -98,11 +98,11 @@ func bodyWaits(t *testing.T, outcome string) float64 {
 }
 
 // leaveQueue waits until n requests wait in zone body, lets their clients
-// leave, and checks that all leave the queue long before their wait (30s)
-// runs out, counted as aborted. The bound is a third of the wait, not a
-// figure: on an idle machine they leave in well under a second (logged),
-// on a busy one it can take longer, and a waiter that is not noticed stays
-// for the whole 30s.
+// leave, and checks that all leave the queue within 2 seconds, counted as
+// aborted, as docs/guarantees.md promises (their wait is 30s: a waiter whose
+// client is not seen to leave stays for all of it). On an idle machine they
+// leave within 300 ms (logged); with -race on two cores kept busy, one
+// waiter took up to 0.9 s and 200 up to 1.1 s.
 func leaveQueue(t *testing.T, what string, n int, leave func()) {
 	t.Helper()
 	eventually(t, "all are queued", func() bool { return bodyWaiting(t) == float64(n) })
@@ -110,8 +110,8 @@ func leaveQueue(t *testing.T, what string, n int, leave func()) {
 	start := time.Now()
 	leave()
 	for bodyWaiting(t) != 0 {
-		if time.Since(start) > 10*time.Second {
-			t.Fatalf("%d %s: %v waiting 10s after their clients left (wait 30s)", n, what, bodyWaiting(t))
+		if time.Since(start) > 2*time.Second {
+			t.Fatalf("%d %s: %v still waiting 2s after their clients left, want none (wait 30s)", n, what, bodyWaiting(t))
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -168,7 +168,7 @@ func randomBody(t *testing.T, n int) []byte {
 // TestDisconnectedPostWaitersLeaveTheQueue: 200 POSTs (INFLIGHT_BODY_WAITERS
 // sets the count) wait, their bodies sent whole or in part, with
 // Content-Length or chunked; their clients close the connections. All must
-// leave the queue within a second, counted as aborted, and none reaches the
+// leave the queue within 2 seconds, counted as aborted, and none reaches the
 // backend. Go's HTTP/1.1 server would not notice these closes by itself: it
 // watches a connection only once the handler has read the body to its end.
 func TestDisconnectedPostWaitersLeaveTheQueue(t *testing.T) {
@@ -426,7 +426,7 @@ func h2cPost(ctx context.Context, c *http.Client, addr string, body []byte, whol
 }
 
 // TestHTTP2WaitingPosts: over cleartext HTTP/2, POST waiters whose streams
-// are reset or whose connection closes leave the queue within a second,
+// are reset or whose connection closes leave the queue within 2 seconds,
 // counted as aborted; a large POST that waits arrives intact.
 func TestHTTP2WaitingPosts(t *testing.T) {
 	b := newHashBackend(t)
@@ -489,7 +489,7 @@ func BenchmarkWaitRoutePost(b *testing.B) {
 }
 
 // TestRedisStoreWaitingPosts: with the counts in Redis, POST waiters whose
-// clients leave mid-body or after it leave the queue within a second, and a
+// clients leave mid-body or after it leave the queue within 2 seconds, and a
 // POST that waits arrives intact.
 func TestRedisStoreWaitingPosts(t *testing.T) {
 	r := startRedis(t)

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -123,48 +124,63 @@ func TestReloadCarriesCountsAndLowersCap(t *testing.T) {
 	mustAdmit(t, z, req(lowered, "k"))
 }
 
+// Sixteen goroutines take and give back slots of a zone with a client cap,
+// a tenant cap and a total, each holding its slot for 1 to 5 ms of virtual
+// time (a synctest bubble), so that at every instant as many requests are
+// held as the caps allow: each cap is reached and none is passed, in any
+// dimension. A slot held for an instant would leave the caps unreached, and
+// a cap + 1 unseen.
 func TestConcurrentNeverExceedsMax(t *testing.T) {
-	const max, workers, rounds = 3, 16, 2000
-	z := NewZone(2, true, nil)
-	lim := &Limits{Max: []int64{max, max + 1}, Total: 2 * max}
-	var cur [4]atomic.Int64
-	var peak [4]atomic.Int64
-	var admitted, refused atomic.Int64
-	var wg sync.WaitGroup
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range rounds {
-				k := fmt.Sprint((w + i) % 4)
-				r := req(lim, k, "tenant")
-				if ok, _ := z.TryAcquire(r); !ok {
-					refused.Add(1)
-					continue
+	const clientMax, tenantMax, total = 3, 5, 7
+	const workers, rounds = 16, 200
+	caps := map[string]int64{"client": clientMax, "tenant": tenantMax, "total": total}
+	synctest.Test(t, func(t *testing.T) {
+		z := NewZone(2, true, nil)
+		lim := &Limits{Max: []int64{clientMax, tenantMax}, Total: total}
+		// Four clients, two per tenant: a tenant's two clients could hold
+		// 6 > tenantMax, both tenants 10 > total.
+		var clients [4]atomic.Int64
+		var tenants [2]atomic.Int64
+		var all atomic.Int64
+		peaks := map[string]*atomic.Int64{"client": {}, "tenant": {}, "total": {}}
+		var admitted, refused atomic.Int64
+		var wg sync.WaitGroup
+		for w := range workers {
+			wg.Go(func() {
+				for i := range rounds {
+					c := (w + i) % len(clients)
+					tn := c % len(tenants)
+					r := req(lim, fmt.Sprint("c", c), fmt.Sprint("t", tn))
+					if ok, _ := z.TryAcquire(r); !ok {
+						refused.Add(1)
+						time.Sleep(time.Millisecond)
+						continue
+					}
+					admitted.Add(1)
+					notePeak(peaks["client"], clients[c].Add(1))
+					notePeak(peaks["tenant"], tenants[tn].Add(1))
+					notePeak(peaks["total"], all.Add(1))
+					time.Sleep(time.Duration(1+(7*w+i)%5) * time.Millisecond)
+					clients[c].Add(-1)
+					tenants[tn].Add(-1)
+					all.Add(-1)
+					z.Release(r)
 				}
-				admitted.Add(1)
-				n := cur[(w+i)%4].Add(1)
-				notePeak(&peak[(w+i)%4], n)
-				cur[(w+i)%4].Add(-1)
-				z.Release(r)
-			}
-		}()
-	}
-	wg.Wait()
-	for k := range peak {
-		if p := peak[k].Load(); p > max {
-			t.Errorf("key %d saw %d in flight, max %d", k, p, max)
+			})
 		}
-	}
-	if admitted.Load()+refused.Load() != workers*rounds {
-		t.Errorf("admitted %d + refused %d != %d", admitted.Load(), refused.Load(), workers*rounds)
-	}
-	if admitted.Load() == 0 {
-		t.Error("nothing admitted")
-	}
-	if z.Held(0)+z.Held(1)+z.Held(TotalDim) != 0 || z.Keys(0)+z.Keys(1) != 0 {
-		t.Error("counts not back at zero")
-	}
+		wg.Wait()
+		for dim, cp := range caps {
+			if p := peaks[dim].Load(); p != cp {
+				t.Errorf("%s: at most %d held at once, want exactly the cap %d", dim, p, cp)
+			}
+		}
+		if admitted.Load()+refused.Load() != workers*rounds {
+			t.Errorf("admitted %d + refused %d != %d", admitted.Load(), refused.Load(), workers*rounds)
+		}
+		if z.Held(0)+z.Held(1)+z.Held(TotalDim) != 0 || z.Keys(0)+z.Keys(1) != 0 {
+			t.Error("counts not back at zero")
+		}
+	})
 }
 
 func TestEmptiedMapsAreReplaced(t *testing.T) {

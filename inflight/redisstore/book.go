@@ -222,17 +222,19 @@ func (b *book) release(member string) {
 	b.mu.Lock()
 	l := b.leases[member]
 	var z *redisZone
+	var ghost bool // read under mu: a renewal that ends may mark it (removeAgain)
 	if l != nil {
 		delete(b.leases, member)
 		l.released = time.Now()
 		l.ghost = l.unsure
+		ghost = l.ghost
 		b.endLocked(member, l)
 		z = b.zones[l.tag]
 	}
 	b.mu.Unlock()
 	switch {
 	case l == nil:
-	case l.ghost:
+	case ghost:
 		b.poke()
 	default:
 		z.send()

@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -18,30 +17,6 @@ import (
 )
 
 const secret = "s3cret-Pa55word"
-
-// startRedisWith starts a redis-server of its own with extra arguments.
-func startRedisWith(t *testing.T, args ...string) string {
-	t.Helper()
-	path, err := exec.LookPath("redis-server")
-	if err != nil {
-		t.Skip("redis-server is not installed")
-	}
-	port := freePort(t)
-	cmd := exec.Command(path, append([]string{"--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"}, args...)...)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	eventually(t, "redis listens", func() bool {
-		c, err := net.Dial("tcp", addr)
-		if err == nil {
-			c.Close()
-		}
-		return err == nil
-	})
-	return addr
-}
 
 // silentRedis accepts connections and never answers.
 func silentRedis(t *testing.T) string {

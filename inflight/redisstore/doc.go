@@ -58,8 +58,9 @@
 //     timeout may still have run before its deadline: its members are
 //     removed on every renewal tick until such a lease would have expired
 //     (lease + timeout), so such a ghost holds a slot for at most one
-//     renewal interval after it appears, whatever the stall's length. So
-//     are, once released, the leases a failed renewal wrote.
+//     renewal interval after it appears, plus the removal's round trip
+//     (timeout at most), whatever the stall's length. So are, once
+//     released, the leases a failed renewal wrote.
 //   - Renewal and the Redis side of release run in goroutines of their
 //     own, so a slow renewal does not hold releases back. A lease released
 //     while a renewal that wrote it was under way is removed once more

@@ -29,6 +29,19 @@ func isOpen(b *book) bool {
 	return b.client != nil
 }
 
+// maintained waits until b's maintainer has run a whole round (its
+// removals, then closing the book if nothing needs it) that began after
+// the call: it takes a poke only between rounds, so once it has taken two
+// in turn, the round the first began is over. A book that closed has no
+// maintainer, and its last round is over too.
+func maintained(t *testing.T, b *book) {
+	t.Helper()
+	for range 2 {
+		b.poke()
+		eventually(t, "the book's maintainer took its poke", func() bool { return len(b.work) == 0 || !isOpen(b) })
+	}
+}
+
 // observeLogs sends b's log lines to the returned recorder.
 func observeLogs(b *book) *observer.ObservedLogs {
 	core, logs := observer.New(zap.InfoLevel)
@@ -112,8 +125,9 @@ func TestCleanupDuringDispatchLeavesNoLease(t *testing.T) {
 	if res := <-left; res.Outcome != limiter.Aborted {
 		t.Fatalf("the waiter that left: %v, want aborted", res.Outcome)
 	}
+	b := old.book
 	old.Cleanup()
-	time.Sleep(200 * time.Millisecond)
+	maintained(t, b) // it would close the book under the batch now, if it could
 	p.setStall(false)
 	eventually(t, "the lease of the waiter that left removed", func() bool { return members(t, cli, "t") == 0 })
 	for _, e := range logs.All() {
@@ -143,9 +157,9 @@ func holdsMember(t *testing.T, cli *redis.Client, instance string) bool {
 }
 
 // Late requests on an old config's handler, admitted, waiting and leaving,
-// reopen and close its book hundreds of times while maintain, renewal and
-// the dispatcher run: nothing is logged, and in the end the book is closed
-// with no lease in Redis and no goroutine left.
+// reopen and close its book a hundred times and more while maintain,
+// renewal and the dispatcher run: nothing is logged, and in the end the
+// book is closed with no lease in Redis and no goroutine left.
 func TestBookReopenedAndClosedUnderLoad(t *testing.T) {
 	addr, cli := startRedis(t)
 	old := newStore(t, store(addr, func(s *Store) { s.Lease = caddy.Duration(time.Second) }))
@@ -158,21 +172,29 @@ func TestBookReopenedAndClosedUnderLoad(t *testing.T) {
 	goroutines := runtime.NumGoroutine()
 	old.Cleanup()
 	var closedSeen atomic.Int64
-	var wg sync.WaitGroup
-	// At least 2s of hammering, and on until the book was seen closed
-	// between requests (at most 20s): on a busy machine its maintainer
-	// may not run in the gaps of the first seconds.
-	start := time.Now()
-	hammering := func() bool {
-		since := time.Since(start)
-		return since < 2*time.Second || closedSeen.Load() == 0 && since < 20*time.Second
+	// Each opening makes a new stop channel: the openings seen between
+	// requests, counted until 150 (at most 20s: on a busy machine the
+	// maintainer may not run in the gaps for long).
+	var reopenings atomic.Int64
+	var lastStop chan struct{}
+	reopened := func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if b.stop != lastStop {
+			lastStop = b.stop
+			reopenings.Add(1)
+		}
 	}
+	var wg sync.WaitGroup
+	start := time.Now()
+	hammering := func() bool { return reopenings.Load() < 150 && time.Since(start) < 20*time.Second }
 	for g := range 4 {
 		wg.Go(func() {
 			for i := 0; hammering(); i++ {
 				if !isOpen(b) {
 					closedSeen.Add(1)
 				}
+				reopened()
 				req := request(limits, fmt.Sprint("k", g%2))
 				if z.Acquire(context.Background(), req, limiter.WaitOptions{Wait: time.Duration(i%3) * time.Millisecond}).Outcome == limiter.Admitted {
 					z.Release(req)
@@ -191,5 +213,5 @@ func TestBookReopenedAndClosedUnderLoad(t *testing.T) {
 	if n := logs.Len(); n != 0 {
 		t.Fatalf("%d log lines, want none: %v", n, logs.All())
 	}
-	t.Logf("the book was seen closed %d times", closedSeen.Load())
+	t.Logf("the book was seen closed %d times and opened %d times in %v", closedSeen.Load(), reopenings.Load(), time.Since(start).Round(time.Millisecond))
 }
