@@ -251,6 +251,9 @@ func (b *book) endLocked(member string, l *lease) {
 	byMember[member] = l
 }
 
+// sending is the leases one script removes, by member.
+type sending map[string]*lease
+
 // claim returns up to scriptChunk leases of a zone's that ended and that
 // no script is removing (ghosts aside: maintain removes those), and marks
 // them sent: by an admission call, to remove before it checks the sets, or
@@ -260,9 +263,9 @@ func (b *book) endLocked(member string, l *lease) {
 // releases are never late for its own next admission (a client that sends
 // its next request as soon as it has a response): the release went in an
 // earlier admission call, or goes in this one.
-func (b *book) claim(tag string, alone bool) (entries, []string) {
+func (b *book) claim(tag string, alone bool) (entries, sending) {
 	var e entries
-	var ids []string
+	ids := sending{}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for m, l := range b.ended[tag] {
@@ -274,7 +277,7 @@ func (b *book) claim(tag string, alone bool) (entries, []string) {
 		}
 		l.sends++
 		l.alone, l.again = alone, false
-		ids = append(ids, m)
+		ids[m] = l
 		for _, set := range l.sets {
 			e.add(set, m, l.units)
 		}
@@ -295,19 +298,22 @@ func (b *book) unclaimed(tag string) bool {
 	return false
 }
 
-// settle records how the script that removed a zone's leases ids ended:
+// settle records how the script that removed a zone's leases sent ended:
 // removed (ok), a lease is forgotten, unless a renewal wrote it back
 // meanwhile (again) or it is a ghost (removed again on ticks); failed, it
-// is sent again.
-func (b *book) settle(tag string, ids []string, ok bool) {
+// is sent again. The script counts out of each lease's sends even if the
+// lease was forgotten meanwhile (another script removed it, or it
+// expired): a renewal that wrote it may file it again (removeAgain), and a
+// send counted for a script long over would keep every later one from
+// sending it, leaving it in Redis for a whole lease.
+func (b *book) settle(tag string, sent sending, ok bool) {
 	b.mu.Lock()
-	for _, m := range ids {
-		l := b.ended[tag][m]
-		if l == nil {
-			continue // expired meanwhile
-		}
+	for m, l := range sent {
 		l.sends--
 		l.alone = l.alone && l.sends > 0
+		if b.ended[tag][m] != l {
+			continue // forgotten meanwhile
+		}
 		switch {
 		case !ok || l.again:
 		case l.ghost:
@@ -539,7 +545,7 @@ func (b *book) removeAgain(renewed map[string]*lease, failed bool) {
 func (b *book) removeReleased(ticked bool) {
 	type batch struct {
 		entries
-		ids []string // each member once
+		sent sending
 	}
 	byZone := map[string]*batch{}
 	now := time.Now()
@@ -565,10 +571,10 @@ func (b *book) removeReleased(ticked bool) {
 			l.sends++
 			e := byZone[tag]
 			if e == nil {
-				e = &batch{}
+				e = &batch{sent: sending{}}
 				byZone[tag] = e
 			}
-			e.ids = append(e.ids, m)
+			e.sent[m] = l
 			for _, set := range l.sets {
 				e.add(set, m, l.units)
 			}
@@ -592,7 +598,7 @@ func (b *book) removeReleased(ticked bool) {
 		return nil
 	})
 	for tag, e := range byZone {
-		b.settle(tag, e.ids, ok) // failed: retried on the next tick
+		b.settle(tag, e.sent, ok) // failed: retried on the next tick
 	}
 }
 

@@ -64,7 +64,9 @@
 //   - Renewal and the Redis side of release run in goroutines of their
 //     own, so a slow renewal does not hold releases back. A lease released
 //     while a renewal that wrote it was under way is removed once more
-//     after that renewal, so it never stays in Redis after its removal.
+//     after that renewal, so it never stays in Redis after its removal,
+//     however many scripts removed it before (each script counts itself
+//     out of the lease when it ends, even once the lease is forgotten).
 //     Release takes the local count back at once; the Redis round trip
 //     happens off the response path: the zone's next admission call
 //     removes the lease before it admits, or, if no call is under way, a

@@ -424,6 +424,57 @@ func TestReleaseDuringRenewalLeavesNoLease(t *testing.T) {
 	eventually(t, "lease removed again after the renewal", func() bool { return members(t, cli, "t") == 0 })
 }
 
+// A lease released while a renewal that wrote it was under way is removed
+// again after that renewal, even when two scripts removed it first (a
+// removal of its own and an admission call that overtook it): the zone's
+// next admission call removes it before it checks the sets, so the fleet
+// does not count it for a whole lease after its request ended.
+func TestLeaseRemovedTwiceThenRenewedIsRemovedByTheNextCall(t *testing.T) {
+	addr, cli := startRedis(t)
+	s := newStore(t, store(addr, func(s *Store) { s.Lease = caddy.Duration(time.Minute) })) // no tick meanwhile
+	limits := &limiter.Limits{Max: []int64{5}}
+	z, _ := zoneOf(s, "removed-twice", limits)
+	rz := z.(*redisZone)
+	req := request(limits, "k")
+	mustAdmit(t, z, req, "acquire")
+	b := s.book
+	member := onlyLease(t, b)
+	b.mu.Lock()
+	renewing := map[string]*lease{member: b.leases[member]} // a renewal's snapshot
+	sets := b.leases[member].sets
+	b.mu.Unlock()
+
+	// An admission call is under way, so the release leaves the removal to
+	// the calls: the test sends it, once alone and once in a call that
+	// overtakes it, and the removal of its own is answered first.
+	rz.callMu.Lock()
+	rz.calling = true
+	rz.callMu.Unlock()
+	z.Release(req)
+	alone, aloneSent := b.claim(rz.tag, true)
+	_, callSent := b.claim(rz.tag, false)
+	if len(aloneSent) != 1 || len(callSent) != 1 {
+		t.Fatalf("the ended lease was sent by %d removals of its own and %d calls, want 1 each", len(aloneSent), len(callSent))
+	}
+	if err := releaseScript.Run(context.Background(), b.client, append([]string{rz.tag + ":waiting"}, alone.keys...), append([]any{rz.tag + ":released"}, alone.args...)...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	b.settle(rz.tag, aloneSent, true)
+	b.settle(rz.tag, callSent, true)
+
+	// The renewal lands after both removals and writes the lease back.
+	cli.ZAdd(context.Background(), sets[0], redis.Z{Score: float64(time.Now().Add(time.Minute).UnixMilli()), Member: member})
+	b.removeAgain(renewing, false)
+
+	next := request(limits, "other")
+	mustAdmit(t, z, next, "the next request")
+	if n := members(t, cli, "t"); n != 1 {
+		t.Fatalf("after the next admission call Redis holds %d leases, want 1 (the next request's): the ended lease the renewal wrote back was not removed", n)
+	}
+	z.Release(next)
+	eventually(t, "the next request's lease removed", func() bool { return members(t, cli, "t") == 0 })
+}
+
 // A second Release of a request the store admitted panics, as the zone's
 // own does, and gives nothing back twice, here or in Redis.
 func TestSecondReleasePanics(t *testing.T) {
