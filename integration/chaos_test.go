@@ -360,11 +360,25 @@ func TestChaosLeavesNothingBehind(t *testing.T) {
 	eventually(t, "the new config answers", func() bool {
 		return get(context.Background(), fresh, base+"/ok").status == 200
 	})
-	done := make(chan []result, 1)
-	go func() { done <- burst(fresh, 8, base+"/hold") }()
-	eventually(t, "all 8 reach the backend, or the burst ends", func() bool { return b.cur.Load() == 8 || len(done) > 0 })
+	ended := make(chan result, 8) // a request of the burst that ended before the gate opened
+	var burstWG sync.WaitGroup
+	for range 8 {
+		burstWG.Go(func() { ended <- get(context.Background(), fresh, base+"/hold") })
+	}
+	eventually(t, "all 8 reach the backend, or one of the burst ends", func() bool { return b.cur.Load() == 8 || len(ended) > 0 })
+	if len(ended) > 0 {
+		r := <-ended
+		t.Errorf("fresh burst of max: a request ended with %d %v %q while %d were at the backend, want all 8 admitted; zones: %s",
+			r.status, r.err, r.body, b.cur.Load(), adminGet(t, "/inflight/"))
+	}
 	b.open()
-	if rs := <-done; countStatus(rs)[200] != 8 {
+	burstWG.Wait()
+	close(ended)
+	rs := []result{}
+	for r := range ended {
+		rs = append(rs, r)
+	}
+	if countStatus(rs)[200] != len(rs) {
 		t.Fatalf("fresh burst of max: %v, want 8 × 200 (%v)", countStatus(rs), rs)
 	}
 
