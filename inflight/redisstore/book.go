@@ -265,7 +265,7 @@ type sending map[string]*lease
 // earlier admission call, or goes in this one.
 func (b *book) claim(tag string, alone bool) (entries, sending) {
 	var e entries
-	ids := sending{}
+	var ids sending // made for the first lease: most calls send none
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for m, l := range b.ended[tag] {
@@ -277,6 +277,9 @@ func (b *book) claim(tag string, alone bool) (entries, sending) {
 		}
 		l.sends++
 		l.alone, l.again = alone, false
+		if ids == nil {
+			ids = sending{}
+		}
 		ids[m] = l
 		for _, set := range l.sets {
 			e.add(set, m, l.units)
