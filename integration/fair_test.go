@@ -189,11 +189,8 @@ func TestFairSurvivesPoisonedWeights(t *testing.T) {
 	if with > time.Second {
 		t.Fatalf("light tenant's latency after extreme weights: %s, want under 1s (about one service time)", with)
 	}
-	for name, z := range zoneStates(t) {
-		if !z.empty() {
-			t.Fatalf("zone %s after the requests ended: %+v, want nothing held", name, z)
-		}
-	}
+	// A client reads its answer before the handler returns its slot.
+	eventually(t, "every zone is empty after the requests ended", func() bool { return zonesEmpty(t) })
 }
 
 // TestFairRedisStore: with store redis, fair sharing applies to this

@@ -27,6 +27,18 @@ func zoneStates(t *testing.T) map[string]ZoneLike {
 	return out
 }
 
+// zonesEmpty reports whether every zone, retired ones included, holds
+// nothing and has no one waiting.
+func zonesEmpty(t *testing.T) bool {
+	t.Helper()
+	for _, z := range zoneStates(t) {
+		if !z.empty() {
+			return false
+		}
+	}
+	return true
+}
+
 func names(m map[string]ZoneLike) []string {
 	var out []string
 	for n := range m {
