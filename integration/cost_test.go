@@ -133,10 +133,14 @@ func TestCostBigRequestNotStarved(t *testing.T) {
 			c := client("127.0.0.1")
 			ctx, stop := context.WithCancel(context.Background())
 			var wg sync.WaitGroup
+			// 120 clients, each request held 200 ms: on a slow machine a
+			// client spends a while between requests, and with 50 ms holds
+			// fewer than 100 were in flight at once (seen with two cores
+			// kept busy), so the tenant's units never filled.
 			for range 120 {
 				wg.Go(func() {
 					for ctx.Err() == nil {
-						get(ctx, c, url, "X-Tenant", "t", "X-Cost", "1", "X-Units", "1", "X-Hold-Ms", "50")
+						get(ctx, c, url, "X-Tenant", "t", "X-Cost", "1", "X-Units", "1", "X-Hold-Ms", "200")
 					}
 				})
 			}

@@ -57,7 +57,7 @@ func (z *Zone) serve(b blocker, now time.Time) {
 			return
 		}
 		if f.fair {
-			z.charge(f, f.head.req.taken)
+			z.charge(f.head)
 		}
 		z.grant(f.head)
 	}

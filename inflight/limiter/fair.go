@@ -3,36 +3,53 @@ package limiter
 import "time"
 
 // Fair sharing is start-time fair queuing over the keys of one dimension,
-// each grant from the queue counting as the units it takes: shares are
-// shares of units (unit-seconds, as the requests hold them). A key's tag
-// is the virtual time at which the work it was granted so far ends: each
-// grant adds units/weight. vtime is the start tag of the latest grant. A
-// waiting key's start tag is max(its tag, vtime): a key that was idle or
-// light starts at the present, never in the past, so it can neither hoard
-// credit nor be starved, and the freed slot goes to the waiter whose key has
-// the smallest start tag. Under sustained contention every waiting key is
-// granted slots in proportion to its weight whatever its queue length, and
-// a key that arrives late is served at the next freed slot its share calls
+// in what the backend gives: a grant from the queue charges its key units
+// × hold time / weight (unit-seconds), so shares are shares of the slots'
+// (or tokens') time, whatever each request's length. A key's tag is the
+// virtual time at which the work it was granted so far ends. The hold time
+// is not known at the grant: the grant charges an estimate (the key's
+// recent hold times, or the zone's), and the request's Release corrects
+// the charge to the time it held (see settle). vtime is where service
+// stands: the start tag of the latest grant, moved on by each grant's
+// charge shared among the keys waiting (their weights' sum, as fluid
+// fair sharing moves it). A waiting key's start tag is max(its tag, vtime):
+// a key that was idle or light starts at the present, never in the past,
+// so it can neither hoard credit nor be starved, and the freed slot goes to
+// the waiter whose key has the smallest start tag. Under sustained
+// contention every waiting key is granted slot-seconds in proportion to
+// its weight whatever its queue length and its requests' lengths, and a
+// key that arrives late is served at the next freed slot its share calls
 // for (at once, if it holds less than its share).
+//
+// Why vtime moves on by the charges too: a stream of keys that each send
+// one request would otherwise all start at the same vtime, below the tag
+// of a key that waits all along, and pass it for ever. Moved on, vtime
+// reaches that tag once the newcomers were given what the waiting key's
+// share is worth, and the key is served.
 //
 // Why not the instantaneous rule "the key holding the fewest slots relative
 // to its weight": with whole slots it settles where no key's next slot is
 // worth moving (10 slots at weights 2 : 1 : 0.5 stay at 5 : 3 : 2 for good,
 // not 5.7 : 2.9 : 1.4); counting grants carries the fractions over time.
 //
-// Weights are bounded (MinWeight to MaxWeight) and units by MaxCost: a tag
-// grows by at most MaxCost/MinWeight a grant, and virtual time is rebased
-// to 0 (every tag moved back with it) before it reaches rebaseAt, so a
-// grant of one unit at MaxWeight is never lost to rounding near vtime and
-// no weight can make a tag infinite or NaN.
+// Weights are bounded (MinWeight to MaxWeight), units by MaxCost and hold
+// times by minHold to maxHold: a tag grows by at most
+// MaxCost×maxHold/MinWeight a grant or correction, and virtual time is
+// rebased to 0 (every tag moved back with it) before it reaches rebaseAt,
+// so a grant of one unit for minHold at MaxWeight is never lost to
+// rounding near vtime and no weight can make a tag infinite or NaN.
 //
 // Invariants, with mu held: tags holds keys whose tag may exceed vtime (a
-// tag at or below it reads the same as none), each by at most
-// MaxCost/MinWeight;
+// tag at or below it reads the same as none); holds keeps a hold estimate
+// only for keys in tags, or charged since the last rebase; active is the
+// sum of the weights of the keys with fair flows waiting (see keyFlows);
 // vtime never decreases but by a rebase, which moves every tag back as
 // much and drops the tags at or below it; a rebase comes once tags has
 // doubled since the last one (amortised O(1) a grant, for a queue and for
-// a shared store's dispatcher alike), or vtime reached rebaseAt.
+// a shared store's dispatcher alike), or vtime reached rebaseAt. A tag
+// falls only by a correction (see settle), which moves its key's
+// listings back in their lanes at once: a listed place is never later than
+// its key's tag.
 
 // Bounds of a fair share's weight: a weight outside them counts as the
 // nearest bound.
@@ -54,15 +71,35 @@ func ClampWeight(w float64) float64 {
 	return min(max(w, MinWeight), MaxWeight)
 }
 
-// virtualClock is fair sharing's virtual time and its keys' tags.
+// Hold times a grant is charged for, in seconds: a request that ends at
+// once still costs its key something, one held for hours costs no more
+// than maxHold; a key, and a zone, with no hold time seen yet is charged
+// defaultHold until its first request ends.
+const (
+	minHold     = 0.001
+	maxHold     = 3600
+	defaultHold = 1
+)
+
+// virtualClock is fair sharing's virtual time, its keys' tags and hold
+// estimates.
 type virtualClock struct {
 	vtime float64
 	tags  map[uint64]float64
 	base  float64 // virtual time moved back by rebases, in all
 	// rebaseAbove is the number of tags above which the next grant rebases.
 	rebaseAbove int
+	// holds is each key's recent hold time in seconds, and hold the
+	// zone's: a grant's estimate (see estimate).
+	holds map[uint64]float64
+	hold  float64
+	// waiting are the keys with fair flows waiting, and active their
+	// weight, by which a grant's charge moves vtime on.
+	waiting map[uint64]*keyFlows
+	active  float64
 	// of, if set, is the clock this one simulates grants on (see
-	// SharedQueue.order): its tags are read where this one has none.
+	// SharedQueue.order): its tags and holds are read where this one has
+	// none.
 	of *virtualClock
 }
 
@@ -70,67 +107,186 @@ type virtualClock struct {
 const minRebaseAbove = 64
 
 // place returns key's tag on a scale that rebases do not move back, for
-// ordering waiters: it never decreases. A key whose start tag is smaller
-// than another's has a smaller place (start tags are max(vtime, tag)).
+// ordering waiters in lanes.
 func (c *virtualClock) place(key uint64) float64 {
 	return c.base + c.tags[key]
 }
 
-// start returns the virtual time at which key starts its next unit.
-func (c *virtualClock) start(key uint64) float64 {
+// tag returns key's tag, which orders the waiting keys: a key that starts
+// waiting is tagged vtime if its tag is below (see arrive), so the key
+// with the smallest tag has the smallest start tag, and of two keys whose
+// start tags are vtime, the one that waits since an earlier virtual time.
+func (c *virtualClock) tag(key uint64) float64 {
 	tag, ok := c.tags[key]
 	if !ok && c.of != nil {
 		tag = c.of.tags[key]
 	}
-	return max(c.vtime, tag)
+	return tag
+}
+
+// arrive records that key starts waiting, at weight w: an idle or light
+// key starts at the present.
+func (c *virtualClock) arrive(key uint64, kf *keyFlows) {
+	if c.tags == nil {
+		c.tags, c.waiting = map[uint64]float64{}, map[uint64]*keyFlows{}
+	}
+	if tag, ok := c.tags[key]; !ok || tag < c.vtime {
+		c.tags[key] = c.vtime
+	}
+	c.waiting[key] = kf
+	c.active += kf.weight
+}
+
+// leave records that key no longer waits.
+func (c *virtualClock) leave(key uint64) {
+	kf := c.waiting[key]
+	delete(c.waiting, key)
+	c.active -= kf.weight
+	if len(c.waiting) == 0 {
+		c.active = 0 // no rounding left over
+	}
+}
+
+// start returns the virtual time at which key starts its next unit.
+func (c *virtualClock) start(key uint64) float64 {
+	return max(c.vtime, c.tag(key))
+}
+
+// estimate returns the hold time, in seconds, a grant to key is charged
+// for until it ends: the key's recent hold time, else the zone's.
+func (c *virtualClock) estimate(key uint64) float64 {
+	if c.of != nil {
+		c = c.of
+	}
+	if h, ok := c.holds[key]; ok {
+		return h
+	}
+	if c.hold > 0 {
+		return c.hold
+	}
+	return defaultHold
 }
 
 // advance records a grant of units to key at weight w (within the
-// bounds): the arithmetic of fair sharing.
-func (c *virtualClock) advance(key uint64, units int64, w float64) {
+// bounds), charged for the key's estimated hold time, which it returns:
+// the arithmetic of fair sharing.
+func (c *virtualClock) advance(key uint64, units int64, w float64) float64 {
 	if c.tags == nil {
 		c.tags = map[uint64]float64{}
 	}
+	est := c.estimate(key)
+	work := float64(units) * est
 	start := c.start(key)
-	c.vtime = start
-	c.tags[key] = start + float64(units)/w
+	if start == c.vtime && c.active > 0 {
+		c.vtime += work / c.active
+	}
+	c.vtime = max(c.vtime, start)
+	c.tags[key] = start + work/w
+	return est
 }
 
-// charge records a grant of units to key at weight w, rebasing when due.
-func (c *virtualClock) charge(key uint64, units int64, w float64) {
-	c.advance(key, units, w)
+// charge records a grant of units to key at weight w, rebasing when due,
+// and returns the hold time it was charged for.
+func (c *virtualClock) charge(key uint64, units int64, w float64) float64 {
+	est := c.advance(key, units, w)
 	if len(c.tags) > max(c.rebaseAbove, minRebaseAbove) || c.vtime >= rebaseAt {
 		c.rebase()
 		c.rebaseAbove = 2 * len(c.tags)
+	}
+	return est
+}
+
+// correct changes the charge of a grant of units to key at weight w from
+// est seconds to the held seconds, and learns the hold time. It reports
+// whether the key's tag fell, so that its listings move back.
+func (c *virtualClock) correct(key uint64, units int64, w, est, held float64) bool {
+	held = min(max(held, minHold), maxHold)
+	c.learn(key, held)
+	delta := float64(units) * (held - est) / w
+	tag, ok := c.tags[key]
+	switch {
+	case ok:
+		c.tags[key] = tag + delta
+	case delta > 0: // dropped by a rebase: it starts from the present
+		c.tags[key] = c.vtime + delta
+	}
+	return ok && delta < 0
+}
+
+// learn moves key's and the zone's hold estimates towards a hold time of
+// held seconds: a key's by a quarter of the gap, the zone's by a
+// sixteenth.
+func (c *virtualClock) learn(key uint64, held float64) {
+	if c.holds == nil {
+		c.holds = map[uint64]float64{}
+	}
+	if h, ok := c.holds[key]; ok {
+		c.holds[key] = h + (held-h)/4
+	} else {
+		c.holds[key] = held
+	}
+	if c.hold == 0 {
+		c.hold = held
+	} else {
+		c.hold += (held - c.hold) / 16
 	}
 }
 
 // simulate returns a clock on which grants can be simulated without
 // moving c.
 func (c *virtualClock) simulate() *virtualClock {
-	return &virtualClock{vtime: c.vtime, of: c}
+	return &virtualClock{vtime: c.vtime, active: c.active, of: c}
 }
 
 // rebase moves virtual time back to 0 and every tag with it, dropping the
-// tags at or below it.
+// tags at or below it but those of waiting keys, and the hold estimates of
+// keys without a tag.
 func (c *virtualClock) rebase() {
 	for k, tag := range c.tags {
-		if tag <= c.vtime {
+		if _, waits := c.waiting[k]; tag <= c.vtime && !waits {
 			delete(c.tags, k)
 		} else {
 			c.tags[k] = tag - c.vtime
+		}
+	}
+	for k := range c.holds {
+		if _, ok := c.tags[k]; !ok {
+			delete(c.holds, k)
 		}
 	}
 	c.base += c.vtime
 	c.vtime = 0
 }
 
-// startTag returns the virtual time at which f's key starts its next unit.
-func (q *queue) startTag(f *flow) float64 { return q.vclock.start(f.fairKey) }
+// charge records the grant of w's units to its flow's key, and what the
+// request's Release corrects (see settle).
+func (q *queue) charge(w *waiter) {
+	f, req := w.flow, w.req
+	est := q.vclock.charge(f.fairKey, req.taken, f.weight)
+	req.fair = &fairCharge{q: q, key: f.fairKey, weight: f.weight, est: est, at: q.clock.Now()}
+}
 
-// charge records a grant of units to f's key.
-func (q *queue) charge(f *flow, units int64) {
-	q.vclock.charge(f.fairKey, units, f.weight)
+// fairCharge is what a grant under fair charged its request's key, for
+// the correction at its Release.
+type fairCharge struct {
+	q      *queue
+	key    uint64
+	weight float64
+	est    float64 // seconds
+	at     time.Time
+}
+
+// settle corrects the charge of req's grant to the time it held its
+// units, as its units are given back.
+func (q *queue) settle(req *Request) {
+	c := req.fair
+	req.fair = nil
+	held := q.clock.Now().Sub(c.at).Seconds()
+	q.mu.Lock()
+	if q.vclock.correct(c.key, req.taken, c.weight, c.est, held) {
+		q.moveBack(c.key)
+	}
+	q.mu.Unlock()
 }
 
 // before reports whether f's head goes before g's at time now.
@@ -138,32 +294,32 @@ func (q *queue) before(f, g *flow, now time.Time) bool {
 	return q.next(f).before(q.next(g), now)
 }
 
-// candidate is a flow's next waiter to serve, with its key's start tag
-// under fair: what the queue order compares.
+// candidate is a flow's next waiter to serve, with its key's tag under
+// fair: what the queue order compares.
 type candidate struct {
-	f     *flow
-	w     *waiter
-	start float64
+	f   *flow
+	w   *waiter
+	tag float64
 }
 
 // next is f's head as a candidate.
 func (q *queue) next(f *flow) candidate {
 	c := candidate{f: f, w: f.head}
 	if f.fair {
-		c.start = q.startTag(f)
+		c.tag = q.vclock.tag(f.fairKey)
 	}
 	return c
 }
 
 // before reports whether a goes before b at time now. Fair flows sharing a
-// dimension go by their keys' start tags; ties, and flows not comparable
-// so, go by the queue order, with a fair flow's score using its own weight.
+// dimension go by their keys' tags; ties, and flows not comparable so, go
+// by the queue order, with a fair flow's score using its own weight.
 func (a candidate) before(b candidate, now time.Time) bool {
 	if !a.f.fair || !b.f.fair || a.f.keyDim != b.f.keyDim {
 		return a.w.Before(b.w.Place, now)
 	}
-	if a.start != b.start {
-		return a.start < b.start
+	if a.tag != b.tag {
+		return a.tag < b.tag
 	}
 	if sa, sb := score(a.f.weight, a.w.Arrived, now), score(b.f.weight, b.w.Arrived, now); sa != sb {
 		return sa > sb

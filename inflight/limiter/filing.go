@@ -20,10 +20,12 @@ import (
 // the filing is the best of the lanes' first flows at the time, by the queue
 // order.
 //
-// A fair flow's place in a lane is its key's tag when it was listed; the
-// tag only grows while it waits (a grant to another flow of the same key),
-// so a stale place is too early, never too late: the lane's first listing
-// is checked and moved back until its place is current (see first).
+// A fair flow's place in a lane is its key's tag when it was listed. The
+// tag grows while it waits (a grant to another flow of the same key, a
+// correction up), so a stale place is too early: the lane's first listing
+// is checked and moved back until its place is current (see first). A
+// correction down moves the key's listings forward at once (moveBack), so
+// a place is never too late.
 type filing struct {
 	lanes []*lane
 	n     int // flows listed

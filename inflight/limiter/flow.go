@@ -1,8 +1,10 @@
 package limiter
 
 import (
+	"container/heap"
 	"hash/maphash"
 	"math"
+	"slices"
 	"unsafe"
 )
 
@@ -25,6 +27,14 @@ type flow struct {
 	// listed are the flow's entries in the filings of the blockers that
 	// refused it since it started waiting: it holds their room (see serve).
 	listed []*listing
+}
+
+// keyFlows are the fair flows waiting with one key: what moves back when
+// the key's tag falls (see moveBack), and the weight the key adds to the
+// clock's active weight while it waits (its first flow's).
+type keyFlows struct {
+	flows  []*flow
+	weight float64
 }
 
 // blocker names a constraint that can keep a flow waiting: a key at its
@@ -97,11 +107,12 @@ func (q *queue) enqueue(req *Request, opt WaitOptions, perKey uint64, o Outcome,
 	}
 	if f == nil {
 		f = &flow{id: id, class: opt.Class, weight: wt, fair: opt.Fair, keyDim: opt.KeyDim}
-		if f.fair {
-			f.fairKey = q.keyOf(w.req, f.keyDim)
-		}
 		if q.byID == nil {
 			q.byID, q.blocked, q.perKey = map[uint64]*flow{}, map[uint64]*filing{}, map[uint64]int{}
+		}
+		if f.fair {
+			f.fairKey = q.keyOf(w.req, f.keyDim)
+			q.addFair(f)
 		}
 		f.collide = q.byID[id]
 		q.byID[id] = f
@@ -152,6 +163,9 @@ func (q *queue) dequeue(w *waiter) {
 		return
 	}
 	q.unlist(f)
+	if f.fair {
+		q.dropFair(f)
+	}
 	switch first := q.byID[f.id]; {
 	case first != f:
 		for first.collide != f {
@@ -162,6 +176,45 @@ func (q *queue) dequeue(w *waiter) {
 		q.byID[f.id] = f.collide
 	default:
 		delete(q.byID, f.id)
+	}
+}
+
+// addFair lists the new fair flow f under its key, which starts waiting
+// if it has no other.
+func (q *queue) addFair(f *flow) {
+	kf := q.vclock.waiting[f.fairKey]
+	if kf == nil {
+		kf = &keyFlows{weight: f.weight}
+		q.vclock.arrive(f.fairKey, kf)
+	}
+	kf.flows = append(kf.flows, f)
+}
+
+// dropFair takes the emptied fair flow f from its key's.
+func (q *queue) dropFair(f *flow) {
+	kf := q.vclock.waiting[f.fairKey]
+	i := slices.Index(kf.flows, f)
+	kf.flows = slices.Delete(kf.flows, i, i+1)
+	if len(kf.flows) == 0 {
+		q.vclock.leave(f.fairKey)
+	}
+}
+
+// moveBack brings the listed places of key's flows back to its tag,
+// which fell.
+func (q *queue) moveBack(key uint64) {
+	kf := q.vclock.waiting[key]
+	if kf == nil {
+		return
+	}
+	p := q.vclock.place(key)
+	for _, f := range kf.flows {
+		for _, e := range f.listed {
+			if e.lane.fair && e.place > p {
+				e.place = p
+				heap.Fix(e.lane, e.idx)
+			}
+		}
 	}
 }
 

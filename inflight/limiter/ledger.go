@@ -57,5 +57,5 @@ type Verdict struct {
 
 // adopt makes req hold what the queue took for from, its copy.
 func (req *Request) adopt(from *Request) {
-	req.lease, req.taken, req.held, req.hashes = from.lease, from.taken, from.held, from.hashes
+	req.lease, req.taken, req.held, req.hashes, req.fair = from.lease, from.taken, from.held, from.hashes, from.fair
 }

@@ -323,7 +323,7 @@ func (q *SharedQueue) call(batch []*newcomerCall) {
 		}
 		q.admitted(t)
 		if w.flow.fair {
-			q.charge(w.flow, w.req.taken)
+			q.charge(w)
 		}
 		if w.left { // it left while the ledger answered
 			gone = append(gone, w.req)
@@ -431,25 +431,25 @@ type keyBound struct {
 // must be held.
 func (q *queue) order(now time.Time) []*waiter {
 	sim := q.vclock.simulate()
-	start := func(f *flow) float64 {
+	tag := func(f *flow) float64 {
 		if !f.fair {
 			return 0
 		}
-		return sim.start(f.fairKey)
+		return sim.tag(f.fairKey)
 	}
 	var h candidates
 	h.now = now
 	for _, f := range q.byID {
 		for ; f != nil; f = f.collide {
-			h.items = append(h.items, candidate{f: f, w: f.head, start: start(f)})
+			h.items = append(h.items, candidate{f: f, w: f.head, tag: tag(f)})
 		}
 	}
 	heap.Init(&h)
 	out := make([]*waiter, 0, q.queued.Load())
 	for h.Len() > 0 {
 		c := h.items[0]
-		if s := start(c.f); s > c.start { // its key was charged meanwhile
-			h.items[0].start = s
+		if s := tag(c.f); s > c.tag { // its key was charged meanwhile
+			h.items[0].tag = s
 			heap.Fix(&h, 0)
 			continue
 		}
@@ -461,7 +461,7 @@ func (q *queue) order(now time.Time) []*waiter {
 			heap.Pop(&h)
 			continue
 		}
-		h.items[0] = candidate{f: c.f, w: c.w.next, start: start(c.f)}
+		h.items[0] = candidate{f: c.f, w: c.w.next, tag: tag(c.f)}
 		heap.Fix(&h, 0)
 	}
 	return out

@@ -147,6 +147,9 @@ type Request struct {
 	// lease identifies what a Ledger took for the request (see
 	// SharedQueue): an opaque value the ledger returned.
 	lease string
+	// fair is what its grant under fair charged, corrected at Release;
+	// nil if none (only a grant from a queue is charged).
+	fair *fairCharge
 }
 
 // Units returns the units req holds while admitted: its cost, clamped.
@@ -313,6 +316,9 @@ func (z *Zone) hold(req *Request, units int64) {
 func (z *Zone) Release(req *Request) {
 	if !req.held {
 		panic("limiter: Release of a request that holds no units (released twice, or never admitted)")
+	}
+	if req.fair != nil {
+		req.fair.q.settle(req)
 	}
 	if z.pending.Load() > 0 {
 		z.mu.Lock()
