@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -12,23 +13,24 @@ import (
 
 // holdBackend answers each request after the milliseconds its X-Hold
 // header asks, and records, per X-Tenant, the slot-seconds its requests
-// held within a window: what the backend gave each tenant.
+// held within a window, and in all: what the backend gave each tenant.
 type holdBackend struct {
-	addr     string
-	mu       sync.Mutex
-	from, to time.Time
-	held     map[string]time.Duration
+	addr      string
+	mu        sync.Mutex
+	from, to  time.Time
+	held, all map[string]time.Duration
 }
 
 func newHoldBackend(t *testing.T) *holdBackend {
 	t.Helper()
-	b := &holdBackend{held: map[string]time.Duration{}}
+	b := &holdBackend{held: map[string]time.Duration{}, all: map[string]time.Duration{}}
 	b.addr = serveAt(t, "127.0.0.1:0", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ms, _ := strconv.Atoi(r.Header.Get("X-Hold"))
 		start := time.Now()
 		time.Sleep(time.Duration(ms) * time.Millisecond)
 		end := time.Now()
 		b.mu.Lock()
+		b.all[r.Header.Get("X-Tenant")] += end.Sub(start)
 		if !b.from.IsZero() {
 			if s, e := later(start, b.from), earlier(end, b.to); e.After(s) {
 				b.held[r.Header.Get("X-Tenant")] += e.Sub(s)
@@ -66,7 +68,9 @@ func (b *holdBackend) window(d time.Duration) {
 // fair tenant), two tenants of equal weight, 8 clients each, whose
 // requests hold the backend 1 s and 100 ms, each get 0.5 ± 0.03 of the
 // slot-seconds the backend gave over 20 s: in the zone and with store
-// redis, two sites run side by side.
+// redis, two sites run side by side. The admin API shows each waiting
+// tenant's share of the slot-seconds given so far (the last one to two
+// minutes) as the backend recorded it, within 0.03, and its weight.
 func TestFairSharesSlotSecondsThroughCaddy(t *testing.T) {
 	redis := startRedis(t)
 	stores := []string{"local", "redis"}
@@ -90,6 +94,7 @@ func TestFairSharesSlotSecondsThroughCaddy(t *testing.T) {
 		zone seconds-%s
 		wait 60s
 		fair tenant
+		metrics per_key plain
 		%s
 	}
 	reverse_proxy %s
@@ -127,6 +132,9 @@ func TestFairSharesSlotSecondsThroughCaddy(t *testing.T) {
 		site[store].backend.window(window)
 	}
 	time.Sleep(window + 1100*time.Millisecond) // the window, and the requests that end in it
+	for _, store := range stores {
+		checkSharesShown(t, "seconds-"+store, site[store].backend)
+	}
 	stop()
 	wg.Wait()
 	for _, store := range stores {
@@ -138,6 +146,50 @@ func TestFairSharesSlotSecondsThroughCaddy(t *testing.T) {
 		t.Logf("%s: slot-seconds long %.1f, short %.1f: the 1 s tenant's share %.3f (of %.0f slot-seconds at most)", store, long, short, share, 4*window.Seconds())
 		if share < 0.47 || share > 0.53 {
 			t.Errorf("%s: the tenant of 1 s requests has %.3f of the backend's slot-seconds, want 0.5 ± 0.03", store, share)
+		}
+	}
+}
+
+// checkSharesShown compares the share of the slot-seconds the admin API
+// shows for each waiting tenant of zone with the one b recorded so far.
+func checkSharesShown(t *testing.T, zone string, b *holdBackend) {
+	t.Helper()
+	type shown struct {
+		Limit, Key string
+		Share      *float64
+		Weight     float64
+	}
+	var got map[string]shown
+	eventually(t, zone+": both tenants waiting, each with a share", func() bool {
+		var state struct {
+			Zones []struct {
+				Zone       string
+				TopWaiting []shown `json:"top_waiting"`
+			}
+		}
+		json.Unmarshal([]byte(adminGet(t, "/inflight/")), &state)
+		got = map[string]shown{}
+		for _, z := range state.Zones {
+			for _, k := range z.TopWaiting {
+				if z.Zone == zone && k.Limit == "tenant" && k.Share != nil {
+					got[k.Key] = k
+				}
+			}
+		}
+		return len(got) == 2
+	})
+	b.mu.Lock()
+	long, short := b.all["long"].Seconds(), b.all["short"].Seconds()
+	b.mu.Unlock()
+	recorded := map[string]float64{"long": long / (long + short), "short": short / (long + short)}
+	t.Logf("%s: shown shares long %.3f, short %.3f (weights %v, %v); the backend's %.3f, %.3f", zone,
+		*got["long"].Share, *got["short"].Share, got["long"].Weight, got["short"].Weight, recorded["long"], recorded["short"])
+	for _, k := range got {
+		if d := *k.Share - recorded[k.Key]; d < -0.03 || d > 0.03 {
+			t.Errorf("%s: the admin API shows tenant %s's share as %.3f, the backend recorded %.3f: want within 0.03", zone, k.Key, *k.Share, recorded[k.Key])
+		}
+		if k.Weight != 1 {
+			t.Errorf("%s: tenant %s shown with weight %v, want 1 (its class weight)", zone, k.Key, k.Weight)
 		}
 	}
 }

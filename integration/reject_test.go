@@ -181,7 +181,7 @@ func TestReloadLowersCapWhileInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.CloseIdleConnections() // kept connections belong to the old server
-	if r := get(context.Background(), c, url+"/"); r.status != 429 {
+	if r := getReached(context.Background(), c, url+"/"); r.status != 429 {
 		t.Fatalf("after lowering to 2 with 4 in flight: %d %v, want 429", r.status, r.err)
 	}
 	if got := metric(t, "caddy_inflight_requests", `limit="client"`); got != 4 {

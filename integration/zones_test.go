@@ -142,8 +142,8 @@ func TestUnnamedZoneAcrossReloads(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.CloseIdleConnections()
-	if r := get(context.Background(), c, url+"/", "Host", "a.test"); r.status != 429 {
-		t.Fatalf("a.test after lowering its max to 2 with 2 in flight: %d, want 429", r.status)
+	if r := getReached(context.Background(), c, url+"/", "Host", "a.test"); r.status != 429 {
+		t.Fatalf("a.test after lowering its max to 2 with 2 in flight: %d %v, want 429", r.status, r.err)
 	}
 
 	// Moved to b.test: fresh counters there; a.test#1 still shows its 2.

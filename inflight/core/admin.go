@@ -172,8 +172,10 @@ func stateOf(z *zone) ZoneState {
 		w := z.waitingKeys()
 		st.TopWaiting = w[:min(topKeys, len(w))]
 	}
+	step := nanotime() // one instant for every key's share
 	for i, kw := range st.TopWaiting {
 		st.TopWaiting[i].Wait = z.series.recentWait(kw.Limit, kw.Key, now)
+		st.TopWaiting[i].Share, st.TopWaiting[i].Weight = z.series.recentShare(kw.Limit, kw.Key, step)
 	}
 	extendState(&st, z)
 	return st

@@ -55,9 +55,10 @@ type Ticket struct {
 	// then watches its client).
 	OnQueued func()
 
-	labels  []string // per-key metric labels, when enabled
-	waiting waitUnits
-	queued  func() // bound once, so that passing it allocates nothing
+	labels   []string // per-key metric labels, when enabled
+	admitted int64    // monotonic nanoseconds (see nanotime), with per-key metrics
+	waiting  waitUnits
+	queued   func() // bound once, so that passing it allocates nothing
 }
 
 // InitTicket readies t for the gate's limits.
@@ -130,7 +131,7 @@ func (g *Gate) Admit(ctx context.Context, t *Ticket, class, weight string) Verdi
 			g.costs.observe(t.Req.Units())
 		}
 		if g.cfg.PerKeyMetrics {
-			g.zone.series.admit(g, t)
+			g.zone.series.admit(g, t, limiter.Share(opt.Weight, opt.Class))
 		}
 		return Verdict{Result: res}
 	case limiter.Aborted:

@@ -126,7 +126,9 @@ func (g *Gate) compile(edge Edge) {
 	g.costed = edge.Costs
 	g.classed = c.Priority != ""
 	if !c.DryRun {
-		g.waitOpt = limiter.WaitOptions{Wait: time.Duration(c.Wait), MaxWaiting: c.MaxWaiting}
+		// Without priority every request is normal (weight 1), as beside
+		// a handler of the same zone that has one.
+		g.waitOpt = limiter.WaitOptions{Wait: time.Duration(c.Wait), MaxWaiting: c.MaxWaiting, Class: limiter.Normal}
 	}
 }
 

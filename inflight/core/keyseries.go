@@ -49,6 +49,9 @@ var (
 type keySeries struct {
 	mu   sync.Mutex
 	keys map[seriesKey]*keyStats
+	// given is, per limit, the unit-seconds its keys' requests that ended
+	// held recently: what a key's share is of.
+	given map[string]*givenWindow
 }
 
 type seriesKey struct{ limit, key string }
@@ -57,6 +60,10 @@ type keyStats struct {
 	held  int
 	units int64     // held by its requests, for the admin API's top keys
 	waits *keyWaits // nil until one of its waits ends
+	// given is the unit-seconds its requests that ended held recently,
+	// and weight its share under fair (0 in other limits).
+	given  givenWindow
+	weight float64
 }
 
 // keyWaits are a key's waits that ended.
@@ -98,8 +105,9 @@ func (k *keySeries) entry(limit, label string) (seriesKey, *keyStats) {
 }
 
 // admit adds a's keys, recording in t.labels the label each was counted
-// under (already there if it waited).
-func (k *keySeries) admit(g *Gate, t *Ticket) {
+// under (already there if it waited), and the fair limit's key's weight.
+func (k *keySeries) admit(g *Gate, t *Ticket, weight float64) {
+	t.admitted = nanotime()
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	for d, key := range t.Req.Keys {
@@ -114,12 +122,18 @@ func (k *keySeries) admit(g *Gate, t *Ticket) {
 		t.labels[d] = sk.key
 		s.held++
 		s.units += t.Req.Units()
+		if g.waitOpt.Fair && d == g.waitOpt.KeyDim {
+			s.weight = weight
+		}
 		keyRequests.WithLabelValues(g.label, sk.limit, sk.key).Inc()
 	}
 }
 
-// release takes t's keys away, deleting series that reach zero.
+// release takes t's keys away, deleting series that reach zero, and
+// counts the unit-seconds its request held under each key.
 func (k *keySeries) release(g *Gate, t *Ticket) {
+	now := nanotime()
+	given := float64(t.Req.Units()) * time.Duration(now-t.admitted).Seconds()
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	for d, label := range t.labels {
@@ -128,6 +142,8 @@ func (k *keySeries) release(g *Gate, t *Ticket) {
 		}
 		sk := seriesKey{g.cfg.Limits[d].Name, label}
 		s := k.keys[sk]
+		s.given.add(now, given)
+		k.limitGiven(sk.limit).add(now, given)
 		s.units -= t.Req.Units()
 		if s.held--; s.held > 0 {
 			keyRequests.WithLabelValues(g.label, sk.limit, sk.key).Dec()

@@ -17,7 +17,7 @@ func TestKeySeriesAreCappedAndRemovedAtZero(t *testing.T) {
 	for i := range maxKeySeries + 5 {
 		a := newTicket(1)
 		a.Req.Keys[0] = fmt.Sprint("key-", i)
-		ks.admit(h, a)
+		ks.admit(h, a, 1)
 		admitted = append(admitted, a)
 	}
 	if n := testutil.CollectAndCount(keyRequests); n != maxKeySeries+1 {
@@ -44,7 +44,7 @@ func TestPlainKeySeriesAreOneToOne(t *testing.T) {
 	for _, key := range []string{"\xff\xfe\x80bad", `\xff\xfe\x80bad`, overflowKey} {
 		a := newTicket(1)
 		a.Req.Keys[0] = key
-		ks.admit(h, a)
+		ks.admit(h, a, 1)
 		admitted = append(admitted, a)
 	}
 	if n := testutil.CollectAndCount(keyRequests); n != 3 {
@@ -77,7 +77,7 @@ func TestKeyWaitSeriesAreCappedAndSweptWhenIdle(t *testing.T) {
 		a := newTicket(1)
 		a.Req.Keys[0] = fmt.Sprint("tenant-", i)
 		ks.waited(h, a, limiter.Admitted, 300*time.Millisecond, start)
-		ks.admit(h, a)
+		ks.admit(h, a, 1)
 		admitted = append(admitted, a)
 	}
 	if n := testutil.CollectAndCount(keyWaitSeconds); n != maxKeySeries+1 {

@@ -42,6 +42,12 @@ type keyWaiting struct {
 	// Wait sums up the key's waits that ended in the last one to two
 	// minutes, with per_key_metrics; absent if none did.
 	Wait *WaitState `json:"wait,omitempty"`
+	// Share is the key's share of the unit-seconds (slot-seconds with
+	// cost 1) its limit's requests that ended in the last one to two
+	// minutes held, with per_key_metrics; absent if none ended. Weight is
+	// its weight under fair, in the fair limit.
+	Share  *float64 `json:"share,omitempty"`
+	Weight float64  `json:"weight,omitempty"`
 }
 
 // waitingKeys returns the zone's keys with requests waiting, in this

@@ -84,9 +84,9 @@ func (q *queue) blockerOf(req *Request, o Outcome, d int) blocker {
 // classWeight is a waiter's share when no weight is given.
 func classWeight(c Class) float64 { return weight[c] }
 
-// shareOf is a waiter's share under fair: its weight within the bounds, or
-// its class weight.
-func shareOf(w float64, c Class) float64 {
+// Share is a waiter's share under fair: its weight w within the bounds,
+// or its class c's weight.
+func Share(w float64, c Class) float64 {
 	if w = ClampWeight(w); w > 0 {
 		return w
 	}
@@ -100,7 +100,7 @@ func (q *queue) enqueue(req *Request, opt WaitOptions, perKey uint64, o Outcome,
 	q.seq++
 	w := &waiter{Place: Place{Class: opt.Class, Arrived: q.clock.Now(), Seq: q.seq}, req: req, ready: make(chan struct{}), perKey: perKey}
 	q.queued.Add(1)
-	wt := shareOf(opt.Weight, opt.Class)
+	wt := Share(opt.Weight, opt.Class)
 	id := q.flowID(w.req, opt.Class, wt, opt.Fair, opt.KeyDim)
 	var f *flow
 	for f = q.byID[id]; f != nil && !f.holds(w.req, opt.Class, wt, opt.Fair, opt.KeyDim); f = f.collide {

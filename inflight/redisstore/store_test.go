@@ -561,3 +561,41 @@ func TestMaxKeysUnderConcurrentWaiters(t *testing.T) {
 	}
 	eventually(t, "leases removed from Redis", func() bool { return members(t, cli, "t") == 0 })
 }
+
+// noPoll is a clock whose timers never fire: a shared queue on it never
+// polls, so only a release notice can wake its waiters.
+type noPoll struct{}
+
+func (noPoll) Now() time.Time { return time.Now() }
+func (noPoll) After(time.Duration) (<-chan time.Time, func() bool) {
+	return nil, func() bool { return true }
+}
+
+// A waiter is woken by the notice of a release on another instance, not
+// by its poll: its queue never polls here, and it is admitted once the
+// other instance gives the slot back.
+func TestWaiterWokenByAnotherInstancesRelease(t *testing.T) {
+	addr, _ := startRedis(t)
+	limits := &limiter.Limits{Max: []int64{1}}
+	other, _ := zoneOf(newStore(t, store(addr, nil)), "wake", limits)
+	holder := request(limits, "k")
+	mustAdmit(t, other, holder, "holder")
+
+	local := limiter.NewZone(1, false, noPoll{})
+	local.Adopt(limits)
+	z := newStore(t, store(addr, nil)).Bind("wake", []string{"client"}, false, local)
+	waiter := request(limits, "k")
+	waited := make(chan limiter.Result, 1)
+	go func() { waited <- z.Acquire(context.Background(), waiter, limiter.WaitOptions{Wait: time.Hour}) }()
+	eventually(t, "waiter queued", func() bool { return local.WaitingOutside() == 1 })
+	other.Release(holder)
+	select {
+	case res := <-waited:
+		if res.Outcome != limiter.Admitted {
+			t.Fatalf("waiter: %v, want admitted", res.Outcome)
+		}
+		z.Release(waiter)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiter was not admitted 10 s after the other instance's release: no notice woke it (its queue never polls)")
+	}
+}

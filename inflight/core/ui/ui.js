@@ -169,15 +169,18 @@
   }
 
   // keysTable lists keys; keys that waited (with metrics per_key) add the
-  // p50 and p99 of their recent waits.
+  // p50 and p99 of their recent waits, and their share of the slot-seconds
+  // their limit gave in the last 1–2 minutes, beside their weight.
   function keysTable(keys, field, head) {
     const waits = keys.some((k) => k.wait);
-    const cols = ['limit', head, field].concat(waits ? ['wait p50', 'wait p99'] : []);
+    const shares = keys.some((k) => k.share !== undefined);
+    const cols = ['limit', head, field].concat(waits ? ['wait p50', 'wait p99'] : [], shares ? ['share (1–2 min)', 'weight'] : []);
     return table(cols, keys.map((k) => {
       const key = td(k.key, '', 'key');
       key.title = k.key;
       const cells = [td(k.limit), key, td(k[field])];
       if (waits) cells.push(td(k.wait ? ms(k.wait.p50) : '—', 'key-p50'), td(k.wait ? ms(k.wait.p99) : '—', 'key-p99'));
+      if (shares) cells.push(td(k.share !== undefined ? (100 * k.share).toFixed(1) + ' %' : '—', 'key-share'), td(k.weight || '—', 'key-weight'));
       return row(cells);
     }), 'none');
   }
