@@ -70,15 +70,19 @@ func (b *holdBackend) window(d time.Duration) {
 // slot-seconds the backend gave over 20 s: in the zone and with store
 // redis, two sites run side by side. The admin API shows each waiting
 // tenant's share of the slot-seconds given so far (the last one to two
-// minutes) as the backend recorded it, within 0.03, and its weight.
+// minutes) as the backend recorded it, within 0.03, and its weight. Its
+// Caddy is a process of its own, so that it runs beside the fleet's tests
+// (see TestFaults).
 func TestFairSharesSlotSecondsThroughCaddy(t *testing.T) {
+	t.Parallel()
 	redis := startRedis(t)
+	admin := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	stores := []string{"local", "redis"}
 	site := map[string]struct {
 		port    int
 		backend *holdBackend
 	}{}
-	caddyfile := ""
+	caddyfile := fmt.Sprintf("{\n\tadmin %s\n\tdefault_bind 127.0.0.1\n\tauto_https off\n\tpersist_config off\n\tlog {\n\t\toutput discard\n\t}\n}\n", admin)
 	for _, store := range stores {
 		storeLine := ""
 		if store == "redis" {
@@ -101,7 +105,8 @@ func TestFairSharesSlotSecondsThroughCaddy(t *testing.T) {
 }
 `, s.port, store, storeLine, s.backend.addr)
 	}
-	load(t, caddyfile)
+	startCaddy(t, caddyfile, site["local"].port)
+	waitForPort(t, fmt.Sprintf("127.0.0.1:%d", site["redis"].port))
 	ctx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	for _, store := range stores {
@@ -123,7 +128,7 @@ func TestFairSharesSlotSecondsThroughCaddy(t *testing.T) {
 	// Past the first requests, charged before any hold time is known.
 	for _, store := range stores {
 		eventually(t, store+": both tenants queue", func() bool {
-			return metric(t, "caddy_inflight_waiting", `zone="seconds-`+store+`"`) >= 8
+			return metricAt(t, admin, "caddy_inflight_waiting", `zone="seconds-`+store+`"`) >= 8
 		})
 	}
 	time.Sleep(2 * time.Second)
@@ -133,7 +138,7 @@ func TestFairSharesSlotSecondsThroughCaddy(t *testing.T) {
 	}
 	time.Sleep(window + 1100*time.Millisecond) // the window, and the requests that end in it
 	for _, store := range stores {
-		checkSharesShown(t, "seconds-"+store, site[store].backend)
+		checkSharesShown(t, admin, "seconds-"+store, site[store].backend)
 	}
 	stop()
 	wg.Wait()
@@ -150,9 +155,10 @@ func TestFairSharesSlotSecondsThroughCaddy(t *testing.T) {
 	}
 }
 
-// checkSharesShown compares the share of the slot-seconds the admin API
-// shows for each waiting tenant of zone with the one b recorded so far.
-func checkSharesShown(t *testing.T, zone string, b *holdBackend) {
+// checkSharesShown compares the share of the slot-seconds the admin API at
+// admin shows for each waiting tenant of zone with the one b recorded so
+// far.
+func checkSharesShown(t *testing.T, admin, zone string, b *holdBackend) {
 	t.Helper()
 	type shown struct {
 		Limit, Key string
@@ -167,7 +173,7 @@ func checkSharesShown(t *testing.T, zone string, b *holdBackend) {
 				TopWaiting []shown `json:"top_waiting"`
 			}
 		}
-		json.Unmarshal([]byte(adminGet(t, "/inflight/")), &state)
+		json.Unmarshal([]byte(adminGetAt(t, admin, "/inflight/")), &state)
 		got = map[string]shown{}
 		for _, z := range state.Zones {
 			for _, k := range z.TopWaiting {

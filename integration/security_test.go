@@ -23,7 +23,13 @@ func hashOf(key string) string {
 
 func adminGet(t *testing.T, path string) string {
 	t.Helper()
-	resp, err := adminClient.Get("http://" + adminAddr + path)
+	return adminGetAt(t, adminAddr, path)
+}
+
+// adminGetAt is adminGet for an admin endpoint at another address.
+func adminGetAt(t *testing.T, admin, path string) string {
+	t.Helper()
+	resp, err := adminClient.Get("http://" + admin + path)
 	if err != nil {
 		t.Fatal(err)
 	}
