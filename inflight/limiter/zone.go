@@ -415,8 +415,14 @@ func (z *Zone) KeyUnits(d int, key string) int64 {
 	return s.count(h)
 }
 
-// Keys returns how many keys of dimension d have requests in flight.
+// Keys returns how many keys of dimension d have requests in flight. Once
+// the zone counts keys (MaxKeys was used) it is the count admissions check,
+// exact at one instant; before, the shards are read one after another, so
+// keys that come and go meanwhile can be counted both.
 func (z *Zone) Keys(d int) int {
+	if z.counting.Load() {
+		return int(z.keys[d].n.Load())
+	}
 	n := 0
 	for i := range numShards {
 		s := &z.shards[d*numShards+i]
