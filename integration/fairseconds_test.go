@@ -32,27 +32,13 @@ func newHoldBackend(t *testing.T) *holdBackend {
 		b.mu.Lock()
 		b.all[r.Header.Get("X-Tenant")] += end.Sub(start)
 		if !b.from.IsZero() {
-			if s, e := later(start, b.from), earlier(end, b.to); e.After(s) {
+			if s, e := latest(start, b.from), earliest(end, b.to); e.After(s) {
 				b.held[r.Header.Get("X-Tenant")] += e.Sub(s)
 			}
 		}
 		b.mu.Unlock()
 		w.Write([]byte("ok"))
 	}))
-	return b
-}
-
-func later(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
-}
-
-func earlier(a, b time.Time) time.Time {
-	if a.Before(b) {
-		return a
-	}
 	return b
 }
 
