@@ -39,17 +39,19 @@ import "time"
 // so a grant of one unit for minHold at MaxWeight is never lost to
 // rounding near vtime and no weight can make a tag infinite or NaN.
 //
-// Invariants, with mu held: tags holds keys whose tag may exceed vtime (a
-// tag at or below it reads the same as none); holds keeps a hold estimate
-// only for keys in tags, or charged since the last rebase; active is the
-// sum of the weights of the keys with fair flows waiting (see keyFlows);
-// vtime never decreases but by a rebase, which moves every tag back as
-// much and drops the tags at or below it; a rebase comes once tags has
-// doubled since the last one (amortised O(1) a grant, for a queue and for
-// a shared store's dispatcher alike), or vtime reached rebaseAt. A tag
-// falls only by a correction (see settle), which moves its key's
-// listings back in their lanes at once: a listed place is never later than
-// its key's tag.
+// Invariants, with mu held: tags holds every waiting key (tagged at least
+// vtime when it starts waiting: its tag orders it among the waiting keys)
+// and the keys whose tag may exceed vtime; for any other key a tag at or
+// below vtime reads the same as none, and may linger until the next
+// rebase. holds keeps a hold estimate only for keys in tags, or charged
+// since the last rebase; waiting lists the keys with fair flows waiting
+// and active is the sum of their weights; vtime never decreases but by a
+// rebase, which moves every tag back as much and drops the tags at or
+// below it of keys not waiting; a rebase comes once tags has doubled since
+// the last one (amortised O(1) a grant, for a queue and for a shared
+// store's dispatcher alike), or vtime reached rebaseAt. A tag falls only
+// by a correction (see settle), which moves its key's listings back in
+// their lanes at once: a listed place is never later than its key's tag.
 
 // Bounds of a fair share's weight: a weight outside them counts as the
 // nearest bound.
