@@ -72,9 +72,10 @@ func TestKeyWaitingIsCappedShownAsAskedAndGoneAtZero(t *testing.T) {
 // full is a ledger that refuses every request: its requests wait.
 type full struct{}
 
-func (full) Give(string)                 {}
-func (full) Record(limiter.Claim) string { return "" }
-func (full) Idle()                       {}
+func (full) Give(string)                  {}
+func (full) Correct(int, string, float64) {}
+func (full) Record(limiter.Claim) string  { return "" }
+func (full) Idle()                        {}
 
 func (full) Take(claims []limiter.Claim) ([]limiter.Verdict, error) {
 	out := make([]limiter.Verdict, len(claims))

@@ -57,7 +57,7 @@ func (z *Zone) serve(b blocker, now time.Time) {
 			return
 		}
 		if f.fair {
-			z.charge(f.head)
+			z.chargeGrant(f.head)
 		}
 		z.grant(f.head)
 	}

@@ -129,8 +129,11 @@ func (c *virtualClock) tag(key uint64) float64 {
 // arrive records that key starts waiting, at weight w: an idle or light
 // key starts at the present.
 func (c *virtualClock) arrive(key uint64, kf *keyFlows) {
+	if c.waiting == nil {
+		c.waiting = map[uint64]*keyFlows{}
+	}
 	if c.tags == nil {
-		c.tags, c.waiting = map[uint64]float64{}, map[uint64]*keyFlows{}
+		c.tags = map[uint64]float64{}
 	}
 	if tag, ok := c.tags[key]; !ok || tag < c.vtime {
 		c.tags[key] = c.vtime
@@ -169,42 +172,35 @@ func (c *virtualClock) estimate(key uint64) float64 {
 	return defaultHold
 }
 
-// advance records a grant of units to key at weight w (within the
-// bounds), charged for the key's estimated hold time, which it returns:
-// the arithmetic of fair sharing.
-func (c *virtualClock) advance(key uint64, units int64, w float64) float64 {
+// advance records a grant of work unit-seconds to key at weight w (within
+// the bounds): the arithmetic of fair sharing.
+func (c *virtualClock) advance(key uint64, work, w float64) {
 	if c.tags == nil {
 		c.tags = map[uint64]float64{}
 	}
-	est := c.estimate(key)
-	work := float64(units) * est
 	start := c.start(key)
 	if start == c.vtime && c.active > 0 {
 		c.vtime += work / c.active
 	}
 	c.vtime = max(c.vtime, start)
 	c.tags[key] = start + work/w
-	return est
 }
 
-// charge records a grant of units to key at weight w, rebasing when due,
-// and returns the hold time it was charged for.
-func (c *virtualClock) charge(key uint64, units int64, w float64) float64 {
-	est := c.advance(key, units, w)
+// charge records a grant of units to key at weight w, charged for est
+// seconds, rebasing when due.
+func (c *virtualClock) charge(key uint64, units int64, w, est float64) {
+	c.advance(key, float64(units)*est, w)
 	if len(c.tags) > max(c.rebaseAbove, minRebaseAbove) || c.vtime >= rebaseAt {
 		c.rebase()
 		c.rebaseAbove = 2 * len(c.tags)
 	}
-	return est
 }
 
-// correct changes the charge of a grant of units to key at weight w from
-// est seconds to the held seconds, and learns the hold time. It reports
-// whether the key's tag fell, so that its listings move back.
-func (c *virtualClock) correct(key uint64, units int64, w, est, held float64) bool {
-	held = min(max(held, minHold), maxHold)
+// correct moves key's tag by delta, the correction of a grant's charge to
+// the held seconds (see fairCharge.delta), and learns the hold time. It
+// reports whether the key's tag fell, so that its listings move back.
+func (c *virtualClock) correct(key uint64, delta, held float64) bool {
 	c.learn(key, held)
-	delta := float64(units) * (held - est) / w
 	tag, ok := c.tags[key]
 	switch {
 	case ok:
@@ -260,35 +256,55 @@ func (c *virtualClock) rebase() {
 	c.vtime = 0
 }
 
-// charge records the grant of w's units to its flow's key, and what the
-// request's Release corrects (see settle).
-func (q *queue) charge(w *waiter) {
-	f, req := w.flow, w.req
-	est := q.vclock.charge(f.fairKey, req.taken, f.weight)
-	req.fair = &fairCharge{q: q, key: f.fairKey, weight: f.weight, est: est, at: q.clock.Now()}
+// chargeGrant records the grant of w's units to its flow's key, charged
+// for the key's estimated hold time.
+func (q *queue) chargeGrant(w *waiter) {
+	f := w.flow
+	q.charge(w.req, f.keyDim, f.fairKey, f.weight, q.vclock.estimate(f.fairKey), nil)
+}
+
+// charge records a grant of req's units to key (of dimension dim) at
+// weight w, charged for est seconds, and what the request's Release
+// corrects, here and, if fleet is set, on that ledger's clock (see
+// settle). mu must be held.
+func (q *queue) charge(req *Request, dim int, key uint64, w, est float64, fleet Ledger) {
+	q.vclock.charge(key, req.taken, w, est)
+	req.fair = &fairCharge{q: q, fleet: fleet, dim: dim, key: key, weight: w, est: est, at: q.clock.Now()}
 }
 
 // fairCharge is what a grant under fair charged its request's key, for
 // the correction at its Release.
 type fairCharge struct {
 	q      *queue
+	fleet  Ledger // the ledger whose clock was charged too, if any
+	dim    int
 	key    uint64
 	weight float64
 	est    float64 // seconds
 	at     time.Time
 }
 
+// delta is how far a charge for units moves its key's tag once corrected
+// to a hold of held seconds (within minHold to maxHold).
+func (c *fairCharge) delta(units int64, held float64) float64 {
+	return float64(units) * (held - c.est) / c.weight
+}
+
 // settle corrects the charge of req's grant to the time it held its
-// units, as its units are given back.
+// units, as its units are given back: here, and on the fleet's clock.
 func (q *queue) settle(req *Request) {
 	c := req.fair
 	req.fair = nil
-	held := q.clock.Now().Sub(c.at).Seconds()
+	held := min(max(q.clock.Now().Sub(c.at).Seconds(), minHold), maxHold)
+	delta := c.delta(req.taken, held)
 	q.mu.Lock()
-	if q.vclock.correct(c.key, req.taken, c.weight, c.est, held) {
+	if q.vclock.correct(c.key, delta, held) {
 		q.moveBack(c.key)
 	}
 	q.mu.Unlock()
+	if c.fleet != nil {
+		c.fleet.Correct(c.dim, req.Keys[c.dim], delta)
+	}
 }
 
 // before reports whether f's head goes before g's at time now.

@@ -173,9 +173,9 @@ func TestFairSurvivesExtremeWeights(t *testing.T) {
 func TestVirtualTimeRebases(t *testing.T) {
 	var c virtualClock
 	other := uint64(2)
-	c.charge(other, 1, 1)
+	c.charge(other, 1, 1, defaultHold)
 	for range 3 * rebaseAt / 1000 { // 1/MinWeight a grant: three rebases
-		c.charge(1, 1, MinWeight)
+		c.charge(1, 1, MinWeight, defaultHold)
 		if c.vtime >= rebaseAt || math.Abs(c.tags[1]-c.vtime-1/MinWeight) > 1e-6 {
 			t.Fatalf("virtual time %v, tag %v: want below %v and one step of %v apart", c.vtime, c.tags[1], float64(rebaseAt), 1/MinWeight)
 		}

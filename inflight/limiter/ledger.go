@@ -17,6 +17,11 @@ type Ledger interface {
 	Take(claims []Claim) ([]Verdict, error)
 	// Give gives back what the claim admitted with lease took.
 	Give(lease string)
+	// Correct moves the tag of key (of dimension dim) on the ledger's fair
+	// clock by delta, the correction of a charge to what its grant held
+	// (see settle), with a later call: a correction lost to a failure
+	// costs only that grant's ordering.
+	Correct(dim int, key string, delta float64)
 	// Record enters a claim that the zone admitted alone while the ledger
 	// could not answer (a store that fails open), once it answers again,
 	// and returns its lease.
@@ -44,6 +49,28 @@ type Claim struct {
 	// Hold lists the dimensions (TotalDim: the total) whose room the claim
 	// holds if refused: those that refused it before (see serve).
 	Hold []int
+	// Fair, if set, puts the claim on the zone's fair clock in the ledger:
+	// the one clock of the fleet.
+	Fair *FairClaim
+}
+
+// A FairClaim places a claim on the ledger's fair clock of its zone, kept
+// as the engine's (see fair.go) but for every instance at once: its keys'
+// tags, virtual time, and the keys waiting anywhere, each listed under the
+// dimension that refused it. The ledger admits a fair claim only if no
+// other key listed under one of its dimensions has a smaller tag than the
+// claim's key starts at; a claim refused so holds nothing (the room is
+// kept for the key that goes first) and, if it waits, is listed under that
+// dimension. Admitted, it charges its key Work/Weight, and moves virtual
+// time on by Work shared among the weights waiting in the fleet.
+type FairClaim struct {
+	Dim    int     // the dimension whose keys share
+	Weight float64 // the key's weight, within MinWeight to MaxWeight
+	Work   float64 // units × estimated hold, in unit-seconds
+	// Waiting is the weight of the keys waiting under fair in this
+	// process, the same in every claim of a call: the fleet's is the sum
+	// of every instance's.
+	Waiting float64
 }
 
 // Verdict is a Ledger's answer for one claim: Admitted with its Lease, or

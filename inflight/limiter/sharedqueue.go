@@ -69,6 +69,7 @@ type calls struct {
 // newcomerCall is a newcomer that joins a call, and its verdict.
 type newcomerCall struct {
 	req      *Request
+	opt      WaitOptions
 	willWait bool
 	done     chan struct{} // closed when v and err are set, or lead is
 	v        Verdict
@@ -82,7 +83,9 @@ type try struct {
 	claim Claim
 	// keys is req's reservation of its keys in the zone under max_keys,
 	// a request of its own: nil if none.
-	keys    *Request
+	keys *Request
+	// fairKey is the hashed key a fair claim charges (see chargeFair).
+	fairKey uint64
 	verdict Verdict
 }
 
@@ -99,7 +102,7 @@ func NewSharedQueue(zone *Zone, l Ledger, poll time.Duration) *SharedQueue {
 // req itself: nothing was taken, and the caller may fall back (see
 // AcquireAlone).
 func (q *SharedQueue) Acquire(ctx context.Context, req *Request, opt WaitOptions) (Result, error) {
-	v, err := q.newcomer(req, opt.Wait > 0)
+	v, err := q.newcomer(req, opt)
 	switch {
 	case err != nil:
 		return Result{}, err
@@ -139,9 +142,10 @@ func (q *SharedQueue) Wake() {
 	}
 }
 
-// newcomer tries req in the next call: at once if none is under way.
-func (q *SharedQueue) newcomer(req *Request, willWait bool) (Verdict, error) {
-	a := &newcomerCall{req: req, willWait: willWait}
+// newcomer tries req, queued as opt says if refused, in the next call: at
+// once if none is under way.
+func (q *SharedQueue) newcomer(req *Request, opt WaitOptions) (Verdict, error) {
+	a := &newcomerCall{req: req, opt: opt, willWait: opt.Wait > 0}
 	batch := []*newcomerCall{a}
 	q.calls.mu.Lock()
 	if q.calls.busy {
@@ -291,12 +295,20 @@ func (q *SharedQueue) call(batch []*newcomerCall) {
 	waiters := q.order(q.clock.Now())
 	tries := make([]try, 0, len(waiters)+len(batch))
 	for _, w := range waiters {
-		tries = append(tries, try{req: w.req, claim: q.claimOf(w.req, true, w.flow.held())})
+		t := try{req: w.req, claim: q.claimOf(w.req, true, w.flow.held())}
+		if f := w.flow; f.fair {
+			q.fairClaim(&t, f.keyDim, f.fairKey, f.weight)
+		}
+		tries = append(tries, t)
+	}
+	for _, a := range batch {
+		t := try{req: a.req, claim: q.claimOf(a.req, a.willWait, nil)}
+		if a.opt.Fair {
+			q.fairClaim(&t, a.opt.KeyDim, q.keyOf(a.req, a.opt.KeyDim), Share(a.opt.Weight, a.opt.Class))
+		}
+		tries = append(tries, t)
 	}
 	q.mu.Unlock()
-	for _, a := range batch {
-		tries = append(tries, try{req: a.req, claim: q.claimOf(a.req, a.willWait, nil)})
-	}
 	if len(tries) == 0 {
 		return
 	}
@@ -322,9 +334,7 @@ func (q *SharedQueue) call(batch []*newcomerCall) {
 			continue
 		}
 		q.admitted(t)
-		if w.flow.fair {
-			q.charge(w)
-		}
+		q.chargeFair(t)
 		if w.left { // it left while the ledger answered
 			gone = append(gone, w.req)
 			continue
@@ -333,9 +343,31 @@ func (q *SharedQueue) call(batch []*newcomerCall) {
 		q.leave(w)
 		close(w.ready)
 	}
+	for i := range batch { // charged in the order the ledger admitted them
+		q.chargeFair(&tries[len(waiters)+i])
+	}
 	q.mu.Unlock()
 	for _, req := range gone {
 		q.Release(req)
+	}
+}
+
+// fairClaim puts t's claim on the ledger's fair clock, for its key in
+// dimension dim (hashed: key; 0 if it has none) at weight w, charged for
+// the key's estimated hold time. mu must be held.
+func (q *SharedQueue) fairClaim(t *try, dim int, key uint64, w float64) {
+	if key == 0 {
+		return
+	}
+	t.fairKey = key
+	t.claim.Fair = &FairClaim{Dim: dim, Weight: w, Work: float64(t.claim.Units) * q.vclock.estimate(key), Waiting: q.vclock.active}
+}
+
+// chargeFair charges an admitted fair try's key here what the ledger
+// charged it, for its Release to correct on both clocks. mu must be held.
+func (q *SharedQueue) chargeFair(t *try) {
+	if c := t.claim.Fair; c != nil && t.verdict.Outcome == Admitted {
+		q.charge(t.req, c.Dim, t.fairKey, c.Weight, c.Work/float64(t.claim.Units), q.ledger)
 	}
 }
 
@@ -455,7 +487,7 @@ func (q *queue) order(now time.Time) []*waiter {
 		}
 		out = append(out, c.w)
 		if c.f.fair {
-			sim.advance(c.f.fairKey, c.w.req.cost(), c.f.weight)
+			sim.advance(c.f.fairKey, float64(c.w.req.cost())*sim.estimate(c.f.fairKey), c.f.weight)
 		}
 		if c.w.next == nil {
 			heap.Pop(&h)

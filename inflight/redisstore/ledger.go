@@ -28,6 +28,16 @@ const fallbackPoll = 250 * time.Millisecond
 // call left waiters: the queue's calls refresh it every fallbackPoll.
 const listing = 4 * fallbackPoll
 
+// fairListing is how long a key stays listed as waiting on the zone's fair
+// clock after a call that it waited in: the calls of its instance refresh
+// it every fallbackPoll. A key whose last waiter left, or whose instance
+// went, keeps the room it waited for from the others at most this long.
+const fairListing = 2 * fallbackPoll
+
+// fairClockLife is how long a zone's fair clock outlives its last call:
+// a zone idle longer starts afresh.
+const fairClockLife = 10 * time.Minute
+
 // errUnavailable fails a call made while Redis is left alone after a
 // failure, or after the book closed: its newcomers fall back.
 var errUnavailable = errors.New("redis is left alone after a failure")

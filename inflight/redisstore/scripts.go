@@ -48,16 +48,27 @@ end
 // is listed in the waiting set, so that releases anywhere announce
 // themselves.
 //
-// KEYS[1]: the zone's waiting set; the rest: the sorted sets. ARGV: the
-// deadline (µs), the lease (ms), how long a waiting listing lasts (ms), the
-// instance, the channel, the number of groups of leases to remove, then
-// per group (leases of one set and of the same units, one ZREM) the set's
-// index in KEYS, the units, the number of members and the members; then
-// the number of requests, then per request its member, 1 if it waits when
-// refused, its units, its number of sets, and per set its index in KEYS,
-// its max and 1 if the request holds it. The members admitted go into each
-// set in one ZADD.
-var admitScript = redis.NewScript(countersLua + `
+// A fair request also goes by the zone's fair clock (see fairLua), after
+// its counts: it is refused by the first of its sets under which another
+// key is listed with a smaller tag than its key starts at, which it does
+// not hold for the later requests (the room is the other key's); if it
+// waits, its key is listed under the set that refused it. Admitted, its
+// key is charged and unlisted.
+//
+// KEYS[1]: the zone's waiting set; KEYS[2] to KEYS[4]: its fair clock
+// (see fairLua); the rest: the sorted sets. ARGV: the deadline (µs), the
+// lease (ms), how long a waiting listing lasts (ms), the instance, the
+// channel, the number of groups of leases to remove, then per group
+// (leases of one set and of the same units, one ZREM) the set's index in
+// KEYS, the units, the number of members and the members; then how long a
+// fair listing lasts (ms), how long the fair clock outlives its last call
+// (ms), the weight waiting in the instance, the number of corrections and
+// per correction a fair key and how far its tag moves; then the number of
+// requests, then per request its member, 1 if it waits when refused, its
+// units, its number of sets, its fair key ("" if none), weight and work,
+// and per set its index in KEYS, its max and 1 if the request holds it.
+// The members admitted go into each set in one ZADD.
+var admitScript = redis.NewScript(countersLua + fairLua + `
 local t = redis.call('TIME')
 if tonumber(t[1]) * 1000000 + tonumber(t[2]) > tonumber(ARGV[1]) then
 	return redis.error_reply('LATE ' .. t[1] .. ' ' .. t[2])
@@ -109,13 +120,16 @@ local function heal(key)
 	healed[key] = true
 	return held[key]
 end
+local fair = fairClock(now, ARGV, pos, instance)
+pos = pos + 4 + 2 * tonumber(ARGV[pos + 3])
 local n = tonumber(ARGV[pos])
 pos = pos + 1
 local out, waits = {tonumber(t[1]), tonumber(t[2])}, false
 for r = 1, n do
 	local member, willWait, units, count = ARGV[pos], ARGV[pos + 1] == '1', tonumber(ARGV[pos + 2]), tonumber(ARGV[pos + 3])
-	pos = pos + 4
-	local first, full = pos, 0
+	local fk, weight, work = ARGV[pos + 4], tonumber(ARGV[pos + 5]), tonumber(ARGV[pos + 6])
+	pos = pos + 7
+	local first, full, start = pos, 0, nil
 	for j = 1, count do
 		if full == 0 then
 			local key, max = KEYS[tonumber(ARGV[pos])], tonumber(ARGV[pos + 1])
@@ -125,15 +139,29 @@ for r = 1, n do
 		end
 		pos = pos + 3
 	end
-	if full > 0 and willWait then
+	local byClock = false
+	if full == 0 and fk ~= '' then
+		start = fair.start(fk)
+		local place = fair.place(fk, start)
+		for j = 1, count do
+			if fair.before(KEYS[tonumber(ARGV[first + 3 * (j - 1)])], fk, place) then
+				full, byClock = j, true
+				break
+			end
+		end
+	end
+	if full > 0 and willWait and fk ~= '' then fair.list(KEYS[tonumber(ARGV[first + 3 * (full - 1)])], fk) end
+	if full > 0 and willWait and not byClock then
 		for j = 1, count do
 			local p = first + 3 * (j - 1)
 			if j == full or ARGV[p + 2] == '1' then reserved[KEYS[tonumber(ARGV[p])]] = true end
 		end
 	end
 	if full == 0 then
+		if fk ~= '' then fair.charge(fk, start, weight, work) end
 		for p = first, pos - 1, 3 do
 			local key = KEYS[tonumber(ARGV[p])]
+			if fk ~= '' then fair.unlist(key, fk) end
 			held[key] = held[key] + units
 			if not added[key] then added[key], members[key] = 0, {} end
 			added[key] = added[key] + units
@@ -156,8 +184,130 @@ if waits then
 	redis.call('ZADD', KEYS[1], now + listing, instance)
 	redis.call('PEXPIRE', KEYS[1], listing)
 end
+fair.close()
 return out
 `)
+
+// fairLua is the zone's fair clock, the one of every instance: the
+// engine's (limiter/fair.go), kept in Redis. KEYS[2] is a hash holding
+// virtual time ("v") and, per instance with keys waiting, their weight
+// and until when it counts ("a:<instance>" = "<weight> <ms>"); KEYS[3]
+// the keys' tags, a sorted set. A tag at or below virtual time reads as
+// none and is dropped. A key waiting anywhere has a place, "<KEYS[2]>:w",
+// the start it had when it was first listed: it is listed, at that place,
+// under each set that refused it, "<set>:fq". Places order the keys
+// waiting as they started, and the same way under every set, so the key
+// of the smallest place is refused by none: the clock never deadlocks.
+// KEYS[4] holds when each listing ends, "<set>|<key>" ("|<key>": its
+// place), scored by its expiry. A grant unlists its key, whose waiters
+// list it again, at its new start, at their next refusal. fairClock opens
+// the clock lazily, at the first fair request or correction; close
+// writes it back. Virtual time is rebased to 0, every tag and place moved
+// with it, before it reaches 2^20 (as the engine's).
+const fairLua = `
+local function fairClock(now, argv, pos, instance)
+	local clock, tags, index = KEYS[2], KEYS[3], KEYS[4]
+	local places = clock .. ':w'
+	local ttl, life, mine, nfix = tonumber(argv[pos]), tonumber(argv[pos + 1]), tonumber(argv[pos + 2]), tonumber(argv[pos + 3])
+	local f, open, vtime, active = {}, false, 0, 0
+	local function num(x) return string.format('%.17g', x) end
+	local function tagOf(key) return tonumber(redis.call('ZSCORE', tags, key)) end
+	local function rebase()
+		local all = redis.call('ZRANGE', tags, 0, -1, 'WITHSCORES')
+		for i = 1, #all, 2 do redis.call('ZADD', tags, num(tonumber(all[i + 1]) - vtime), all[i]) end
+		for _, m in ipairs(redis.call('ZRANGE', index, 0, -1)) do
+			local set, key = string.match(m, '^(.*)|([^|]*)$')
+			if set == '' then
+				local p = tonumber(redis.call('HGET', places, key))
+				if p then redis.call('HSET', places, key, num(p - vtime)) end
+			else
+				local s = tonumber(redis.call('ZSCORE', set .. ':fq', key))
+				if s then redis.call('ZADD', set .. ':fq', num(s - vtime), key) end
+			end
+		end
+		vtime = 0
+	end
+	local function opened()
+		if open then return end
+		open = true
+		vtime = tonumber(redis.call('HGET', clock, 'v')) or 0
+		if mine > 0 then
+			redis.call('HSET', clock, 'a:' .. instance, num(mine) .. ' ' .. (now + ttl))
+		else
+			redis.call('HDEL', clock, 'a:' .. instance)
+		end
+		local all = redis.call('HGETALL', clock)
+		for i = 1, #all, 2 do
+			if string.sub(all[i], 1, 2) == 'a:' then
+				local w, untilMs = string.match(all[i + 1], '^(%S+) (%d+)$')
+				if tonumber(untilMs) <= now then redis.call('HDEL', clock, all[i]) else active = active + tonumber(w) end
+			end
+		end
+		local gone = redis.call('ZRANGEBYSCORE', index, '-inf', now, 'LIMIT', 0, 256)
+		for _, m in ipairs(gone) do
+			local set, key = string.match(m, '^(.*)|([^|]*)$')
+			if set == '' then redis.call('HDEL', places, key) else redis.call('ZREM', set .. ':fq', key) end
+		end
+		if #gone > 0 then redis.call('ZREM', index, unpack(gone)) end
+		for i = pos + 4, pos + 3 + 2 * nfix, 2 do
+			local key, delta = argv[i], tonumber(argv[i + 1])
+			local tag = tagOf(key)
+			if tag then
+				redis.call('ZADD', tags, num(tag + delta), key)
+			elseif delta > 0 then -- dropped at or below virtual time: it starts from the present
+				redis.call('ZADD', tags, num(vtime + delta), key)
+			end
+		end
+	end
+	-- start is the virtual time at which key starts its next unit.
+	function f.start(key)
+		opened()
+		return math.max(vtime, tagOf(key) or vtime)
+	end
+	-- place returns key's place: where it waits, else start.
+	function f.place(key, start)
+		return tonumber(redis.call('HGET', places, key)) or start
+	end
+	-- before reports whether a key other than key is listed under set
+	-- at a place before place.
+	function f.before(set, key, place)
+		local two = redis.call('ZRANGE', set .. ':fq', 0, 1, 'WITHSCORES')
+		for i = 1, #two, 2 do
+			if two[i] ~= key then return tonumber(two[i + 1]) < place end
+		end
+		return false
+	end
+	-- list lists key as waiting under set, at its place.
+	function f.list(set, key)
+		local place = f.place(key, f.start(key))
+		redis.call('HSET', places, key, num(place))
+		redis.call('ZADD', set .. ':fq', num(place), key)
+		redis.call('ZADD', index, now + ttl, set .. '|' .. key, now + ttl, '|' .. key)
+		redis.call('PEXPIRE', set .. ':fq', life)
+	end
+	-- unlist ends key's wait, as it is granted: under set, and its place.
+	function f.unlist(set, key)
+		redis.call('ZREM', set .. ':fq', key)
+		redis.call('HDEL', places, key)
+	end
+	-- charge records a grant of work unit-seconds to key at weight w,
+	-- starting at start.
+	function f.charge(key, start, w, work)
+		if start == vtime and active > 0 then vtime = vtime + work / active end
+		vtime = math.max(vtime, start)
+		redis.call('ZADD', tags, num(start + work / w), key)
+	end
+	function f.close()
+		if not open then return end
+		redis.call('ZREMRANGEBYSCORE', tags, '-inf', num(vtime))
+		if vtime >= 1048576 then rebase() end
+		redis.call('HSET', clock, 'v', num(vtime))
+		for _, k in ipairs({clock, tags, index, places}) do redis.call('PEXPIRE', k, life) end
+	end
+	if nfix > 0 then opened() end
+	return f
+end
+`
 
 // decodeVerdicts turns the admission script's reply into verdicts: Admitted,
 // or Full by a dimension (limiter.TotalDim: the total); dims gives, per

@@ -35,6 +35,9 @@ type redisZone struct {
 	callMu     sync.Mutex
 	calling    bool
 	lastFailed bool
+	// fixes are the corrections of fair charges (see Correct) that the
+	// next call sends, by fair key (see fairKey); guarded by callMu.
+	fixes map[string]float64
 	// callGate, if set (by tests), holds every call until it is closed.
 	callGate atomic.Pointer[chan struct{}]
 }
@@ -83,8 +86,7 @@ func (z *redisZone) sets(c limiter.Claim) ([]string, []int) {
 		if k == "" {
 			continue
 		}
-		sum := sha256.Sum256([]byte(k))
-		keys = append(keys, z.tag+":"+z.limits[d]+":"+hex.EncodeToString(sum[:12]))
+		keys = append(keys, z.tag+":"+z.fairKey(d, k))
 		dims = append(dims, d)
 	}
 	if z.hasTotal {
@@ -92,6 +94,36 @@ func (z *redisZone) sets(c limiter.Claim) ([]string, []int) {
 		dims = append(dims, limiter.TotalDim)
 	}
 	return keys, dims
+}
+
+// fairKey names key of dimension d on the zone's fair clock, as its set
+// does after the zone's prefix. Keys are hashed: Redis never sees a raw
+// key.
+func (z *redisZone) fairKey(d int, key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return z.limits[d] + ":" + hex.EncodeToString(sum[:12])
+}
+
+// Correct has the next call move key's tag on the zone's fair clock by
+// delta.
+func (z *redisZone) Correct(d int, key string, delta float64) {
+	k := z.fairKey(d, key)
+	z.callMu.Lock()
+	if z.fixes == nil {
+		z.fixes = map[string]float64{}
+	}
+	z.fixes[k] += delta
+	z.callMu.Unlock()
+}
+
+// takeFixes returns the corrections to send, which a call that fails
+// loses: a correction moves one grant's charge.
+func (z *redisZone) takeFixes() map[string]float64 {
+	z.callMu.Lock()
+	defer z.callMu.Unlock()
+	f := z.fixes
+	z.fixes = nil
+	return f
 }
 
 // claim is one claim of an admission call, as the script sees it.
@@ -148,7 +180,7 @@ func (z *redisZone) admit(in []limiter.Claim) ([]limiter.Verdict, error) {
 	if len(claims) == 0 {
 		op = "release"
 	}
-	keys := []string{z.tag + ":waiting"}
+	keys := []string{z.tag + ":waiting", z.tag + ":fair", z.tag + ":fair:t", z.tag + ":fair:x"}
 	index := map[string]int{}
 	keyIndex := func(set string) int {
 		if _, ok := index[set]; !ok {
@@ -172,9 +204,19 @@ func (z *redisZone) admit(in []limiter.Claim) ([]limiter.Verdict, error) {
 	for _, g := range groups {
 		args = append(append(args, keyIndex(g.set), g.units, len(g.members)), g.members...)
 	}
+	fixes := z.takeFixes()
+	args = append(args, fairListing.Milliseconds(), fairClockLife.Milliseconds(), waitingWeight(in), len(fixes))
+	for k, delta := range fixes {
+		args = append(args, k, delta)
+	}
 	args = append(args, len(claims))
 	for _, c := range claims {
 		args = append(args, c.member, flag(c.Waits), c.Units, len(c.sets))
+		if f := c.Fair; f != nil {
+			args = append(args, z.fairKey(f.Dim, c.Keys[f.Dim]), f.Weight, f.Work)
+		} else {
+			args = append(args, "", 0, 0)
+		}
 		for k, set := range c.sets {
 			args = append(args, keyIndex(set), c.capOf(c.dims[k]), flag(c.holds(c.dims[k])))
 		}
@@ -200,6 +242,17 @@ func (z *redisZone) admit(in []limiter.Claim) ([]limiter.Verdict, error) {
 		verdicts[j] = v
 	}
 	return verdicts, nil
+}
+
+// waitingWeight is the weight of the keys waiting under fair in this
+// instance, as the fair claims of a call give it.
+func waitingWeight(claims []limiter.Claim) float64 {
+	for _, c := range claims {
+		if c.Fair != nil {
+			return c.Fair.Waiting
+		}
+	}
+	return 0
 }
 
 func flag(b bool) int {

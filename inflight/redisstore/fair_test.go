@@ -1,0 +1,106 @@
+package redisstore
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
+)
+
+// instances returns n instances of one zone (each a store of its own over
+// the same Redis and key prefix, as n Caddys are) with limits.
+func instances(t *testing.T, addr string, n int, limits *limiter.Limits) []limiter.Store {
+	t.Helper()
+	out := make([]limiter.Store, n)
+	for i := range out {
+		// Options that differ keep the books apart, as processes are.
+		s := newStore(t, store(addr, func(s *Store) { s.Timeout = caddy.Duration(time.Duration(2000+i) * time.Millisecond) }))
+		out[i], _ = zoneOf(s, "fleet", limits)
+	}
+	return out
+}
+
+// tenantLoad is clients of one tenant, at one instance each, that ask for
+// a slot, hold it for hold and come back, and the slot-seconds they held.
+type tenantLoad struct {
+	key    string
+	weight float64
+	hold   time.Duration
+	at     []int // the instance of each client
+}
+
+// runFleet runs loads on instances for d after warm, and returns the
+// slot-seconds each tenant held in that window.
+func runFleet(t *testing.T, fleet []limiter.Store, limits *limiter.Limits, loads []tenantLoad, warm, d time.Duration) map[string]float64 {
+	t.Helper()
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	var mu sync.Mutex
+	var from, to time.Time
+	held := map[string]float64{}
+	var grants atomic.Int64
+	defer func() { t.Logf("%d grants", grants.Load()) }()
+	var wg sync.WaitGroup
+	for _, l := range loads {
+		for _, at := range l.at {
+			wg.Go(func() {
+				opt := limiter.WaitOptions{Wait: time.Minute, Fair: true, Weight: l.weight}
+				for ctx.Err() == nil {
+					req := request(limits, l.key)
+					if res := fleet[at].Acquire(ctx, req, opt); res.Outcome != limiter.Admitted {
+						if ctx.Err() == nil {
+							t.Errorf("%s at %d: %v", l.key, at, res.Outcome)
+						}
+						return
+					}
+					grants.Add(1)
+					start := time.Now()
+					time.Sleep(l.hold)
+					end := time.Now()
+					fleet[at].Release(req)
+					mu.Lock()
+					if s, e := max(start.UnixNano(), from.UnixNano()), min(end.UnixNano(), to.UnixNano()); !from.IsZero() && e > s {
+						held[l.key] += float64(e-s) / 1e9
+					}
+					mu.Unlock()
+				}
+			})
+		}
+	}
+	time.Sleep(warm)
+	mu.Lock()
+	from = time.Now()
+	to = from.Add(d)
+	mu.Unlock()
+	time.Sleep(d + 2*time.Second)
+	stop()
+	wg.Wait()
+	return held
+}
+
+// TestFairClockSharedByInstances: two instances of one zone (total 2,
+// fair over the tenant): tenant a (weight 3) reaches only the first,
+// tenant b (weight 1) only the second, each with 6 clients holding a slot
+// 20 ms at a time. Over 5 s, a gets 3/4 ± 0.05 of the slot-seconds, as
+// if one instance served both: the instances go by one fair clock. Each
+// fair only among the requests it sees, they share about half and half
+// (each instance wins the races for freed slots as often).
+func TestFairClockSharedByInstances(t *testing.T) {
+	addr, _ := startRedis(t)
+	limits := &limiter.Limits{Max: []int64{100}, Total: 2}
+	fleet := instances(t, addr, 2, limits)
+	held := runFleet(t, fleet, limits, []tenantLoad{
+		{key: "a", weight: 3, hold: 20 * time.Millisecond, at: []int{0, 0, 0, 0, 0, 0}},
+		{key: "b", weight: 1, hold: 20 * time.Millisecond, at: []int{1, 1, 1, 1, 1, 1}},
+	}, time.Second, 5*time.Second)
+	share := held["a"] / (held["a"] + held["b"])
+	t.Logf("slot-seconds a %.2f, b %.2f: a's share %.3f (of at most 10)", held["a"], held["b"], share)
+	if !(share >= 0.70 && share <= 0.80) {
+		t.Errorf("tenant a (weight 3 of 4) has %.3f of the slot-seconds, want 0.75 ± 0.05", share)
+	}
+}
