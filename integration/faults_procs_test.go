@@ -46,6 +46,19 @@ type faultSite struct {
 	total      int
 	wait       time.Duration
 	cost       bool // requests cost X-Cost units
+	fair       bool // the tenants share fairly (fair tenant)
+}
+
+// variant names the site's options in a fault run's name.
+func (s faultSite) variant() string {
+	var v string
+	if s.cost {
+		v += fmt.Sprintf(", costs 1-%d", maxCost)
+	}
+	if s.fair {
+		v += ", fair"
+	}
+	return v
 }
 
 // fleetMember is one Caddy process of a fleet under test.
@@ -65,6 +78,9 @@ func (s faultSite) render(m *fleetMember, backend string) string {
 	}
 	if s.cost {
 		total += "\n\t\tcost {header.X-Cost}"
+	}
+	if s.fair {
+		total += "\n\t\tfair tenant"
 	}
 	if s.masterName != "" {
 		master = "\n\t\t\tmaster_name " + s.masterName

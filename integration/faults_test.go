@@ -392,20 +392,22 @@ var faultCases = []faultCase{
 // their fault cases included; `-parallel 1` runs them one at a time.
 func TestFaults(t *testing.T) {
 	t.Parallel()
-	runFaults(t, faultCases, tenantCaps, false)
+	runFaults(t, faultCases, tenantCaps, faultSite{})
 }
 
 // runFaults runs each fault case against a fresh fleet, as many at once as
 // -parallel allows (each has its own Redis, proxies, fleet and backend;
 // -parallel 1 runs them one at a time), with the caps and, if cost,
 // requests of costs 1 to maxCost; and logs the table of windows.
-func runFaults(t *testing.T, cases []faultCase, c caps, cost bool) {
+func runFaults(t *testing.T, cases []faultCase, c caps, opts faultSite) {
 	table := make([]windows, len(cases)) // in the order of cases
 	t.Run("each", func(t *testing.T) {
 		for i, f := range cases {
 			t.Run(strings.NewReplacer(" ", "_", ",", "").Replace(f.name), func(t *testing.T) {
 				t.Parallel()
-				e := newFaultEnv(t, faultSite{onError: f.onError, cost: cost}, c)
+				site := opts
+				site.onError = f.onError
+				e := newFaultEnv(t, site, c)
 				bound := e.renewalBound()
 				if f.bound != nil {
 					bound = f.bound(e)
@@ -414,11 +416,7 @@ func runFaults(t *testing.T, cases []faultCase, c caps, cost bool) {
 				if f.exact {
 					began = time.Now() // the checks of the time before a fault hold for the whole run
 				}
-				name := f.name + ", on_error " + f.onError
-				if cost {
-					name = f.name + fmt.Sprintf(", costs 1-%d, on_error %s", maxCost, f.onError)
-				}
-				table[i] = e.check(name, began, healed, bound, f.outage)
+				table[i] = e.check(f.name+opts.variant()+", on_error "+f.onError, began, healed, bound, f.outage)
 			})
 		}
 	})
@@ -453,7 +451,24 @@ func TestFaultsCost(t *testing.T) {
 			cases = append(cases, f)
 		}
 	}
-	runFaults(t, cases, caps{tenant: 6}, true)
+	runFaults(t, cases, caps{tenant: 6}, faultSite{cost: true})
+}
+
+// TestFaultsFair runs faults of each kind with the tenants sharing a total
+// that binds fairly (fair tenant), on the zone's one fair clock in Redis:
+// the caps hold and no refusal is undeserved, with the same bounds after
+// healing, while the clock refuses requests whose tenant is ahead of one
+// waiting at another instance.
+func TestFaultsFair(t *testing.T) {
+	t.Parallel() // see TestFaults
+	var cases []faultCase
+	for _, f := range faultCases {
+		switch f.name {
+		case "latency 100ms (within timeout)", "packets dropped", "restart with empty data", "SIGSTOP for 2× the lease, SIGCONT":
+			cases = append(cases, f)
+		}
+	}
+	runFaults(t, cases, withTotal, faultSite{fair: true})
 }
 
 // reloadEvery reloads every instance every interval for d, alternating the

@@ -212,15 +212,15 @@ func (c *virtualClock) correct(key uint64, delta, held float64) bool {
 }
 
 // learn moves key's and the zone's hold estimates towards a hold time of
-// held seconds: a key's by a quarter of the gap, the zone's by a
-// sixteenth.
+// held seconds: a key's (if it has a tag) by a quarter of the gap, the
+// zone's by a sixteenth.
 func (c *virtualClock) learn(key uint64, held float64) {
 	if c.holds == nil {
 		c.holds = map[uint64]float64{}
 	}
 	if h, ok := c.holds[key]; ok {
 		c.holds[key] = h + (held-h)/4
-	} else {
+	} else if _, tagged := c.tags[key]; tagged { // holds stays within tags
 		c.holds[key] = held
 	}
 	if c.hold == 0 {
@@ -260,23 +260,23 @@ func (c *virtualClock) rebase() {
 // for the key's estimated hold time.
 func (q *queue) chargeGrant(w *waiter) {
 	f := w.flow
-	q.charge(w.req, f.keyDim, f.fairKey, f.weight, q.vclock.estimate(f.fairKey), nil)
+	est := q.vclock.estimate(f.fairKey)
+	q.vclock.charge(f.fairKey, w.req.taken, f.weight, est)
+	q.charged(w.req, &fairCharge{local: true, dim: f.keyDim, key: f.fairKey, weight: f.weight, est: est})
 }
 
-// charge records a grant of req's units to key (of dimension dim) at
-// weight w, charged for est seconds, and what the request's Release
-// corrects, here and, if fleet is set, on that ledger's clock (see
-// settle). mu must be held.
-func (q *queue) charge(req *Request, dim int, key uint64, w, est float64, fleet Ledger) {
-	q.vclock.charge(key, req.taken, w, est)
-	req.fair = &fairCharge{q: q, fleet: fleet, dim: dim, key: key, weight: w, est: est, at: q.clock.Now()}
+// charged records what req's grant charged, for its Release to correct.
+func (q *queue) charged(req *Request, c *fairCharge) {
+	c.q, c.at = q, q.clock.Now()
+	req.fair = c
 }
 
 // fairCharge is what a grant under fair charged its request's key, for
 // the correction at its Release.
 type fairCharge struct {
 	q      *queue
-	fleet  Ledger // the ledger whose clock was charged too, if any
+	local  bool   // charged on q's clock
+	fleet  Ledger // charged on this ledger's clock, if set
 	dim    int
 	key    uint64
 	weight float64
@@ -291,14 +291,17 @@ func (c *fairCharge) delta(units int64, held float64) float64 {
 }
 
 // settle corrects the charge of req's grant to the time it held its
-// units, as its units are given back: here, and on the fleet's clock.
+// units, as its units are given back, on the clocks it was charged on; the
+// hold time is learnt in any case.
 func (q *queue) settle(req *Request) {
 	c := req.fair
 	req.fair = nil
 	held := min(max(q.clock.Now().Sub(c.at).Seconds(), minHold), maxHold)
 	delta := c.delta(req.taken, held)
 	q.mu.Lock()
-	if q.vclock.correct(c.key, delta, held) {
+	if !c.local {
+		q.vclock.learn(c.key, held)
+	} else if q.vclock.correct(c.key, delta, held) {
 		q.moveBack(c.key)
 	}
 	q.mu.Unlock()

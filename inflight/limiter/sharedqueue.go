@@ -334,7 +334,7 @@ func (q *SharedQueue) call(batch []*newcomerCall) {
 			continue
 		}
 		q.admitted(t)
-		q.chargeFair(t)
+		q.chargeFair(t, true)
 		if w.left { // it left while the ledger answered
 			gone = append(gone, w.req)
 			continue
@@ -343,8 +343,8 @@ func (q *SharedQueue) call(batch []*newcomerCall) {
 		q.leave(w)
 		close(w.ready)
 	}
-	for i := range batch { // charged in the order the ledger admitted them
-		q.chargeFair(&tries[len(waiters)+i])
+	for i := range batch {
+		q.chargeFair(&tries[len(waiters)+i], false)
 	}
 	q.mu.Unlock()
 	for _, req := range gone {
@@ -363,12 +363,21 @@ func (q *SharedQueue) fairClaim(t *try, dim int, key uint64, w float64) {
 	t.claim.Fair = &FairClaim{Dim: dim, Weight: w, Work: float64(t.claim.Units) * q.vclock.estimate(key), Waiting: q.vclock.active}
 }
 
-// chargeFair charges an admitted fair try's key here what the ledger
-// charged it, for its Release to correct on both clocks. mu must be held.
-func (q *SharedQueue) chargeFair(t *try) {
-	if c := t.claim.Fair; c != nil && t.verdict.Outcome == Admitted {
-		q.charge(t.req, c.Dim, t.fairKey, c.Weight, c.Work/float64(t.claim.Units), q.ledger)
+// chargeFair records the charge of an admitted fair try on the ledger's
+// clock, for its Release to correct, and if it is a waiter's grant (local),
+// charges it here too, as the zone's own queue does; a newcomer admitted at
+// once is charged by the ledger alone, as it is not by a zone. mu must be
+// held.
+func (q *SharedQueue) chargeFair(t *try, local bool) {
+	c := t.claim.Fair
+	if c == nil || t.verdict.Outcome != Admitted {
+		return
 	}
+	est := c.Work / float64(t.claim.Units)
+	if local {
+		q.vclock.charge(t.fairKey, t.req.taken, c.Weight, est)
+	}
+	q.charged(t.req, &fairCharge{local: local, fleet: q.ledger, dim: c.Dim, key: t.fairKey, weight: c.Weight, est: est})
 }
 
 // claimOf returns what req asks of the ledger under the limits that apply

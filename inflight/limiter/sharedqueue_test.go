@@ -445,3 +445,39 @@ func TestSharedQueueAbortedAsGrantedGivesTheSlotBack(t *testing.T) {
 		t.Logf("%d of 64 rounds aborted a granted waiter", aborted)
 	})
 }
+
+// TestSharedQueueFairNewcomersLeaveNoState: requests of 200 distinct keys
+// admitted at once under fair (the ledger charges them on its clock) leave
+// no tag and no hold estimate of their keys in this process, and each
+// release sends its correction to the ledger.
+func TestSharedQueueFairNewcomersLeaveNoState(t *testing.T) {
+	l := &correctionLedger{memLedger: newMemLedger(1000, 1000)}
+	z := NewZone(1, true, nil)
+	q := NewSharedQueue(z, l, time.Hour)
+	limits := &Limits{Max: []int64{10}, Total: 1000}
+	z.Adopt(limits)
+	for i := range 200 {
+		req := &Request{Keys: []string{fmt.Sprint("k", i)}, Limits: limits}
+		if res, err := q.Acquire(context.Background(), req, WaitOptions{Wait: time.Minute, Fair: true}); err != nil || res.Outcome != Admitted {
+			t.Fatalf("request %d: %v %v", i, res.Outcome, err)
+		}
+		q.Release(req)
+	}
+	q.mu.Lock()
+	tags, holds := len(q.vclock.tags), len(q.vclock.holds)
+	q.mu.Unlock()
+	if tags != 0 || holds != 0 {
+		t.Errorf("%d tags and %d hold estimates kept for 200 keys admitted at once, want none", tags, holds)
+	}
+	if n := l.corrections.Load(); n != 200 {
+		t.Errorf("%d corrections sent to the ledger for 200 fair admissions, want 200", n)
+	}
+}
+
+// correctionLedger counts the corrections a memLedger is sent.
+type correctionLedger struct {
+	*memLedger
+	corrections atomic.Int64
+}
+
+func (l *correctionLedger) Correct(int, string, float64) { l.corrections.Add(1) }

@@ -139,18 +139,20 @@ for r = 1, n do
 		end
 		pos = pos + 3
 	end
-	local byClock = false
+	local byClock, listed, sets = false, nil, {}
+	if fk ~= '' then
+		for j = 1, count do sets[j] = KEYS[tonumber(ARGV[first + 3 * (j - 1)])] end
+	end
 	if full == 0 and fk ~= '' then
-		start = fair.start(fk)
-		local place = fair.place(fk, start)
+		start, listed = fair.start(fk), fair.listed(fk)
 		for j = 1, count do
-			if fair.before(KEYS[tonumber(ARGV[first + 3 * (j - 1)])], fk, place) then
+			if fair.before(sets[j], fk, listed or start) then
 				full, byClock = j, true
 				break
 			end
 		end
 	end
-	if full > 0 and willWait and fk ~= '' then fair.list(KEYS[tonumber(ARGV[first + 3 * (full - 1)])], fk) end
+	if full > 0 and willWait and fk ~= '' then fair.list(sets[full], fk) end
 	if full > 0 and willWait and not byClock then
 		for j = 1, count do
 			local p = first + 3 * (j - 1)
@@ -158,10 +160,9 @@ for r = 1, n do
 		end
 	end
 	if full == 0 then
-		if fk ~= '' then fair.charge(fk, start, weight, work) end
+		if fk ~= '' then fair.charge(fk, start, weight, work, listed, sets) end
 		for p = first, pos - 1, 3 do
 			local key = KEYS[tonumber(ARGV[p])]
-			if fk ~= '' then fair.unlist(key, fk) end
 			held[key] = held[key] + units
 			if not added[key] then added[key], members[key] = 0, {} end
 			added[key] = added[key] + units
@@ -254,7 +255,7 @@ local function fairClock(now, argv, pos, instance)
 			local tag = tagOf(key)
 			if tag then
 				redis.call('ZADD', tags, num(tag + delta), key)
-			elseif delta > 0 then -- dropped at or below virtual time: it starts from the present
+			elseif delta > 0 and active > 0 then -- dropped at or below virtual time: it starts from the present
 				redis.call('ZADD', tags, num(vtime + delta), key)
 			end
 		end
@@ -264,9 +265,9 @@ local function fairClock(now, argv, pos, instance)
 		opened()
 		return math.max(vtime, tagOf(key) or vtime)
 	end
-	-- place returns key's place: where it waits, else start.
-	function f.place(key, start)
-		return tonumber(redis.call('HGET', places, key)) or start
+	-- listed returns key's place if it waits, else nil.
+	function f.listed(key)
+		return tonumber(redis.call('HGET', places, key))
 	end
 	-- before reports whether a key other than key is listed under set
 	-- at a place before place.
@@ -279,21 +280,24 @@ local function fairClock(now, argv, pos, instance)
 	end
 	-- list lists key as waiting under set, at its place.
 	function f.list(set, key)
-		local place = f.place(key, f.start(key))
+		local place = f.listed(key) or f.start(key)
 		redis.call('HSET', places, key, num(place))
 		redis.call('ZADD', set .. ':fq', num(place), key)
 		redis.call('ZADD', index, now + ttl, set .. '|' .. key, now + ttl, '|' .. key)
 		redis.call('PEXPIRE', set .. ':fq', life)
 	end
-	-- unlist ends key's wait, as it is granted: under set, and its place.
-	function f.unlist(set, key)
-		redis.call('ZREM', set .. ':fq', key)
-		redis.call('HDEL', places, key)
-	end
 	-- charge records a grant of work unit-seconds to key at weight w,
-	-- starting at start.
-	function f.charge(key, start, w, work)
-		if start == vtime and active > 0 then vtime = vtime + work / active end
+	-- starting at start, and ends its wait (if listed) under sets. While
+	-- no key waits, a grant is charged nothing, as the engine charges only
+	-- grants from its queue: tags then are only those of keys that
+	-- contend, which virtual time passes.
+	function f.charge(key, start, w, work, listed, sets)
+		if listed then
+			for _, set in ipairs(sets) do redis.call('ZREM', set .. ':fq', key) end
+			redis.call('HDEL', places, key)
+		end
+		if active == 0 then return end
+		if start == vtime then vtime = vtime + work / active end
 		vtime = math.max(vtime, start)
 		redis.call('ZADD', tags, num(start + work / w), key)
 	end
