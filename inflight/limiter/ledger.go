@@ -71,6 +71,10 @@ type FairClaim struct {
 	// process, the same in every claim of a call: the fleet's is the sum
 	// of every instance's.
 	Waiting float64
+	// More says that other requests of the key wait in this process
+	// besides this one: admitted, the key stays listed as waiting, at its
+	// new start, rather than unlisted until its next refusal.
+	More bool
 }
 
 // Verdict is a Ledger's answer for one claim: Admitted with its Lease, or

@@ -360,7 +360,19 @@ func (q *SharedQueue) fairClaim(t *try, dim int, key uint64, w float64) {
 		return
 	}
 	t.fairKey = key
-	t.claim.Fair = &FairClaim{Dim: dim, Weight: w, Work: float64(t.claim.Units) * q.vclock.estimate(key), Waiting: q.vclock.active}
+	t.claim.Fair = &FairClaim{Dim: dim, Weight: w, Work: float64(t.claim.Units) * q.vclock.estimate(key), Waiting: q.vclock.active, More: q.waitingOf(key) > 1}
+}
+
+// waitingOf returns the requests of key waiting in the queue. mu must be
+// held.
+func (q *SharedQueue) waitingOf(key uint64) int {
+	n := 0
+	if kf := q.vclock.waiting[key]; kf != nil {
+		for _, f := range kf.flows {
+			n += f.n
+		}
+	}
+	return n
 }
 
 // chargeFair records the charge of an admitted fair try on the ledger's

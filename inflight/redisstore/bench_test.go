@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -65,29 +66,42 @@ func BenchmarkReleaseWithRedisDelayed(b *testing.B) {
 // BenchmarkRedisCPUPerAdmission admits and releases from 16 goroutines
 // through one zone, and reports what Redis spent on each request, from
 // INFO commandstats: the scripts' calls and time (µs, the commands they
-// ran included) and the ZREMs.
+// ran included) and the ZREMs. plain: no fair; fair: fair over the one
+// key, none waiting; fair-contended: fair over 4 keys sharing a total of
+// 8, half of the requests waiting.
 func BenchmarkRedisCPUPerAdmission(b *testing.B) {
-	addr, cli := startRedis(b)
-	s := newStore(b, store(addr, nil))
-	limits := &limiter.Limits{Max: []int64{1 << 30}, Total: 1 << 30}
-	z, _ := zoneOf(s, "cpu", limits)
-	cli.ConfigResetStat(context.Background())
-	b.SetParallelism(8)
-	b.RunParallel(func(pb *testing.PB) {
-		req := request(limits, "k")
-		for pb.Next() {
-			if res := z.Acquire(context.Background(), req, limiter.WaitOptions{}); res.Outcome != limiter.Admitted {
-				b.Fatalf("acquire: %v", res.Outcome)
-			}
-			z.Release(req)
-		}
-	})
-	b.StopTimer()
-	// Before Redis stops: a removal still under way would log an outage.
-	eventually(b, "every lease removed", func() bool { return nothingLeft(b, cli, "t") })
-	stats := commandStats(b, cli)
-	n := float64(b.N)
-	b.ReportMetric(float64(stats["evalsha"].calls+stats["eval"].calls)/n, "scripts/op")
-	b.ReportMetric((stats["evalsha"].usec+stats["eval"].usec)/n, "script-µs/op")
-	b.ReportMetric(float64(stats["zrem"].calls)/n, "zrem/op")
+	for _, bc := range []struct {
+		name  string
+		fair  bool
+		keys  int
+		total int64
+	}{{"plain", false, 1, 1 << 30}, {"fair", true, 1, 1 << 30}, {"fair-contended", true, 4, 8}} {
+		b.Run(bc.name, func(b *testing.B) {
+			addr, cli := startRedis(b)
+			s := newStore(b, store(addr, nil))
+			limits := &limiter.Limits{Max: []int64{1 << 30}, Total: bc.total}
+			z, _ := zoneOf(s, "cpu", limits)
+			cli.ConfigResetStat(context.Background())
+			var next atomic.Int64
+			b.SetParallelism(8)
+			b.RunParallel(func(pb *testing.PB) {
+				req := request(limits, fmt.Sprint("k", next.Add(1)%int64(bc.keys)))
+				opt := limiter.WaitOptions{Wait: time.Minute, Fair: bc.fair}
+				for pb.Next() {
+					if res := z.Acquire(context.Background(), req, opt); res.Outcome != limiter.Admitted {
+						b.Fatalf("acquire: %v", res.Outcome)
+					}
+					z.Release(req)
+				}
+			})
+			b.StopTimer()
+			// Before Redis stops: a removal still under way would log an outage.
+			eventually(b, "every lease removed", func() bool { return nothingLeft(b, cli, "t") })
+			stats := commandStats(b, cli)
+			n := float64(b.N)
+			b.ReportMetric(float64(stats["evalsha"].calls+stats["eval"].calls)/n, "scripts/op")
+			b.ReportMetric((stats["evalsha"].usec+stats["eval"].usec)/n, "script-µs/op")
+			b.ReportMetric(float64(stats["zrem"].calls)/n, "zrem/op")
+		})
+	}
 }

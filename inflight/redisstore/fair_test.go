@@ -166,7 +166,7 @@ func TestFairClockIdleLeavesNoTags(t *testing.T) {
 	if err != nil || n != 0 {
 		t.Fatalf("the fair clock holds %d tags (%v) after 200 keys admitted while none waited, want 0", n, err)
 	}
-	if v := cli.HGet(context.Background(), tag+":fair", "v").Val(); v != "0" {
-		t.Fatalf("virtual time %q after 200 keys admitted while none waited, want 0: no grant was charged", v)
+	if v := cli.HGet(context.Background(), tag+":fair", "v").Val(); v != "" && v != "0" {
+		t.Fatalf("virtual time %q after 200 keys admitted while none waited, want 0 (or none): no grant was charged", v)
 	}
 }

@@ -115,14 +115,23 @@ func members(t testing.TB, cli *redis.Client, prefix string) int64 {
 	}
 	var n int64
 	for _, k := range keys {
-		if typ, _ := cli.Type(ctx, k).Result(); typ == "zset" && !isWaitingSet(k) {
+		if typ, _ := cli.Type(ctx, k).Result(); typ == "zset" && isLeaseSet(k) {
 			n += cli.ZCard(ctx, k).Val()
 		}
 	}
 	return n
 }
 
-func isWaitingSet(k string) bool { return len(k) > 8 && k[len(k)-8:] == ":waiting" }
+// isLeaseSet tells a set of leases from a zone's other sorted sets: its
+// waiting set and its fair clock's (see fairLua).
+func isLeaseSet(k string) bool {
+	for _, suffix := range []string{":waiting", ":fair:t", ":fair:x", ":fq"} {
+		if strings.HasSuffix(k, suffix) {
+			return false
+		}
+	}
+	return true
+}
 
 // faultProxy forwards TCP to Redis and can hold back Redis's replies
 // (stall), delay them, hold back requests, or refuse connections.

@@ -62,11 +62,13 @@ end
 // (leases of one set and of the same units, one ZREM) the set's index in
 // KEYS, the units, the number of members and the members; then how long a
 // fair listing lasts (ms), how long the fair clock outlives its last call
-// (ms), the weight waiting in the instance, the number of corrections and
-// per correction a fair key and how far its tag moves; then the number of
+// (ms), the weight waiting in the instance, the number of fair requests,
+// the number of corrections and per correction a fair key and how far its
+// tag moves; then the number of
 // requests, then per request its member, 1 if it waits when refused, its
-// units, its number of sets, its fair key ("" if none), weight and work,
-// and per set its index in KEYS, its max and 1 if the request holds it.
+// units, its number of sets, its fair key ("" if none), weight, work and 1
+// if more of its key wait here (limiter.FairClaim), and per set its index
+// in KEYS, its max and 1 if the request holds it.
 // The members admitted go into each set in one ZADD.
 var admitScript = redis.NewScript(countersLua + fairLua + `
 local t = redis.call('TIME')
@@ -120,15 +122,16 @@ local function heal(key)
 	healed[key] = true
 	return held[key]
 end
-local fair = fairClock(now, ARGV, pos, instance)
-pos = pos + 4 + 2 * tonumber(ARGV[pos + 3])
+local fair = nil -- a call with no fair request and no correction leaves the clock alone
+if tonumber(ARGV[pos + 3]) + tonumber(ARGV[pos + 4]) > 0 then fair = fairClock(now, ARGV, pos, instance) end
+pos = pos + 5 + 2 * tonumber(ARGV[pos + 4])
 local n = tonumber(ARGV[pos])
 pos = pos + 1
 local out, waits = {tonumber(t[1]), tonumber(t[2])}, false
 for r = 1, n do
 	local member, willWait, units, count = ARGV[pos], ARGV[pos + 1] == '1', tonumber(ARGV[pos + 2]), tonumber(ARGV[pos + 3])
-	local fk, weight, work = ARGV[pos + 4], tonumber(ARGV[pos + 5]), tonumber(ARGV[pos + 6])
-	pos = pos + 7
+	local fk, weight, work, more = ARGV[pos + 4], tonumber(ARGV[pos + 5]), tonumber(ARGV[pos + 6]), ARGV[pos + 7] == '1'
+	pos = pos + 8
 	local first, full, start = pos, 0, nil
 	for j = 1, count do
 		if full == 0 then
@@ -140,19 +143,22 @@ for r = 1, n do
 		pos = pos + 3
 	end
 	local byClock, listed, sets = false, nil, {}
-	if fk ~= '' then
-		for j = 1, count do sets[j] = KEYS[tonumber(ARGV[first + 3 * (j - 1)])] end
+	if fk ~= '' then -- the key's own set is left out: no other key contends there
+		for j = 1, count do
+			local set = KEYS[tonumber(ARGV[first + 3 * (j - 1)])]
+			sets[j] = string.sub(set, -#fk - 1) ~= ':' .. fk and set
+		end
 	end
-	if full == 0 and fk ~= '' then
+	if full == 0 and fk ~= '' and not fair.idle then
 		start, listed = fair.start(fk), fair.listed(fk)
 		for j = 1, count do
-			if fair.before(sets[j], fk, listed or start) then
+			if sets[j] and fair.before(sets[j], fk, listed or start) then
 				full, byClock = j, true
 				break
 			end
 		end
 	end
-	if full > 0 and willWait and fk ~= '' then fair.list(sets[full], fk) end
+	if full > 0 and willWait and fk ~= '' and sets[full] then fair.list(sets[full], fk) end
 	if full > 0 and willWait and not byClock then
 		for j = 1, count do
 			local p = first + 3 * (j - 1)
@@ -160,7 +166,7 @@ for r = 1, n do
 		end
 	end
 	if full == 0 then
-		if fk ~= '' then fair.charge(fk, start, weight, work, listed, sets) end
+		if start then fair.charge(fk, start, weight, work, listed and sets, more) end
 		for p = first, pos - 1, 3 do
 			local key = KEYS[tonumber(ARGV[p])]
 			held[key] = held[key] + units
@@ -185,7 +191,7 @@ if waits then
 	redis.call('ZADD', KEYS[1], now + listing, instance)
 	redis.call('PEXPIRE', KEYS[1], listing)
 end
-fair.close()
+if fair then fair.close() end
 return out
 `)
 
@@ -201,18 +207,39 @@ return out
 // of the smallest place is refused by none: the clock never deadlocks.
 // KEYS[4] holds when each listing ends, "<set>|<key>" ("|<key>": its
 // place), scored by its expiry. A grant unlists its key, whose waiters
-// list it again, at its new start, at their next refusal. fairClock opens
-// the clock lazily, at the first fair request or correction; close
-// writes it back. Virtual time is rebased to 0, every tag and place moved
+// list it again, at its new start, at their next refusal. A call with
+// neither fair requests nor corrections leaves the clock alone; while no
+// key waits (idle), the others cost one EXISTS and drop their
+// corrections. fairClock applies the corrections (to tags not yet passed:
+// one command each) and opens the clock lazily, at the first fair request
+// while a key waits; close writes it back. Virtual time is rebased to 0, every tag and place moved
 // with it, before it reaches 2^20 (as the engine's).
 const fairLua = `
 local function fairClock(now, argv, pos, instance)
 	local clock, tags, index = KEYS[2], KEYS[3], KEYS[4]
 	local places = clock .. ':w'
-	local ttl, life, mine, nfix = tonumber(argv[pos]), tonumber(argv[pos + 1]), tonumber(argv[pos + 2]), tonumber(argv[pos + 3])
-	local f, open, vtime, active = {}, false, 0, 0
+	local ttl, life, mine, nfix = tonumber(argv[pos]), tonumber(argv[pos + 1]), tonumber(argv[pos + 2]), tonumber(argv[pos + 4])
+	local f, open, vtime, active, read, renewed = {}, false, 0, 0, 0, 0
+	-- what the call read or wrote, so that each is read once a call
+	local tagOf, placeOf, firsts, listedIn = {}, {}, {}, {}
 	local function num(x) return string.format('%.17g', x) end
-	local function tagOf(key) return tonumber(redis.call('ZSCORE', tags, key)) end
+	-- idle: no key waits, anywhere (none is listed) or here; a fair
+	-- request then goes by its counts alone, charged nothing, and the
+	-- corrections, which order keys that wait, are dropped.
+	f.idle = mine == 0 and redis.call('EXISTS', places) == 0
+	if not f.idle then
+		for i = pos + 5, pos + 4 + 2 * nfix, 2 do -- a tag already passed is dropped: so is its correction
+			redis.call('ZADD', tags, 'XX', 'INCR', argv[i + 1], argv[i])
+		end
+	end
+	local function tag(key)
+		local t = tagOf[key]
+		if t == nil then
+			t = tonumber(redis.call('ZSCORE', tags, key)) or false
+			tagOf[key] = t
+		end
+		return t or nil
+	end
 	local function rebase()
 		local all = redis.call('ZRANGE', tags, 0, -1, 'WITHSCORES')
 		for i = 1, #all, 2 do redis.call('ZADD', tags, num(tonumber(all[i + 1]) - vtime), all[i]) end
@@ -228,87 +255,157 @@ local function fairClock(now, argv, pos, instance)
 		end
 		vtime = 0
 	end
+	-- opened reads the clock: virtual time, when the keys' lifetimes were
+	-- last renewed ("e"), and the weight waiting in each instance, this
+	-- one's renewed when it is half through.
 	local function opened()
 		if open then return end
 		open = true
-		vtime = tonumber(redis.call('HGET', clock, 'v')) or 0
-		if mine > 0 then
-			redis.call('HSET', clock, 'a:' .. instance, num(mine) .. ' ' .. (now + ttl))
-		else
-			redis.call('HDEL', clock, 'a:' .. instance)
-		end
-		local all = redis.call('HGETALL', clock)
+		local all, me = redis.call('HGETALL', clock), 'a:' .. instance
+		local seen = false
 		for i = 1, #all, 2 do
-			if string.sub(all[i], 1, 2) == 'a:' then
-				local w, untilMs = string.match(all[i + 1], '^(%S+) (%d+)$')
-				if tonumber(untilMs) <= now then redis.call('HDEL', clock, all[i]) else active = active + tonumber(w) end
+			local field, value = all[i], all[i + 1]
+			if field == 'v' then
+				vtime = tonumber(value)
+			elseif field == 'e' then
+				renewed = tonumber(value)
+			else
+				local w, untilMs = string.match(value, '^(%S+) (%d+)$')
+				w, untilMs = tonumber(w), tonumber(untilMs)
+				if field == me then
+					seen = mine > 0 and w == mine and untilMs > now + ttl / 2
+					if mine == 0 then redis.call('HDEL', clock, me) end
+				elseif untilMs <= now then
+					redis.call('HDEL', clock, field)
+				else
+					active = active + w
+				end
 			end
 		end
+		if mine > 0 and not seen then redis.call('HSET', clock, me, num(mine) .. ' ' .. (now + ttl)) end
+		active, read = active + mine, vtime
 		local gone = redis.call('ZRANGEBYSCORE', index, '-inf', now, 'LIMIT', 0, 256)
 		for _, m in ipairs(gone) do
 			local set, key = string.match(m, '^(.*)|([^|]*)$')
 			if set == '' then redis.call('HDEL', places, key) else redis.call('ZREM', set .. ':fq', key) end
 		end
 		if #gone > 0 then redis.call('ZREM', index, unpack(gone)) end
-		for i = pos + 4, pos + 3 + 2 * nfix, 2 do
-			local key, delta = argv[i], tonumber(argv[i + 1])
-			local tag = tagOf(key)
-			if tag then
-				redis.call('ZADD', tags, num(tag + delta), key)
-			elseif delta > 0 and active > 0 then -- dropped at or below virtual time: it starts from the present
-				redis.call('ZADD', tags, num(vtime + delta), key)
-			end
-		end
 	end
 	-- start is the virtual time at which key starts its next unit.
 	function f.start(key)
 		opened()
-		return math.max(vtime, tagOf(key) or vtime)
+		return math.max(vtime, tag(key) or vtime)
 	end
 	-- listed returns key's place if it waits, else nil.
 	function f.listed(key)
-		return tonumber(redis.call('HGET', places, key))
+		local p = placeOf[key]
+		if p == nil then
+			p = tonumber(redis.call('HGET', places, key)) or false
+			placeOf[key] = p
+		end
+		return p or nil
+	end
+	-- firstTwo returns the two keys listed first under set, and their
+	-- places: {key, place, key, place}, fewer if fewer are listed.
+	local function firstTwo(set)
+		local two = firsts[set]
+		if not two then
+			two = redis.call('ZRANGE', set .. ':fq', 0, 1, 'WITHSCORES')
+			for i = 2, #two, 2 do two[i] = tonumber(two[i]) end
+			firsts[set] = two
+		end
+		return two
 	end
 	-- before reports whether a key other than key is listed under set
 	-- at a place before place.
 	function f.before(set, key, place)
-		local two = redis.call('ZRANGE', set .. ':fq', 0, 1, 'WITHSCORES')
+		local two = firstTwo(set)
 		for i = 1, #two, 2 do
-			if two[i] ~= key then return tonumber(two[i + 1]) < place end
+			if two[i] ~= key then return two[i + 1] < place end
 		end
 		return false
 	end
-	-- list lists key as waiting under set, at its place.
+	-- list lists key as waiting under set, at its place, once a call: a
+	-- listing already there is only renewed.
 	function f.list(set, key)
-		local place = f.listed(key) or f.start(key)
-		redis.call('HSET', places, key, num(place))
-		redis.call('ZADD', set .. ':fq', num(place), key)
-		redis.call('ZADD', index, now + ttl, set .. '|' .. key, now + ttl, '|' .. key)
-		redis.call('PEXPIRE', set .. ':fq', life)
+		local id = set .. '|' .. key
+		if listedIn[id] then return end
+		listedIn[id], f.idle = true, false
+		local place = f.listed(key)
+		if not place then
+			place = f.start(key)
+			redis.call('HSET', places, key, num(place))
+			placeOf[key] = place
+		end
+		if redis.call('ZADD', index, now + ttl, id, now + ttl, '|' .. key) == 0 then return end
+		if redis.call('ZADD', set .. ':fq', num(place), key) == 1 then
+			redis.call('PEXPIRE', set .. ':fq', life)
+		end
+		local two = firstTwo(set) -- keep the two first: key goes in
+		local out, added = {}, false
+		for i = 1, #two, 2 do
+			if two[i] ~= key then
+				if not added and place < two[i + 1] then out[#out + 1], out[#out + 2], added = key, place, true end
+				out[#out + 1], out[#out + 2] = two[i], two[i + 1]
+			end
+		end
+		if not added then out[#out + 1], out[#out + 2] = key, place end
+		firsts[set] = {out[1], out[2], out[3], out[4]}
 	end
 	-- charge records a grant of work unit-seconds to key at weight w,
-	-- starting at start, and ends its wait (if listed) under sets. While
-	-- no key waits, a grant is charged nothing, as the engine charges only
-	-- grants from its queue: tags then are only those of keys that
-	-- contend, which virtual time passes.
-	function f.charge(key, start, w, work, listed, sets)
-		if listed then
-			for _, set in ipairs(sets) do redis.call('ZREM', set .. ':fq', key) end
-			redis.call('HDEL', places, key)
+	-- starting at start. While no key waits, a grant is charged nothing,
+	-- as the engine charges only grants from its queue: tags then are only
+	-- those of keys that contend, which virtual time passes. A key listed
+	-- (sets, if set: the request's, false for its key's own) moves to its
+	-- new start under them if more of its requests wait, else its wait
+	-- ends.
+	function f.charge(key, start, w, work, sets, more)
+		local tag = nil
+		if active > 0 then
+			if start == vtime then vtime = vtime + work / active end
+			vtime = math.max(vtime, start)
+			tag = start + work / w
+			tagOf[key] = tag
+			redis.call('ZADD', tags, num(tag), key)
 		end
-		if active == 0 then return end
-		if start == vtime then vtime = vtime + work / active end
-		vtime = math.max(vtime, start)
-		redis.call('ZADD', tags, num(start + work / w), key)
+		if not sets then return end
+		if more and tag then
+			redis.call('HSET', places, key, num(tag))
+			placeOf[key] = tag
+			for _, set in pairs(sets) do
+				if set then
+					redis.call('ZADD', set .. ':fq', 'XX', num(tag), key)
+					firsts[set] = nil
+				end
+			end
+			return
+		end
+		local ids = {'|' .. key}
+		for _, set in pairs(sets) do
+			if set then
+				redis.call('ZREM', set .. ':fq', key)
+				ids[#ids + 1] = set .. '|' .. key
+				firsts[set], listedIn[ids[#ids]] = nil, nil
+			end
+		end
+		redis.call('ZREM', index, unpack(ids))
+		redis.call('HDEL', places, key)
+		placeOf[key] = false
 	end
+	-- close writes virtual time back if it moved, and renews the clock's
+	-- lifetime every second at most.
 	function f.close()
 		if not open then return end
-		redis.call('ZREMRANGEBYSCORE', tags, '-inf', num(vtime))
-		if vtime >= 1048576 then rebase() end
-		redis.call('HSET', clock, 'v', num(vtime))
-		for _, k in ipairs({clock, tags, index, places}) do redis.call('PEXPIRE', k, life) end
+		if vtime ~= read then
+			redis.call('ZREMRANGEBYSCORE', tags, '-inf', num(vtime))
+			if vtime >= 1048576 then rebase() end
+			redis.call('HSET', clock, 'v', num(vtime))
+		end
+		if now - renewed >= 1000 then
+			redis.call('HSET', clock, 'e', now)
+			for _, k in ipairs({clock, tags, index, places}) do redis.call('PEXPIRE', k, life) end
+		end
 	end
-	if nfix > 0 then opened() end
 	return f
 end
 `

@@ -205,7 +205,8 @@ func (z *redisZone) admit(in []limiter.Claim) ([]limiter.Verdict, error) {
 		args = append(append(args, keyIndex(g.set), g.units, len(g.members)), g.members...)
 	}
 	fixes := z.takeFixes()
-	args = append(args, fairListing.Milliseconds(), fairClockLife.Milliseconds(), waitingWeight(in), len(fixes))
+	waiting, fair := fairOf(in)
+	args = append(args, fairListing.Milliseconds(), fairClockLife.Milliseconds(), waiting, fair, len(fixes))
 	for k, delta := range fixes {
 		args = append(args, k, delta)
 	}
@@ -213,9 +214,9 @@ func (z *redisZone) admit(in []limiter.Claim) ([]limiter.Verdict, error) {
 	for _, c := range claims {
 		args = append(args, c.member, flag(c.Waits), c.Units, len(c.sets))
 		if f := c.Fair; f != nil {
-			args = append(args, z.fairKey(f.Dim, c.Keys[f.Dim]), f.Weight, f.Work)
+			args = append(args, z.fairKey(f.Dim, c.Keys[f.Dim]), f.Weight, f.Work, flag(f.More))
 		} else {
-			args = append(args, "", 0, 0)
+			args = append(args, "", 0, 0, 0)
 		}
 		for k, set := range c.sets {
 			args = append(args, keyIndex(set), c.capOf(c.dims[k]), flag(c.holds(c.dims[k])))
@@ -244,15 +245,15 @@ func (z *redisZone) admit(in []limiter.Claim) ([]limiter.Verdict, error) {
 	return verdicts, nil
 }
 
-// waitingWeight is the weight of the keys waiting under fair in this
-// instance, as the fair claims of a call give it.
-func waitingWeight(claims []limiter.Claim) float64 {
+// fairOf returns the weight of the keys waiting under fair in this
+// instance, as the fair claims of a call give it, and their number.
+func fairOf(claims []limiter.Claim) (waiting float64, n int) {
 	for _, c := range claims {
 		if c.Fair != nil {
-			return c.Fair.Waiting
+			waiting, n = c.Fair.Waiting, n+1
 		}
 	}
-	return 0
+	return waiting, n
 }
 
 func flag(b bool) int {

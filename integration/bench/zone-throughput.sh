@@ -5,7 +5,8 @@
 #   ./zone-throughput.sh [caddy-binary]   (default: builds examples/caddy)
 #
 # One Caddy, a `respond` route behind `inflight 1000000` (one key: wrk's
-# address), a loopback redis-server on a port of its own, and wrk -c16
+# address; then with `fair client` too), a loopback redis-server on a port
+# of its own, and wrk -c16
 # (DURATION, default 5s). Everything listens on 127.0.0.1 and is stopped on
 # exit. Other work on the machine skews the figures: compare runs made
 # back to back.
@@ -90,5 +91,11 @@ CADDY
 
 run in-process ""
 run redis "store redis {
+			address 127.0.0.1:$redis_port
+		}"
+# fair, on the zone's fair clock in Redis (no key waits: wrk's one key).
+run redis-fair "wait 5s
+		fair client
+		store redis {
 			address 127.0.0.1:$redis_port
 		}"
