@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"math"
-	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -21,53 +20,6 @@ import (
 // each tenant about what its home instance gets, whatever the weights; a
 // fleet-wide fair order gives each its weighted share of the fleet's
 // slots.
-
-// unitBackend answers each request after the milliseconds its X-Hold
-// header asks, and records, per X-Tenant, the unit-seconds its requests
-// held within a window: X-Cost (1 without it) × the time held, so without
-// costs slot-seconds, as holdBackend does. It also records them per
-// instance (X-Instance, which each instance's reverse_proxy sets).
-type unitBackend struct {
-	addr       string
-	mu         sync.Mutex
-	from, to   time.Time
-	held       map[string]float64 // tenant → unit-seconds in the window
-	byInstance map[string]float64 // "instance/tenant" → unit-seconds in the window
-}
-
-func newUnitBackend(t *testing.T) *unitBackend {
-	t.Helper()
-	b := &unitBackend{held: map[string]float64{}, byInstance: map[string]float64{}}
-	b.addr = serveAt(t, "127.0.0.1:0", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ms, _ := strconv.Atoi(r.Header.Get("X-Hold"))
-		units := 1
-		if c := r.Header.Get("X-Cost"); c != "" {
-			units, _ = strconv.Atoi(c)
-		}
-		start := time.Now()
-		time.Sleep(time.Duration(ms) * time.Millisecond)
-		end := time.Now()
-		b.mu.Lock()
-		if !b.from.IsZero() {
-			if s, e := latest(start, b.from), earliest(end, b.to); e.After(s) {
-				us := float64(units) * e.Sub(s).Seconds()
-				b.held[r.Header.Get("X-Tenant")] += us
-				b.byInstance[r.Header.Get("X-Instance")+"/"+r.Header.Get("X-Tenant")] += us
-			}
-		}
-		b.mu.Unlock()
-		w.Write([]byte("ok"))
-	}))
-	return b
-}
-
-// window records the unit-seconds held from now for d.
-func (b *unitBackend) window(d time.Duration) {
-	b.mu.Lock()
-	b.from = time.Now()
-	b.to = b.from.Add(d)
-	b.mu.Unlock()
-}
 
 // fairFleetNode is one Caddy process of the fleet.
 type fairFleetNode struct {
@@ -100,16 +52,7 @@ func startFairFleet(t *testing.T, site fairFleetSite, redisAddr, backend string)
 	var nodes []fairFleetNode
 	for i := range 3 {
 		port, admin := freePort(t), freePort(t)
-		caddyfile := fmt.Sprintf(`{
-	admin 127.0.0.1:%d
-	default_bind 127.0.0.1
-	auto_https off
-	persist_config off
-	log {
-		output discard
-	}
-}
-http://127.0.0.1:%d {
+		caddyfile := globalsAt(fmt.Sprint("127.0.0.1:", admin), "") + fmt.Sprintf(`http://127.0.0.1:%d {
 	%s
 	inflight {
 		limit tenant {header.X-Tenant} 100
@@ -129,7 +72,7 @@ http://127.0.0.1:%d {
 		header_up X-Instance %d
 	}
 }
-`, admin, port, weightMap, weightLine, costLine, redisAddr, backend, i+1)
+`, port, weightMap, weightLine, costLine, redisAddr, backend, i+1)
 		startCaddy(t, caddyfile, port)
 		nodes = append(nodes, fairFleetNode{url: fmt.Sprintf("http://127.0.0.1:%d/", port), admin: fmt.Sprintf("127.0.0.1:%d", admin)})
 	}
@@ -180,7 +123,7 @@ type fleetSharesCase struct {
 func fleetShares(t *testing.T, c fleetSharesCase) {
 	t.Helper()
 	redis := startRedis(t)
-	b := newUnitBackend(t)
+	b := newHoldBackend(t)
 	weights := map[string]float64{}
 	var sumWeights float64
 	maxHold := 0
@@ -365,7 +308,7 @@ func TestFairFleetLightTenantBehindFlood(t *testing.T) {
 		bound     = 2 * floodHold
 	)
 	redis := startRedis(t)
-	b := newUnitBackend(t)
+	b := newHoldBackend(t)
 	nodes := startFairFleet(t, fairFleetSite{}, redis.addr, b.addr)
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()

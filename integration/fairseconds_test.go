@@ -12,28 +12,39 @@ import (
 )
 
 // holdBackend answers each request after the milliseconds its X-Hold
-// header asks, and records, per X-Tenant, the slot-seconds its requests
-// held within a window, and in all: what the backend gave each tenant.
+// header asks, and records, per X-Tenant, the unit-seconds its requests
+// held within a window, and in all: X-Cost (1 without it) × the time
+// held, so without costs slot-seconds: what the backend gave each tenant.
+// It also records them per instance (X-Instance, which each instance's
+// reverse_proxy sets).
 type holdBackend struct {
-	addr      string
-	mu        sync.Mutex
-	from, to  time.Time
-	held, all map[string]time.Duration
+	addr       string
+	mu         sync.Mutex
+	from, to   time.Time
+	held       map[string]float64 // tenant → unit-seconds in the window
+	all        map[string]float64 // tenant → unit-seconds in all
+	byInstance map[string]float64 // "instance/tenant" → unit-seconds in the window
 }
 
 func newHoldBackend(t *testing.T) *holdBackend {
 	t.Helper()
-	b := &holdBackend{held: map[string]time.Duration{}, all: map[string]time.Duration{}}
+	b := &holdBackend{held: map[string]float64{}, all: map[string]float64{}, byInstance: map[string]float64{}}
 	b.addr = serveAt(t, "127.0.0.1:0", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ms, _ := strconv.Atoi(r.Header.Get("X-Hold"))
+		units := 1
+		if c := r.Header.Get("X-Cost"); c != "" {
+			units, _ = strconv.Atoi(c)
+		}
 		start := time.Now()
 		time.Sleep(time.Duration(ms) * time.Millisecond)
 		end := time.Now()
 		b.mu.Lock()
-		b.all[r.Header.Get("X-Tenant")] += end.Sub(start)
+		b.all[r.Header.Get("X-Tenant")] += float64(units) * end.Sub(start).Seconds()
 		if !b.from.IsZero() {
 			if s, e := latest(start, b.from), earliest(end, b.to); e.After(s) {
-				b.held[r.Header.Get("X-Tenant")] += e.Sub(s)
+				us := float64(units) * e.Sub(s).Seconds()
+				b.held[r.Header.Get("X-Tenant")] += us
+				b.byInstance[r.Header.Get("X-Instance")+"/"+r.Header.Get("X-Tenant")] += us
 			}
 		}
 		b.mu.Unlock()
@@ -42,7 +53,7 @@ func newHoldBackend(t *testing.T) *holdBackend {
 	return b
 }
 
-// window records the slot-seconds held from now for d.
+// window records the unit-seconds held from now for d.
 func (b *holdBackend) window(d time.Duration) {
 	b.mu.Lock()
 	b.from = time.Now()
@@ -68,7 +79,7 @@ func TestFairSharesSlotSecondsThroughCaddy(t *testing.T) {
 		port    int
 		backend *holdBackend
 	}{}
-	caddyfile := fmt.Sprintf("{\n\tadmin %s\n\tdefault_bind 127.0.0.1\n\tauto_https off\n\tpersist_config off\n\tlog {\n\t\toutput discard\n\t}\n}\n", admin)
+	caddyfile := globalsAt(admin, "")
 	for _, store := range stores {
 		storeLine := ""
 		if store == "redis" {
@@ -131,7 +142,7 @@ func TestFairSharesSlotSecondsThroughCaddy(t *testing.T) {
 	for _, store := range stores {
 		b := site[store].backend
 		b.mu.Lock()
-		long, short := b.held["long"].Seconds(), b.held["short"].Seconds()
+		long, short := b.held["long"], b.held["short"]
 		b.mu.Unlock()
 		share := long / (long + short)
 		t.Logf("%s: slot-seconds long %.1f, short %.1f: the 1 s tenant's share %.3f (of %.0f slot-seconds at most)", store, long, short, share, 4*window.Seconds())
@@ -171,7 +182,7 @@ func checkSharesShown(t *testing.T, admin, zone string, b *holdBackend) {
 		return len(got) == 2
 	})
 	b.mu.Lock()
-	long, short := b.all["long"].Seconds(), b.all["short"].Seconds()
+	long, short := b.all["long"], b.all["short"]
 	b.mu.Unlock()
 	recorded := map[string]float64{"long": long / (long + short), "short": short / (long + short)}
 	t.Logf("%s: shown shares long %.3f, short %.3f (weights %v, %v); the backend's %.3f, %.3f", zone,

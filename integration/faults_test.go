@@ -444,13 +444,7 @@ func TestFaultsTotal(t *testing.T) {
 // healing.
 func TestFaultsCost(t *testing.T) {
 	t.Parallel() // see TestFaults
-	var cases []faultCase
-	for _, f := range faultCases {
-		switch f.name {
-		case "latency 100ms (within timeout)", "connections reset", "restart with empty data", "SIGSTOP for 2× the lease, SIGCONT":
-			cases = append(cases, f)
-		}
-	}
+	cases := faultCasesNamed("latency 100ms (within timeout)", "connections reset", "restart with empty data", "SIGSTOP for 2× the lease, SIGCONT")
 	runFaults(t, cases, caps{tenant: 6}, faultSite{cost: true})
 }
 
@@ -461,14 +455,20 @@ func TestFaultsCost(t *testing.T) {
 // waiting at another instance.
 func TestFaultsFair(t *testing.T) {
 	t.Parallel() // see TestFaults
+	cases := faultCasesNamed("latency 100ms (within timeout)", "packets dropped", "restart with empty data", "SIGSTOP for 2× the lease, SIGCONT")
+	runFaults(t, cases, withTotal, faultSite{fair: true})
+}
+
+// faultCasesNamed returns the fault cases of these names, in the suite's
+// order.
+func faultCasesNamed(names ...string) []faultCase {
 	var cases []faultCase
 	for _, f := range faultCases {
-		switch f.name {
-		case "latency 100ms (within timeout)", "packets dropped", "restart with empty data", "SIGSTOP for 2× the lease, SIGCONT":
+		if slices.Contains(names, f.name) {
 			cases = append(cases, f)
 		}
 	}
-	runFaults(t, cases, withTotal, faultSite{fair: true})
+	return cases
 }
 
 // reloadEvery reloads every instance every interval for d, alternating the

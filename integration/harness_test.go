@@ -29,12 +29,16 @@ const adminAddr = "127.0.0.1:2999"
 // globals starts every test Caddyfile: admin on a fixed loopback port, no
 // automatic HTTPS, no config written to disk, logs discarded unless
 // INFLIGHT_TEST_LOGS is set; extra adds global options.
-func globals(extra string) string {
+func globals(extra string) string { return globalsAt(adminAddr, extra) }
+
+// globalsAt is globals with the admin API at admin (a Caddy process of a
+// test's own, beside the in-process one).
+func globalsAt(admin, extra string) string {
 	logs := "log {\n\t\toutput discard\n\t}"
 	if os.Getenv("INFLIGHT_TEST_LOGS") != "" {
 		logs = "debug"
 	}
-	return "{\n\tadmin " + adminAddr + "\n\tdefault_bind 127.0.0.1\n\tauto_https off\n\tpersist_config off\n\tskip_install_trust\n\t" + logs + "\n" + extra + "\n}\n"
+	return "{\n\tadmin " + admin + "\n\tdefault_bind 127.0.0.1\n\tauto_https off\n\tpersist_config off\n\tskip_install_trust\n\t" + logs + "\n" + extra + "\n}\n"
 }
 
 // load adapts a Caddyfile (after the test globals) and loads it into the

@@ -160,7 +160,7 @@ func TestStreamLongerThanLeaseKeepsItsSlot(t *testing.T) {
 }
 
 // leaseExpiry returns the latest expiry (Redis ms) of the leases in Redis:
-// the members of every sorted set but the zones' waiting sets.
+// the members of the sets of leases (isLeaseSet).
 func leaseExpiry(t *testing.T, rc *redis.Client) int64 {
 	t.Helper()
 	ctx := context.Background()
@@ -170,7 +170,7 @@ func leaseExpiry(t *testing.T, rc *redis.Client) int64 {
 	}
 	var latest int64
 	for _, k := range keys {
-		if strings.HasSuffix(k, ":waiting") || rc.Type(ctx, k).Val() != "zset" {
+		if !isLeaseSet(k) || rc.Type(ctx, k).Val() != "zset" {
 			continue
 		}
 		for _, z := range rc.ZRangeWithScores(ctx, k, 0, -1).Val() {

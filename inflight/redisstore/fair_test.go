@@ -13,12 +13,13 @@ import (
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
 
-// instances returns n instances of one zone (each a store of its own over
-// the same Redis and key prefix, as n Caddys are) with limits.
-func instances(t *testing.T, addr string, n int, limits *limiter.Limits) []limiter.Store {
+// instances returns an instance of one zone with limits for each address
+// (each a store of its own over the same Redis and key prefix, as Caddys
+// are).
+func instances(t *testing.T, limits *limiter.Limits, addrs ...string) []limiter.Store {
 	t.Helper()
-	out := make([]limiter.Store, n)
-	for i := range out {
+	out := make([]limiter.Store, len(addrs))
+	for i, addr := range addrs {
 		// Options that differ keep the books apart, as processes are.
 		s := newStore(t, store(addr, func(s *Store) { s.Timeout = caddy.Duration(time.Duration(2000+i) * time.Millisecond) }))
 		out[i], _ = zoneOf(s, "fleet", limits)
@@ -94,16 +95,49 @@ func runFleet(t *testing.T, fleet []limiter.Store, limits *limiter.Limits, loads
 func TestFairClockSharedByInstances(t *testing.T) {
 	addr, _ := startRedis(t)
 	limits := &limiter.Limits{Max: []int64{100}, Total: 2}
-	fleet := instances(t, addr, 2, limits)
-	held := runFleet(t, fleet, limits, []tenantLoad{
-		{key: "a", weight: 3, hold: 20 * time.Millisecond, at: []int{0, 0, 0, 0, 0, 0}},
-		{key: "b", weight: 1, hold: 20 * time.Millisecond, at: []int{1, 1, 1, 1, 1, 1}},
-	}, time.Second, 5*time.Second)
+	fleet := instances(t, limits, addr, addr)
+	checkThreeQuarters(t, runFleet(t, fleet, limits, threeToOne, time.Second, 5*time.Second))
+}
+
+// checkThreeQuarters checks that tenant a (weight 3 of 4) held 0.75 ±
+// 0.05 of the slot-seconds.
+func checkThreeQuarters(t *testing.T, held map[string]float64) {
+	t.Helper()
 	share := held["a"] / (held["a"] + held["b"])
 	t.Logf("slot-seconds a %.2f, b %.2f: a's share %.3f (of at most 10)", held["a"], held["b"], share)
 	if !(share >= 0.70 && share <= 0.80) {
 		t.Errorf("tenant a (weight 3 of 4) has %.3f of the slot-seconds, want 0.75 ± 0.05", share)
 	}
+}
+
+// threeToOne is TestFairClockSharedByInstances's load: tenant a (weight 3)
+// at the first instance, b (weight 1) at the second, 6 clients each.
+var threeToOne = []tenantLoad{
+	{key: "a", weight: 3, hold: 20 * time.Millisecond, at: []int{0, 0, 0, 0, 0, 0}},
+	{key: "b", weight: 1, hold: 20 * time.Millisecond, at: []int{1, 1, 1, 1, 1, 1}},
+}
+
+// TestFairClockRejoinedAfterAnOutage: the load of
+// TestFairClockSharedByInstances, with Redis unreachable from both
+// instances for a second (on_error open: each admits alone, fair among its
+// own waiters, under its share of the total); once Redis answers again,
+// the shares over 5 s are the weights' again (a 0.75 ± 0.05).
+func TestFairClockRejoinedAfterAnOutage(t *testing.T) {
+	addr, _ := startRedis(t)
+	limits := &limiter.Limits{Max: []int64{100}, Total: 2}
+	p0, p1 := newFaultProxy(t, addr), newFaultProxy(t, addr)
+	fleet := instances(t, limits, p0.addr, p1.addr)
+	go func() {
+		time.Sleep(500 * time.Millisecond)
+		p0.setDown(true)
+		p1.setDown(true)
+		time.Sleep(time.Second)
+		p0.setDown(false)
+		p1.setDown(false)
+	}()
+	// Redis is left alone for a second after a failure: measured from 2 s
+	// after it answers again.
+	checkThreeQuarters(t, runFleet(t, fleet, limits, threeToOne, 4500*time.Millisecond, 5*time.Second))
 }
 
 // TestFairBigWaiterNotPassedByOtherInstances: a request of 3 units (the
@@ -116,7 +150,7 @@ func TestFairClockSharedByInstances(t *testing.T) {
 func TestFairBigWaiterNotPassedByOtherInstances(t *testing.T) {
 	addr, _ := startRedis(t)
 	limits := &limiter.Limits{Max: []int64{100}, Total: 3}
-	fleet := instances(t, addr, 2, limits)
+	fleet := instances(t, limits, addr, addr)
 	ctx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	var smalls atomic.Int64
@@ -153,7 +187,7 @@ func TestFairBigWaiterNotPassedByOtherInstances(t *testing.T) {
 func TestFairClockIdleLeavesNoTags(t *testing.T) {
 	addr, cli := startRedis(t)
 	limits := &limiter.Limits{Max: []int64{100}, Total: 100}
-	fleet := instances(t, addr, 1, limits)
+	fleet := instances(t, limits, addr)
 	for i := range 200 {
 		req := request(limits, fmt.Sprint("k", i))
 		if res := fleet[0].Acquire(context.Background(), req, limiter.WaitOptions{Wait: time.Minute, Fair: true}); res.Outcome != limiter.Admitted {
