@@ -130,10 +130,27 @@ func TestFairSharesSlotSecondsThroughCaddy(t *testing.T) {
 	}
 	time.Sleep(2 * time.Second)
 	const window = 20 * time.Second
+	// given is the unit-seconds each tenant's requests held, counted as
+	// each ended (caddy_inflight_key_given_seconds_total).
+	given := func(store string) map[string]float64 {
+		scraped := scrapeAt(t, admin)
+		out := map[string]float64{}
+		for _, tn := range []string{"long", "short"} {
+			out[tn] = metricIn(t, scraped, "caddy_inflight_key_given_seconds_total", `zone="seconds-`+store+`"`, `key="`+tn+`"`)
+		}
+		return out
+	}
+	before := map[string]map[string]float64{}
 	for _, store := range stores {
+		before[store] = given(store)
 		site[store].backend.window(window)
 	}
-	time.Sleep(window + 1100*time.Millisecond) // the window, and the requests that end in it
+	time.Sleep(window)
+	after := map[string]map[string]float64{}
+	for _, store := range stores {
+		after[store] = given(store)
+	}
+	time.Sleep(1100 * time.Millisecond) // the requests that end in the window
 	for _, store := range stores {
 		checkSharesShown(t, admin, "seconds-"+store, site[store].backend)
 	}
@@ -148,6 +165,12 @@ func TestFairSharesSlotSecondsThroughCaddy(t *testing.T) {
 		t.Logf("%s: slot-seconds long %.1f, short %.1f: the 1 s tenant's share %.3f (of %.0f slot-seconds at most)", store, long, short, share, 4*window.Seconds())
 		if share < 0.47 || share > 0.53 {
 			t.Errorf("%s: the tenant of 1 s requests has %.3f of the backend's slot-seconds, want 0.5 ± 0.03", store, share)
+		}
+		gl, gs := after[store]["long"]-before[store]["long"], after[store]["short"]-before[store]["short"]
+		counted := gl / (gl + gs)
+		t.Logf("%s: caddy_inflight_key_given_seconds_total rose by long %.1f, short %.1f in the window: share %.3f", store, gl, gs, counted)
+		if d := counted - share; !(d >= -0.03 && d <= 0.03) {
+			t.Errorf("%s: the per-key counter gives the 1 s tenant a share of %.3f over the window, the backend %.3f: want within 0.03", store, counted, share)
 		}
 	}
 }

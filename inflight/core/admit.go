@@ -57,6 +57,7 @@ type Ticket struct {
 
 	labels   []string // per-key metric labels, when enabled
 	admitted int64    // monotonic nanoseconds (see nanotime), with per-key metrics
+	series   *Gate    // with per-key metrics and a wait: the gate whose keys it counts
 	waiting  waitUnits
 	queued   func() // bound once, so that passing it allocates nothing
 }
@@ -76,12 +77,15 @@ func (t *Ticket) Reset() {
 	clear(t.Req.Max)
 	clear(t.labels)
 	t.Req.Limits, t.Req.Cost = nil, 0
-	t.waiting.zone = nil
+	t.waiting.zone, t.series = nil, nil
 }
 
 // onQueued runs when t's unit is queued: its units count as waiting.
 func (t *Ticket) onQueued() {
 	t.waiting.start(&t.Req)
+	if g := t.series; g != nil {
+		g.zone.series.queued(g, t)
+	}
 	if t.OnQueued != nil {
 		t.OnQueued()
 	}
@@ -114,6 +118,9 @@ func (g *Gate) Admit(ctx context.Context, t *Ticket, class, weight string) Verdi
 	}
 	if opt.Wait > 0 {
 		t.waiting.zone, opt.Queued = &g.zone.units, t.queued
+		if g.cfg.PerKeyMetrics {
+			t.series = g
+		}
 	}
 
 	res := g.store.Acquire(ctx, &t.Req, opt)

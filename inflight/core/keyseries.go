@@ -41,6 +41,13 @@ var (
 		Help:      "Time requests spent waiting for an inflight slot per key (hashed unless plain_keys) and outcome (admitted, timeout, aborted), for handlers with per_key_metrics; at most 1000 keys per zone, the rest under key _overflow; a key's series go 5 minutes after its last wait once it holds no slot and has no request waiting.",
 		Buckets:   keyWaitBuckets,
 	}, []string{"zone", "limit", "key", "outcome"})
+
+	keyGivenSeconds = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy",
+		Subsystem: "inflight",
+		Name:      "key_given_seconds_total",
+		Help:      "Unit-seconds (slot-seconds, or the cost's units × seconds) held by the requests of each key that waited, counted as each request ends, for handlers with per_key_metrics: one key's rate over the sum of its limit's is its share of what the backend gave, to set beside its weight under fair; the series goes with the key's wait series.",
+	}, []string{"zone", "limit", "key"})
 )
 
 // keySeries tracks the per-key series of a zone: the slots each key holds
@@ -143,6 +150,9 @@ func (k *keySeries) release(g *Gate, t *Ticket) {
 		sk := seriesKey{g.cfg.Limits[d].Name, label}
 		s := k.keys[sk]
 		s.given.add(now, given)
+		if s.waits != nil {
+			keyGivenSeconds.WithLabelValues(g.label, sk.limit, sk.key).Add(given)
+		}
 		k.limitGiven(sk.limit).add(now, given)
 		s.units -= t.Req.Units()
 		if s.held--; s.held > 0 {
@@ -155,6 +165,27 @@ func (k *keySeries) release(g *Gate, t *Ticket) {
 			continue
 		}
 		s.waits.idle = time.Now()
+	}
+}
+
+// queued marks t's keys as keys that wait, as its request starts waiting,
+// and records in t.labels the label of each: a key that waits keeps its
+// entry, and what it was given, once it holds no slot (its wait series
+// go when idle, see sweep), so its share counts its requests admitted
+// before it first waited too.
+func (k *keySeries) queued(g *Gate, t *Ticket) {
+	now := time.Now()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for d, key := range t.Req.Keys {
+		if key == "" {
+			continue
+		}
+		sk, s := k.entry(g.cfg.Limits[d].Name, g.keyLabel(key))
+		t.labels[d] = sk.key
+		if s.waits == nil {
+			s.waits = &keyWaits{idle: now}
+		}
 	}
 }
 
@@ -208,6 +239,7 @@ func (s *keyStats) deleteWaits(zone string, sk seriesKey) {
 	if s.waits == nil {
 		return
 	}
+	keyGivenSeconds.DeleteLabelValues(zone, sk.limit, sk.key)
 	for _, o := range waitOutcomes {
 		if s.waits.outcomes&(1<<o) != 0 {
 			keyWaitSeconds.DeleteLabelValues(zone, sk.limit, sk.key, outcomeLabel(o))

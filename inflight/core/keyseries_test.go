@@ -1,10 +1,12 @@
 package core
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
@@ -96,6 +98,10 @@ func TestKeyWaitSeriesAreCappedAndSweptWhenIdle(t *testing.T) {
 	for _, a := range admitted[1:] {
 		ks.release(h, a)
 	}
+	if n := testutil.CollectAndCount(keyGivenSeconds); n != maxKeySeries {
+		t.Fatalf("%d given-seconds counters after %d keys that waited ended, want %d and one overflow, less tenant-0's still held", n, len(admitted)-1, maxKeySeries)
+	}
+
 	if n := testutil.CollectAndCount(keyRequests); n != 1 {
 		t.Fatalf("%d slot series left, want tenant-0's", n)
 	}
@@ -113,4 +119,45 @@ func TestKeyWaitSeriesAreCappedAndSweptWhenIdle(t *testing.T) {
 	if n := testutil.CollectAndCount(keyWaitSeconds); n != 0 || len(ks.keys) != 0 {
 		t.Fatalf("%d wait histograms and %d keys left, want none", n, len(ks.keys))
 	}
+	if n := testutil.CollectAndCount(keyGivenSeconds); n != 0 {
+		t.Fatalf("%d given-seconds counters left, want none: they go with the wait series", n)
+	}
+}
+
+// TestKeyShareKeepsWhatAKeyGotBeforeItWaited: a key's request admitted at
+// once, then another queued behind it, then the first released and the
+// second admitted and released: the key's share of what its limit gave is
+// 1, the only key; before, its entry went with the first release (it had
+// not waited yet) and its share was what the second held of the two.
+func TestKeyShareKeepsWhatAKeyGotBeforeItWaited(t *testing.T) {
+	g := testGate(t, "share-before-wait", &Config{
+		Zone:          "share-before-wait",
+		Limits:        []Limit{{Name: "tenant", Key: "{tenant}", Max: Max{Fixed: 1}}},
+		Wait:          caddy.Duration(time.Minute),
+		PerKeyMetrics: true,
+	})
+	first, second := g.newTicket("long"), g.newTicket("long")
+	if g.Admit(context.Background(), first, "", "").Outcome != limiter.Admitted {
+		t.Fatal("the first request: want admitted")
+	}
+	done := make(chan limiter.Outcome)
+	go func() { done <- g.Admit(context.Background(), second, "", "").Outcome }()
+	eventually(t, "the second request waits", func() bool { return g.zone.Waiting() == 1 })
+	time.Sleep(10 * time.Millisecond) // the first holds its slot a while: what its key was given
+	g.Release(first)
+	if o := <-done; o != limiter.Admitted {
+		t.Fatalf("the second request: %v, want admitted", o)
+	}
+	g.Release(second)
+	share, _ := g.zone.series.recentShare("tenant", redact("long"), nanotime())
+	if share == nil || *share < 0.999 {
+		t.Fatalf("the only key's share of what its limit gave: %v, want 1", deref(share))
+	}
+}
+
+func deref(f *float64) any {
+	if f == nil {
+		return nil
+	}
+	return *f
 }

@@ -109,7 +109,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range append(storestatus.Collectors(), rejectedTotal, waitSeconds, requestCost, keyRequests, keyWaitSeconds, stateCollector{}) {
+	for _, c := range append(storestatus.Collectors(), rejectedTotal, waitSeconds, requestCost, keyRequests, keyWaitSeconds, keyGivenSeconds, stateCollector{}) {
 		if err := reg.Register(c); err != nil {
 			if _, ok := errors.AsType[prometheus.AlreadyRegisteredError](err); !ok {
 				return err
