@@ -18,7 +18,9 @@
 // Files: module.go is the Caddy module (config, Caddyfile, lifetime);
 // book.go a Redis setup's client and this instance's leases (renewal,
 // release, outage); scripts.go the Lua scripts and what they return;
-// clock.go the scripts' deadlines in Redis's clock;
+// fairclock.go the zone's fair clock, kept by the admission script, and
+// what fair claims send it; clock.go the scripts' deadlines in Redis's
+// clock;
 // zone.go one zone's claims as sets and members, and its admission call;
 // ledger.go the Ledger's methods, and the removal of ended leases;
 // logger.go routes go-redis's log lines about the store into Caddy's log;

@@ -2,8 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -94,36 +92,6 @@ func (z *redisZone) sets(c limiter.Claim) ([]string, []int) {
 		dims = append(dims, limiter.TotalDim)
 	}
 	return keys, dims
-}
-
-// fairKey names key of dimension d on the zone's fair clock, as its set
-// does after the zone's prefix. Keys are hashed: Redis never sees a raw
-// key.
-func (z *redisZone) fairKey(d int, key string) string {
-	sum := sha256.Sum256([]byte(key))
-	return z.limits[d] + ":" + hex.EncodeToString(sum[:12])
-}
-
-// Correct has the next call move key's tag on the zone's fair clock by
-// delta.
-func (z *redisZone) Correct(d int, key string, delta float64) {
-	k := z.fairKey(d, key)
-	z.callMu.Lock()
-	if z.fixes == nil {
-		z.fixes = map[string]float64{}
-	}
-	z.fixes[k] += delta
-	z.callMu.Unlock()
-}
-
-// takeFixes returns the corrections to send, which a call that fails
-// loses: a correction moves one grant's charge.
-func (z *redisZone) takeFixes() map[string]float64 {
-	z.callMu.Lock()
-	defer z.callMu.Unlock()
-	f := z.fixes
-	z.fixes = nil
-	return f
 }
 
 // claim is one claim of an admission call, as the script sees it.
@@ -243,17 +211,6 @@ func (z *redisZone) admit(in []limiter.Claim) ([]limiter.Verdict, error) {
 		verdicts[j] = v
 	}
 	return verdicts, nil
-}
-
-// fairOf returns the weight of the keys waiting under fair in this
-// instance, as the fair claims of a call give it, and their number.
-func fairOf(claims []limiter.Claim) (waiting float64, n int) {
-	for _, c := range claims {
-		if c.Fair != nil {
-			waiting, n = c.Fair.Waiting, n+1
-		}
-	}
-	return waiting, n
 }
 
 func flag(b bool) int {
