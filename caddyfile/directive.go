@@ -31,7 +31,7 @@ func init() {
 }
 
 // subdirectives lists the block's options, for error messages.
-const subdirectives = "limit, total, cost, zone, status, retry_after, dry_run, replicas, wait, max_waiting, priority, max_keys, metrics, store, fair, weight, max_waiting_per_key, wait_body_buffer, limit_headers"
+const subdirectives = "limit, total, cost, zone, status, retry_after, dry_run, replicas, wait, max_waiting, priority, max_keys, metrics, store, fair, weight, max_waiting_per_key, wait_body_buffer, limit_headers, deadline, early_refusal"
 
 // parse reads the inflight directive into the handler's JSON:
 //
@@ -61,6 +61,8 @@ const subdirectives = "limit, total, cost, zone, status, retry_after, dry_run, r
 //		max_waiting <n>                  # bound on waiting requests (1000)
 //		max_waiting_per_key <n>          # bound on waiting requests of one key
 //		wait_body_buffer <size>          # body read ahead per waiting request (64KiB)
+//		deadline    <placeholder>        # the client's time left: wait ends a margin before
+//		early_refusal                    # refuse at once a wait its deadline won't see end
 //		priority    <placeholder>        # high | normal | low per request
 //		fair        <limit>              # share slots fairly among the limit's keys
 //		weight      <placeholder>        # a key's share under fair (class weight)
@@ -111,6 +113,13 @@ func parseHTTPOption(h httpcaddyfile.Helper, hd *inflight.Handler, opt string) (
 		hd.WaitBodyBuffer, err = byteSize(h, opt)
 	case "limit_headers":
 		err = parseLimitHeaders(h, hd)
+	case "deadline":
+		hd.Deadline, err = parseDeadlineOption(h)
+	case "early_refusal":
+		if h.NextArg() {
+			return true, h.Errf("inflight: early_refusal takes no arguments, got %q", h.Val())
+		}
+		hd.EarlyRefusal = true
 	case "store": // the shared option, but not beside an adaptive total
 		if hd.TotalAdaptive == nil {
 			return false, nil
@@ -120,6 +129,18 @@ func parseHTTPOption(h httpcaddyfile.Helper, hd *inflight.Handler, opt string) (
 		return false, nil
 	}
 	return true, err
+}
+
+// parseDeadlineOption reads `deadline <placeholder>`, or a fixed deadline.
+func parseDeadlineOption(h httpcaddyfile.Helper) (string, error) {
+	args := h.RemainingArgs()
+	if len(args) != 1 {
+		return "", h.Errf("inflight: deadline %q: want one argument, a placeholder such as {header.X-Request-Timeout} that resolves to a duration (300ms) or seconds (0.3) per request", shortForms(args))
+	}
+	if err := inflight.CheckDeadline(args[0]); err != nil {
+		return "", h.Errf("inflight: %v", err)
+	}
+	return args[0], nil
 }
 
 // parseLimitHeaders reads `limit_headers <limit>...`.

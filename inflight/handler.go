@@ -67,6 +67,34 @@ type Handler struct {
 	// Default: 65536 (64 KiB).
 	WaitBodyBuffer int `json:"wait_body_buffer,omitempty"`
 
+	// Deadline is a placeholder giving, per request, how long its client
+	// still waits for an answer, such as {header.X-Request-Timeout} set by
+	// a proxy the operator trusts: a positive Go duration (300ms, 1.5s) or
+	// number of seconds (0.3). The request's wait then ends a margin
+	// before that deadline (min(wait, deadline − margin), the margin 10 %
+	// of the deadline, at most 50 ms), so that it is refused while its
+	// client still listens, never admitted after the client gave up. A
+	// request with no room and less time left than the margin is refused
+	// at once. A value that is neither is ignored, logged once per value;
+	// an empty one means no deadline. A fixed value must be a deadline.
+	// gRPC requests (Content-Type application/grpc*) are bounded by their
+	// grpc-timeout the same way, with or without Deadline (the shorter
+	// wins); a malformed grpc-timeout is ignored. The deadline counts from
+	// when the request reaches this handler. Only with wait.
+	Deadline string `json:"deadline,omitempty"`
+
+	// EarlyRefusal refuses a request with a deadline (Deadline, or a
+	// gRPC grpc-timeout) at once, reason `timeout`, when its wait is
+	// expected to run out anyway: when the requests already waiting in the
+	// zone, plus this one, divided by the zone's recent rate of freed
+	// slots (releases per second, exponentially weighted over about 3 s),
+	// exceed the wait its deadline allows. No request is refused early
+	// before the zone has seen 4 releases. Off by default. The prediction
+	// counts every waiter of the zone as ahead (priority and fair order,
+	// and waiters blocked by other keys, are not modelled), and uses this
+	// process's queue only (not a shared store's).
+	EarlyRefusal bool `json:"early_refusal,omitempty"`
+
 	// Cost is how many units a request takes from every limit and the
 	// total: a positive integer, or a placeholder that resolves to one per
 	// request (such as a header set by an authenticating handler before
@@ -110,6 +138,7 @@ type Handler struct {
 	maxes      []valueFunc // nil where the max is fixed
 	priority   valueFunc
 	weight     valueFunc                          // nil without fair
+	deadline   valueFunc                          // nil without Deadline
 	cost       func(*http.Request) (int64, error) // nil: every request costs 1
 	waits      bool                               // requests may wait
 	retryAfter string
@@ -139,7 +168,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.compileLimitHeaders(); err != nil {
 		return fmt.Errorf("inflight: %w", err)
 	}
-	edge := core.Edge{Site: siteOf(ctx), Noun: "request", AddressKeys: addressKeys, UnitMax: true, Costs: h.cost != nil, Show: ShortForm}
+	if err := h.compileDeadline(); err != nil {
+		return fmt.Errorf("inflight: %w", err)
+	}
+	edge := core.Edge{Site: siteOf(ctx), Noun: "request", AddressKeys: addressKeys, UnitMax: true, Costs: h.cost != nil, Show: ShortForm, EarlyRefusal: h.EarlyRefusal}
 	if at := h.TotalAdaptive; at != nil {
 		cfg := at.config()
 		edge.Adaptive = &cfg
@@ -207,7 +239,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		a.watch.r, a.watch.limit = r, h.WaitBodyBuffer
 	}
 
-	v := h.gate.Admit(r.Context(), t, class, weight)
+	v := h.admit(r, t, class, weight)
 	h.sendLevels(w, a, v.Result)
 	if wb := a.watch.body; wb != nil { // it waited: its body was read ahead
 		wb.stop.Store(true)
@@ -275,6 +307,9 @@ func (h *Handler) compile() {
 		h.weight = compileTemplate(h.Weight)
 	}
 	h.waits = h.Wait > 0 && !h.DryRun
+	if h.Deadline != "" && h.waits {
+		h.deadline = compileTemplate(h.Deadline)
+	}
 	h.retryAfter = strconv.Itoa(int(math.Ceil(time.Duration(h.RetryAfter).Seconds())))
 	g := h.gate
 	h.engine, h.adaptive = g.Engine(), g.Adaptive()

@@ -42,6 +42,7 @@ type Gate struct {
 	costs      costObserver
 	badValues  BadValues // of the weight template
 	refusedLog string    // the debug line of a refusal
+	early      bool      // refuse units with deadlines early; count the zone's grants
 }
 
 // Ticket is one unit's way through a gate. Before Admit the edge sets the
@@ -108,6 +109,11 @@ type Verdict struct {
 // resolved to for the unit, read only when the handler has them. Admitted,
 // the unit holds its units until Release; otherwise it holds nothing.
 func (g *Gate) Admit(ctx context.Context, t *Ticket, class, weight string) Verdict {
+	return g.admit(ctx, t, class, weight, 0, false)
+}
+
+// admit is Admit, and with bounded AdmitWithin.
+func (g *Gate) admit(ctx context.Context, t *Ticket, class, weight string, left time.Duration, bounded bool) Verdict {
 	t.Req.Limits = g.limits
 	opt := g.waitOpt
 	if g.classed {
@@ -115,6 +121,9 @@ func (g *Gate) Admit(ctx context.Context, t *Ticket, class, weight string) Verdi
 	}
 	if g.weighted {
 		opt.Weight = g.parseWeight(weight)
+	}
+	if bounded {
+		g.deadlineOpt(&opt, left)
 	}
 	if opt.Wait > 0 {
 		t.waiting.zone, opt.Queued = &g.zone.units, t.queued
@@ -182,6 +191,9 @@ func (g *Gate) report(t *Ticket, res limiter.Result, reason string) string {
 // per admitted unit.
 func (g *Gate) Release(t *Ticket) {
 	g.store.Release(&t.Req)
+	if g.early {
+		g.zone.grants.add(time.Now())
+	}
 	if g.cfg.PerKeyMetrics {
 		g.zone.series.release(g, t)
 	}

@@ -38,6 +38,10 @@ type Edge struct {
 	// Adaptive, if set, makes the zone's total adaptive (the edge measures
 	// its units' latency); it counts as the zone's total.
 	Adaptive *limiter.AdaptiveConfig
+	// EarlyRefusal refuses a unit admitted with a deadline (AdmitWithin)
+	// at arrival when the zone's recent grant rate says its wait would run
+	// out; the gate then counts the zone's releases.
+	EarlyRefusal bool
 }
 
 // Join checks cfg, applying its defaults, and joins its zone, shared with
@@ -124,6 +128,7 @@ func (g *Gate) compile(edge Edge) {
 		g.addresses[i] = slices.Contains(edge.AddressKeys, l.Key)
 	}
 	g.costed = edge.Costs
+	g.early = edge.EarlyRefusal && !c.DryRun
 	g.classed = c.Priority != ""
 	if !c.DryRun {
 		// Without priority every request is normal (weight 1), as beside

@@ -36,6 +36,9 @@ type zone struct {
 	view  atomic.Pointer[zoneView]
 	stats zoneStats
 	units unitStats
+	// grants is the rate of its releases, counted by the handlers with
+	// early refusal (see grantRate).
+	grants grantRate
 }
 
 // waiting returns the requests waiting in this zone, in this process and

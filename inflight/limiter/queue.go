@@ -88,6 +88,13 @@ type WaitOptions struct {
 	// runs on the caller's goroutine without locks held, and must not
 	// block.
 	Queued func()
+	// Refuse, if set, is asked once when the request would be queued
+	// (it does not fit now and the queue has room for it), with the number
+	// of requests already queued in the zone. True refuses it at once with
+	// Outcome Timeout and Waited 0: the caller predicts that its wait
+	// would run out before a slot comes. It runs with the queue lock held
+	// and must not block.
+	Refuse func(queued int64) bool
 }
 
 // queue holds the waiting requests of a zone, grouped in flows (waiters
@@ -210,6 +217,11 @@ func (z *Zone) Acquire(ctx context.Context, req *Request, opt WaitOptions) Resul
 		z.pending.Add(-1)
 		z.mu.Unlock()
 		return Result{Outcome: QueueFull, Dim: d}
+	}
+	if opt.Refuse != nil && opt.Refuse(z.queued.Load()) {
+		z.pending.Add(-1)
+		z.mu.Unlock()
+		return Result{Outcome: Timeout, Dim: d}
 	}
 	w := z.enqueue(req, opt, perKey, o, d)
 	z.mu.Unlock()

@@ -1,0 +1,157 @@
+package inflight
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/core"
+)
+
+// A request's deadline bounds its wait (see core.AdmitWithin): the
+// grpc-timeout of a gRPC request, and the handler's Deadline placeholder.
+
+// maxGRPCTimeoutDigits is the most digits a grpc-timeout value may have
+// (gRPC over HTTP/2: TimeoutValue is at most 8 ASCII digits).
+const maxGRPCTimeoutDigits = 8
+
+// parseGRPCTimeout reads a grpc-timeout header value: 1 to 8 digits and a
+// unit, H, M, S, m, u or n. A value too long for a time.Duration (over
+// 2,562,047 hours) counts as the longest one.
+func parseGRPCTimeout(v string) (time.Duration, bool) {
+	if len(v) < 2 || len(v) > maxGRPCTimeoutDigits+1 {
+		return 0, false
+	}
+	var unit time.Duration
+	switch v[len(v)-1] {
+	case 'H':
+		unit = time.Hour
+	case 'M':
+		unit = time.Minute
+	case 'S':
+		unit = time.Second
+	case 'm':
+		unit = time.Millisecond
+	case 'u':
+		unit = time.Microsecond
+	case 'n':
+		unit = time.Nanosecond
+	default:
+		return 0, false
+	}
+	var n int64
+	for _, c := range []byte(v[:len(v)-1]) {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(c-'0')
+	}
+	if n > math.MaxInt64/int64(unit) {
+		return time.Duration(math.MaxInt64), true
+	}
+	return time.Duration(n) * unit, true
+}
+
+// parseDeadline reads a deadline: a positive Go duration (300ms, 1.5s) or
+// a positive number of seconds (0.3, 30). One too long for a
+// time.Duration counts as the longest one.
+func parseDeadline(v string) (time.Duration, error) {
+	if d, err := time.ParseDuration(v); err == nil {
+		if d <= 0 {
+			return 0, fmt.Errorf("deadline %q is not allowed: want a positive duration", v)
+		}
+		return d, nil
+	}
+	s, err := strconv.ParseFloat(v, 64)
+	if errors.Is(err, strconv.ErrRange) { // ±Inf or an underflow to 0
+		err = nil
+	}
+	if err != nil || !(s > 0) {
+		return 0, fmt.Errorf("deadline %q is not allowed: want a positive duration (300ms, 1.5s) or a positive number of seconds (0.3)", v)
+	}
+	if s >= float64(math.MaxInt64)/1e9 {
+		return time.Duration(math.MaxInt64), nil
+	}
+	return time.Duration(s * 1e9), nil
+}
+
+// CheckDeadline checks a Deadline option: a placeholder, or else a
+// fixed deadline.
+func CheckDeadline(v string) error {
+	if v == "" || strings.Contains(v, "{") {
+		return nil
+	}
+	if _, err := parseDeadline(v); err != nil {
+		return fmt.Errorf("%v, or a placeholder that resolves to one per request, such as {header.X-Request-Timeout}", err)
+	}
+	return nil
+}
+
+// compileDeadline checks the Deadline option and warns when it does
+// nothing.
+func (h *Handler) compileDeadline() error {
+	if h.Wait == 0 && h.Deadline != "" {
+		h.logger.Warn("setting has no effect", zap.String("setting", "deadline"), zap.String("why", "requests never wait without wait"))
+	}
+	if h.Wait == 0 && h.EarlyRefusal {
+		h.logger.Warn("setting has no effect", zap.String("setting", "early_refusal"), zap.String("why", "requests never wait without wait"))
+	}
+	return CheckDeadline(h.Deadline)
+}
+
+// admit admits r's ticket t through the gate, its wait bounded by its
+// deadline if it has one.
+func (h *Handler) admit(r *http.Request, t *core.Ticket, class, weight string) core.Verdict {
+	if h.waits {
+		if left, ok := h.deadlineOf(r); ok {
+			return h.gate.AdmitWithin(r.Context(), t, class, weight, left)
+		}
+	}
+	return h.gate.Admit(r.Context(), t, class, weight)
+}
+
+// isGRPC reports whether r is a gRPC request.
+func isGRPC(r *http.Request) bool {
+	ct := r.Header.Get("Content-Type")
+	return strings.HasPrefix(ct, "application/grpc")
+}
+
+// deadlineOf returns the time r's client still waits for an answer, the
+// shorter of its grpc-timeout (for a gRPC request) and the Deadline
+// placeholder's value, and false when it has neither. A bad value is
+// ignored, logged once per value.
+func (h *Handler) deadlineOf(r *http.Request) (time.Duration, bool) {
+	left, ok := time.Duration(0), false
+	if h.deadline != nil {
+		if v := h.deadline(r); v != "" {
+			d, err := parseDeadline(v)
+			if err == nil {
+				left, ok = d, true
+			} else {
+				h.badValues.Log("deadline", v, func(seen string) {
+					h.logger.Warn("deadline placeholder did not resolve to a positive duration or number of seconds; ignoring it",
+						zap.String("deadline", h.Deadline), zap.String("value", seen))
+				})
+			}
+		}
+	}
+	if v := r.Header.Get("Grpc-Timeout"); v != "" && isGRPC(r) {
+		d, valid := parseGRPCTimeout(v)
+		switch {
+		case !valid:
+			h.badValues.Log("grpc-timeout", v, func(seen string) {
+				h.logger.Debug("malformed grpc-timeout ignored: want 1 to 8 digits and a unit (H, M, S, m, u, n)",
+					zap.String("value", seen))
+			})
+		case !ok || d < left:
+			left, ok = d, true
+		}
+	}
+	return left, ok
+}
