@@ -31,7 +31,7 @@ func init() {
 }
 
 // subdirectives lists the block's options, for error messages.
-const subdirectives = "limit, total, cost, zone, status, retry_after, dry_run, replicas, wait, max_waiting, priority, max_keys, metrics, store, fair, weight, max_waiting_per_key, wait_body_buffer, limit_headers, deadline, early_refusal"
+const subdirectives = "limit, total, cost, zone, status, retry_after, retry_after_ms, dry_run, replicas, wait, max_waiting, priority, max_keys, metrics, store, fair, weight, max_waiting_per_key, wait_body_buffer, limit_headers, deadline, early_refusal"
 
 // parse reads the inflight directive into the handler's JSON:
 //
@@ -55,6 +55,7 @@ const subdirectives = "limit, total, cost, zone, status, retry_after, dry_run, r
 //		zone        <name>               # share counters with handlers naming it
 //		status      <code>               # refusal status, 400-599 (429)
 //		retry_after <duration>           # Retry-After of refusals (1s)
+//		retry_after_ms <duration>|auto   # retry-after-ms beside it, for LLM SDKs (none)
 //		dry_run                          # count and report, never refuse
 //		replicas    <n>                  # each of n instances enforces ceil(max/n)
 //		wait        <duration>           # wait for a slot instead of refusing (0)
@@ -109,6 +110,14 @@ func parseHTTPOption(h httpcaddyfile.Helper, hd *inflight.Handler, opt string) (
 		var d time.Duration
 		d, err = duration(h.Dispenser, opt, false)
 		hd.RetryAfter = caddy.Duration(d)
+	case "retry_after_ms":
+		if !h.NextArg() || h.CountRemainingArgs() > 0 {
+			return true, h.Errf("inflight: retry_after_ms: want one argument, auto or a duration (250ms)")
+		}
+		hd.RetryAfterMs = h.Val()
+		if d, perr := time.ParseDuration(hd.RetryAfterMs); hd.RetryAfterMs != "auto" && (perr != nil || d <= 0) {
+			err = h.Errf("inflight: retry_after_ms %q is not allowed: want auto or a positive duration (250ms)", hd.RetryAfterMs)
+		}
 	case "wait_body_buffer":
 		hd.WaitBodyBuffer, err = byteSize(h, opt)
 	case "limit_headers":

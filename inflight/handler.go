@@ -59,6 +59,19 @@ type Handler struct {
 	// to whole seconds. Default: 1s.
 	RetryAfter caddy.Duration `json:"retry_after,omitempty"`
 
+	// RetryAfterMs, if set, sends a refusal's retry-after-ms header beside
+	// Retry-After (which stays whole seconds, as HTTP requires): the
+	// OpenAI and Anthropic SDKs read it first. A duration (250ms) sends
+	// that; `auto` tells each refused request when a slot should be free
+	// for it: the requests waiting in the zone, plus one, times the time
+	// between freed slots (the zone's recent rate, as early_refusal reads
+	// it), and one such time after the previous refusal's, so that refused
+	// clients come back one after another, jittered by ±10 %, between 10 ms
+	// and retry_after; until the zone has seen 4 releases, none is sent.
+	// With a shared store the rate and the waiting are this instance's.
+	// Default: not sent.
+	RetryAfterMs string `json:"retry_after_ms,omitempty"`
+
 	// WaitBodyBuffer bounds, in bytes, how much of a waiting HTTP/1.x
 	// request's body is read ahead while it waits, so that the server
 	// notices its client leaving; the body reaches the next handler
@@ -142,6 +155,8 @@ type Handler struct {
 	cost       func(*http.Request) (int64, error) // nil: every request costs 1
 	waits      bool                               // requests may wait
 	retryAfter string
+	retryMs    string         // a fixed retry-after-ms; "" with none or auto
+	retryAuto  bool           // retry-after-ms auto
 	levels     []int          // dimensions of LimitHeaders; nil: none, or a shared store
 	badValues  core.BadValues // of the max and cost placeholders
 	admissions sync.Pool
@@ -171,7 +186,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.compileDeadline(); err != nil {
 		return fmt.Errorf("inflight: %w", err)
 	}
-	edge := core.Edge{Site: siteOf(ctx), Noun: "request", AddressKeys: addressKeys, UnitMax: true, Costs: h.cost != nil, Show: ShortForm, EarlyRefusal: h.EarlyRefusal}
+	if err := h.compileRetryAfterMs(); err != nil {
+		return fmt.Errorf("inflight: %w", err)
+	}
+	edge := core.Edge{Site: siteOf(ctx), Noun: "request", AddressKeys: addressKeys, UnitMax: true, Costs: h.cost != nil, Show: ShortForm, EarlyRefusal: h.EarlyRefusal, RetryHints: h.retryAuto}
 	if at := h.TotalAdaptive; at != nil {
 		cfg := at.config()
 		edge.Adaptive = &cfg
@@ -327,6 +345,7 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, v core.Verdict)
 	replacer(r).Set("http.inflight.limit", v.Limit)
 	replacer(r).Set("http.inflight.reason", v.Reason)
 	w.Header().Set("Retry-After", h.retryAfter)
+	h.setRetryAfterMs(w)
 	return caddyhttp.Error(h.StatusCode, fmt.Errorf("inflight: limit %s refused the request (%s)", v.Limit, v.Reason))
 }
 

@@ -171,10 +171,11 @@ func client(srcIP string) *http.Client {
 }
 
 type result struct {
-	status     int
-	retryAfter string
-	body       string
-	err        error
+	status       int
+	retryAfter   string
+	retryAfterMs string
+	body         string
+	err          error
 }
 
 func get(ctx context.Context, c *http.Client, url string, header ...string) result {
@@ -195,7 +196,7 @@ func get(ctx context.Context, c *http.Client, url string, header ...string) resu
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
-	return result{status: resp.StatusCode, retryAfter: resp.Header.Get("Retry-After"), body: string(body), err: err}
+	return result{status: resp.StatusCode, retryAfter: resp.Header.Get("Retry-After"), retryAfterMs: resp.Header.Get("Retry-After-Ms"), body: string(body), err: err}
 }
 
 // getReached is get, sent again (up to 20 times) while it fails before any

@@ -22,27 +22,28 @@ const RefusedEvent = "inflight_refused"
 // the unit's keys, admits it (Admit), releases it when the unit ends
 // (Release), and leaves in Cleanup (Leave).
 type Gate struct {
-	cfg        *Config
-	ctx        caddy.Context
-	logger     *zap.Logger
-	events     *caddyevents.App
-	zone       *zone
-	zoneID     string
-	label      string // the zone's name: Zone, or the automatic one
-	store      Store
-	limits     *limiter.Limits
-	adaptive   *limiter.Adaptive // the zone's, with an adaptive total
-	waitOpt    limiter.WaitOptions
-	costed     bool                            // units have costs: the cost histogram counts them
-	classed    bool                            // a priority template gives units their class
-	weighted   bool                            // a weight template gives keys their share under fair
-	addresses  []bool                          // per limit: its keys are client addresses, logged in clear
-	rejected   map[string][]prometheus.Counter // reason -> per dimension, total last
-	waited     [limiter.Aborted + 1]prometheus.Observer
-	costs      costObserver
-	badValues  BadValues // of the weight template
-	refusedLog string    // the debug line of a refusal
-	early      bool      // refuse units with deadlines early; count the zone's grants
+	cfg         *Config
+	ctx         caddy.Context
+	logger      *zap.Logger
+	events      *caddyevents.App
+	zone        *zone
+	zoneID      string
+	label       string // the zone's name: Zone, or the automatic one
+	store       Store
+	limits      *limiter.Limits
+	adaptive    *limiter.Adaptive // the zone's, with an adaptive total
+	waitOpt     limiter.WaitOptions
+	costed      bool                            // units have costs: the cost histogram counts them
+	classed     bool                            // a priority template gives units their class
+	weighted    bool                            // a weight template gives keys their share under fair
+	addresses   []bool                          // per limit: its keys are client addresses, logged in clear
+	rejected    map[string][]prometheus.Counter // reason -> per dimension, total last
+	waited      [limiter.Aborted + 1]prometheus.Observer
+	costs       costObserver
+	badValues   BadValues // of the weight template
+	refusedLog  string    // the debug line of a refusal
+	early       bool      // refuse units with deadlines early
+	countGrants bool      // count the zone's releases (early refusal, retry hints)
 }
 
 // Ticket is one unit's way through a gate. Before Admit the edge sets the
@@ -191,7 +192,7 @@ func (g *Gate) report(t *Ticket, res limiter.Result, reason string) string {
 // per admitted unit.
 func (g *Gate) Release(t *Ticket) {
 	g.store.Release(&t.Req)
-	if g.early {
+	if g.countGrants {
 		g.zone.grants.add(time.Now())
 	}
 	if g.cfg.PerKeyMetrics {

@@ -42,6 +42,9 @@ type Edge struct {
 	// at arrival when the zone's recent grant rate says its wait would run
 	// out; the gate then counts the zone's releases.
 	EarlyRefusal bool
+	// RetryHints says that the edge asks RetryHint when it refuses a
+	// unit; the gate then counts the zone's releases.
+	RetryHints bool
 }
 
 // Join checks cfg, applying its defaults, and joins its zone, shared with
@@ -129,6 +132,7 @@ func (g *Gate) compile(edge Edge) {
 	}
 	g.costed = edge.Costs
 	g.early = edge.EarlyRefusal && !c.DryRun
+	g.countGrants = (edge.EarlyRefusal || edge.RetryHints) && !c.DryRun
 	g.classed = c.Priority != ""
 	if !c.DryRun {
 		// Without priority every request is normal (weight 1), as beside

@@ -37,8 +37,10 @@ type zone struct {
 	stats zoneStats
 	units unitStats
 	// grants is the rate of its releases, counted by the handlers with
-	// early refusal (see grantRate).
-	grants grantRate
+	// early refusal or retry hints (see grantRate), and retries the times
+	// its retry hints told (see RetryHint).
+	grants  grantRate
+	retries retrySchedule
 }
 
 // waiting returns the requests waiting in this zone, in this process and

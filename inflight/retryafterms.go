@@ -1,0 +1,43 @@
+package inflight
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// retryAfterMsField is the header the OpenAI and Anthropic SDKs read
+// before Retry-After: milliseconds to wait before retrying.
+const retryAfterMsField = "Retry-After-Ms"
+
+// compileRetryAfterMs reads RetryAfterMs: "" (none), "auto", or a
+// positive duration up to retry_after.
+func (h *Handler) compileRetryAfterMs() error {
+	h.retryMs, h.retryAuto = "", false
+	switch v := h.RetryAfterMs; v {
+	case "":
+	case "auto":
+		h.retryAuto = true
+	default:
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 || d > time.Duration(h.RetryAfter) {
+			return fmt.Errorf("retry_after_ms %q is not allowed: want auto or a positive duration up to retry_after (%s)", v, time.Duration(h.RetryAfter))
+		}
+		h.retryMs = strconv.FormatInt(max(d.Milliseconds(), 1), 10)
+	}
+	return nil
+}
+
+// setRetryAfterMs sets a refusal's retry-after-ms: the fixed value, or
+// the gate's hint (none while it has no rate to go by).
+func (h *Handler) setRetryAfterMs(w http.ResponseWriter) {
+	switch {
+	case h.retryMs != "":
+		w.Header().Set(retryAfterMsField, h.retryMs)
+	case h.retryAuto:
+		if d, ok := h.gate.RetryHint(time.Duration(h.RetryAfter)); ok {
+			w.Header().Set(retryAfterMsField, strconv.FormatInt(max(d.Milliseconds(), 1), 10))
+		}
+	}
+}
