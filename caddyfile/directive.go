@@ -31,7 +31,7 @@ func init() {
 }
 
 // subdirectives lists the block's options, for error messages.
-const subdirectives = "limit, total, cost, zone, status, retry_after, retry_after_ms, dry_run, replicas, wait, max_waiting, priority, max_keys, metrics, store, fair, weight, max_waiting_per_key, wait_body_buffer, limit_headers, deadline, early_refusal"
+const subdirectives = "limit, total, cost, zone, status, retry_after, retry_after_ms, dry_run, replicas, wait, max_waiting, priority, max_keys, metrics, store, fair, weight, max_waiting_per_key, wait_body_buffer, limit_headers, deadline, early_refusal, grpc_status"
 
 // parse reads the inflight directive into the handler's JSON:
 //
@@ -56,6 +56,7 @@ const subdirectives = "limit, total, cost, zone, status, retry_after, retry_afte
 //		status      <code>               # refusal status, 400-599 (429)
 //		retry_after <duration>           # Retry-After of refusals (1s)
 //		retry_after_ms <duration>|auto   # retry-after-ms beside it, for LLM SDKs (none)
+//		grpc_status <status>             # gRPC refusals: resource_exhausted | unavailable (resource_exhausted)
 //		dry_run                          # count and report, never refuse
 //		replicas    <n>                  # each of n instances enforces ceil(max/n)
 //		wait        <duration>           # wait for a slot instead of refusing (0)
@@ -120,6 +121,8 @@ func parseHTTPOption(h httpcaddyfile.Helper, hd *inflight.Handler, opt string) (
 		}
 	case "wait_body_buffer":
 		hd.WaitBodyBuffer, err = byteSize(h, opt)
+	case "grpc_status":
+		hd.GRPCStatus, err = grpcStatus(h)
 	case "limit_headers":
 		err = parseLimitHeaders(h, hd)
 	case "deadline":

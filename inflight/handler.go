@@ -39,7 +39,8 @@ const totalName = "total"
 // placeholder `{http.inflight.limit}` holds the name of the limit that
 // refused (`total` for the total cap), and `{http.inflight.reason}` why
 // (full, timeout, queue_full, keys_full, store_error), for use in
-// `handle_errors`.
+// `handle_errors`. A gRPC call is refused with a gRPC status instead (see
+// GRPCStatus).
 type Handler struct {
 	// Limits, Total, Zone, DryRun, Replicas, Wait, MaxWaiting, Priority,
 	// Fair, Weight, MaxWaitingPerKey, MaxKeys, PerKeyMetrics, PlainKeys
@@ -56,7 +57,8 @@ type Handler struct {
 	StatusCode int `json:"status_code,omitempty"`
 
 	// RetryAfter is sent as the Retry-After header of a refusal, rounded up
-	// to whole seconds. Default: 1s.
+	// to whole seconds, and to a gRPC client as grpc-retry-pushback-ms.
+	// Default: 1s.
 	RetryAfter caddy.Duration `json:"retry_after,omitempty"`
 
 	// RetryAfterMs, if set, sends a refusal's retry-after-ms header beside
@@ -71,6 +73,16 @@ type Handler struct {
 	// With a shared store the rate and the waiting are this instance's.
 	// Default: not sent.
 	RetryAfterMs string `json:"retry_after_ms,omitempty"`
+
+	// GRPCStatus is the gRPC status of a refused gRPC or gRPC-Web request
+	// (Content-Type application/grpc, application/grpc-web and their
+	// +codec forms): `resource_exhausted` (code 8) or `unavailable` (code
+	// 14). Such a refusal is a Trailers-Only response, HTTP 200 with
+	// grpc-status, grpc-message (the limit and reason) and
+	// grpc-retry-pushback-ms (RetryAfter) in its header block, written by
+	// the handler itself: StatusCode and handle_errors do not apply, as no
+	// gRPC client reads an HTTP error. Default: resource_exhausted.
+	GRPCStatus string `json:"grpc_status,omitempty"`
 
 	// WaitBodyBuffer bounds, in bytes, how much of a waiting HTTP/1.x
 	// request's body is read ahead while it waits, so that the server
@@ -212,6 +224,9 @@ func (h *Handler) Validate() error {
 	case h.WaitBodyBuffer < 0:
 		return fmt.Errorf("inflight: wait_body_buffer %d is not allowed: want a positive number of bytes", h.WaitBodyBuffer)
 	}
+	if err := CheckGRPCStatus(h.GRPCStatus); err != nil {
+		return fmt.Errorf("inflight: %w", err)
+	}
 	// StoreRaw is cleared once the store is loaded; compileLimitHeaders
 	// drops the levels when there is one.
 	if len(h.LimitHeaders) > 0 && h.levels == nil {
@@ -340,10 +355,15 @@ func (h *Handler) compile() {
 }
 
 // refuse answers a request over its cap with the configured status and
-// Retry-After, as a Caddy error so that handle_errors routes run.
+// Retry-After, as a Caddy error so that handle_errors routes run; a gRPC
+// request with a gRPC status instead (refuseGRPC).
 func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, v core.Verdict) error {
 	replacer(r).Set("http.inflight.limit", v.Limit)
 	replacer(r).Set("http.inflight.reason", v.Reason)
+	if ct := grpcContentType(r); ct != "" {
+		h.refuseGRPC(w, ct, v)
+		return nil
+	}
 	w.Header().Set("Retry-After", h.retryAfter)
 	h.setRetryAfterMs(w)
 	return caddyhttp.Error(h.StatusCode, fmt.Errorf("inflight: limit %s refused the request (%s)", v.Limit, v.Reason))

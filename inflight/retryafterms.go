@@ -29,15 +29,24 @@ func (h *Handler) compileRetryAfterMs() error {
 	return nil
 }
 
-// setRetryAfterMs sets a refusal's retry-after-ms: the fixed value, or
-// the gate's hint (none while it has no rate to go by).
-func (h *Handler) setRetryAfterMs(w http.ResponseWriter) {
+// retryMillis returns, in milliseconds, when a refused request should
+// come back: retry_after_ms's value or hint (and true), else retry_after.
+func (h *Handler) retryMillis() (string, bool) {
 	switch {
 	case h.retryMs != "":
-		w.Header().Set(retryAfterMsField, h.retryMs)
+		return h.retryMs, true
 	case h.retryAuto:
 		if d, ok := h.gate.RetryHint(time.Duration(h.RetryAfter)); ok {
-			w.Header().Set(retryAfterMsField, strconv.FormatInt(max(d.Milliseconds(), 1), 10))
+			return strconv.FormatInt(max(d.Milliseconds(), 1), 10), true
 		}
+	}
+	return strconv.FormatInt(time.Duration(h.RetryAfter).Milliseconds(), 10), false
+}
+
+// setRetryAfterMs sets a refusal's retry-after-ms, if retry_after_ms gives
+// one (an auto hint: once the zone has a rate to go by).
+func (h *Handler) setRetryAfterMs(w http.ResponseWriter) {
+	if ms, ok := h.retryMillis(); ok {
+		w.Header().Set(retryAfterMsField, ms)
 	}
 }
