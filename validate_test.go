@@ -253,11 +253,11 @@ func TestPriorityClassesAndPlaceholdersLoad(t *testing.T) {
 	}
 }
 
-// TestValidateWarnsOfWhatAStoreIgnoresOrAssumes: with a store, limit_headers
-// sends nothing (this instance's counts are not the fleet's), and a store
-// with no address uses Redis's default, 127.0.0.1:6379, which every
-// instance must reach as the same Redis: both are logged when the config
-// loads, naming the setting.
+// TestValidateWarnsOfWhatAStoreIgnoresOrAssumes: a store with no address
+// uses Redis's default, 127.0.0.1:6379, which every instance must reach as
+// the same Redis: that is logged when the config loads, naming the
+// setting. limit_headers works with a store (the fleet's level): no
+// warning names it.
 func TestValidateWarnsOfWhatAStoreIgnoresOrAssumes(t *testing.T) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -265,9 +265,11 @@ func TestValidateWarnsOfWhatAStoreIgnoresOrAssumes(t *testing.T) {
 	}
 	addr := l.Addr().String()
 	l.Close()
+	headers := adaptClean(t, "limit_headers", []byte("example.com {\n\tinflight 5 {\n\t\tlimit_headers client\n\t\tstore redis {\n\t\t\taddress "+addr+"\n\t\t}\n\t}\n}\n"))
+	if lines := validateLogged(t, "limit_headers", headers); slices.ContainsFunc(lines, func(line string) bool { return strings.Contains(line, `"setting":"limit_headers"`) }) {
+		t.Errorf("limit_headers with a store: validate logged %q, want no warning naming it", lines)
+	}
 	for _, tc := range []struct{ name, block, want string }{
-		{"limit_headers", "\t\tlimit_headers client\n\t\tstore redis {\n\t\t\taddress " + addr + "\n\t\t}\n",
-			`"setting":"limit_headers"`},
 		{"no address", "\t\tstore redis\n", `"address":"127.0.0.1:6379"`},
 	} {
 		cfg := adaptClean(t, tc.name, []byte("example.com {\n\tinflight 5 {\n"+tc.block+"\t}\n}\n"))

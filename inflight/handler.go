@@ -150,8 +150,11 @@ type Handler struct {
 	// key has left as `r` (the cap less the units its requests hold, this
 	// one included once admitted; never below 0); one list member per
 	// limit, named after the limit, without its key. A request whose key
-	// for a limit is empty gets no member for it. With a shared store
-	// nothing is sent: this instance's counts are not the fleet's.
+	// for a limit is empty gets no member for it. With a shared store the
+	// level is the fleet's: the cap, not split by replicas, and the units
+	// held across the fleet, as the store answered the call that decided
+	// the request; while the store cannot answer and fails open, this
+	// instance's share and units, marked `inflight-scope="instance"`.
 	// Default: none.
 	LimitHeaders []string `json:"limit_headers,omitempty"`
 
@@ -169,7 +172,8 @@ type Handler struct {
 	retryAfter string
 	retryMs    string         // a fixed retry-after-ms; "" with none or auto
 	retryAuto  bool           // retry-after-ms auto
-	levels     []int          // dimensions of LimitHeaders; nil: none, or a shared store
+	levels     []int          // dimensions of LimitHeaders; nil: none
+	shared     bool           // a store keeps the counts: levels are the fleet's
 	badValues  core.BadValues // of the max and cost placeholders
 	admissions sync.Pool
 }
@@ -226,11 +230,6 @@ func (h *Handler) Validate() error {
 	}
 	if err := CheckGRPCStatus(h.GRPCStatus); err != nil {
 		return fmt.Errorf("inflight: %w", err)
-	}
-	// StoreRaw is cleared once the store is loaded; compileLimitHeaders
-	// drops the levels when there is one.
-	if len(h.LimitHeaders) > 0 && h.levels == nil {
-		h.logger.Warn("setting has no effect", zap.String("setting", "limit_headers"), zap.String("why", "it is ignored with a store: no RateLimit fields are sent (this instance's counts are not the fleet's)"))
 	}
 	return nil
 }

@@ -18,16 +18,23 @@ import (
 const (
 	policyField = "RateLimit-Policy"
 	levelField  = "RateLimit"
-	// quotaUnit is the draft's quota unit for a cap on requests in flight;
-	// with a cost the unit is the operator's (tokens, say), which the draft
-	// has no name for, so none is sent.
+	// quotaUnit is the draft's quota unit for a cap on requests in flight
+	// (draft 12's registry: "request", "content-bytes",
+	// "concurrent-requests", and the value must be one of them); with a
+	// cost the unit is the operator's (tokens, say), which the registry
+	// has no name for, and "concurrent-requests" would misstate q (units,
+	// not requests), so none is sent.
 	quotaUnit = "concurrent-requests"
+	// localScope marks, with a store, a level that is this instance's
+	// alone: the store could not answer and fails open, so the instance
+	// enforces its share of each cap alone. The draft allows other
+	// parameters, prefixed with a vendor's name.
+	localScope = `;inflight-scope="instance"`
 )
 
 // compileLimitHeaders resolves limit_headers to dimensions. A name that is
 // neither one of the handler's limits nor its total is a configuration
-// error. With a shared store nothing is sent: the local counts are not the
-// fleet's.
+// error. With a shared store the levels are the fleet's (see sendLevels).
 func (h *Handler) compileLimitHeaders() error {
 	allowed := make([]string, 0, len(h.Limits)+1)
 	for _, l := range h.Limits {
@@ -51,9 +58,7 @@ func (h *Handler) compileLimitHeaders() error {
 		}
 		h.levels = append(h.levels, d)
 	}
-	if h.StoreRaw != nil {
-		h.levels = nil
-	}
+	h.shared = h.StoreRaw != nil
 	return nil
 }
 
@@ -62,8 +67,20 @@ func (h *Handler) compileLimitHeaders() error {
 // limit the request's key does not apply to (an empty key) is left out,
 // and so is a total without a cap (an adaptive total in dry_run). Nothing
 // is sent for a client that left while waiting: nobody reads a response.
+//
+// With a shared store the level is the fleet's, as the store's ledger
+// answered the call that decided a (res.Levels): the fleet's cap and the
+// units held across the fleet; a limit the ledger did not read (one after
+// the limit that refused a) is left out. While the store cannot answer and
+// fails open (res.Alone), the level is this instance's, its share of each
+// cap, marked with localScope. Nothing is sent when no level is known (a
+// refusal for max_keys, or by a store that fails closed).
 func (h *Handler) sendLevels(w http.ResponseWriter, a *admission, res limiter.Result) {
 	if h.levels == nil || res.Outcome == limiter.Aborted {
+		return
+	}
+	local := !h.shared || res.Alone
+	if !local && res.Levels == nil {
 		return
 	}
 	var policy, level []byte
@@ -75,15 +92,22 @@ func (h *Handler) sendLevels(w http.ResponseWriter, a *admission, res limiter.Re
 				continue
 			}
 		}
-		capacity := h.capOf(a, d)
+		var capacity, used int64
+		switch {
+		case !local:
+			l, ok := res.Levels.Of(d)
+			if !ok {
+				continue
+			}
+			capacity, used = l.Cap, l.Held
+		case d == limiter.TotalDim:
+			capacity = h.capOf(a, d)
+			used, _ = h.engine.Load(limiter.TotalDim)
+		default:
+			capacity, used = h.capOf(a, d), h.engine.KeyUnits(d, key)
+		}
 		if capacity <= 0 {
 			continue
-		}
-		var used int64
-		if d == limiter.TotalDim {
-			used, _ = h.engine.Load(limiter.TotalDim)
-		} else {
-			used = h.engine.KeyUnits(d, key)
 		}
 		if policy != nil {
 			policy, level = append(policy, ", "...), append(level, ", "...)
@@ -92,6 +116,9 @@ func (h *Handler) sendLevels(w http.ResponseWriter, a *admission, res limiter.Re
 		policy = strconv.AppendInt(append(policy, ";q="...), capacity, 10)
 		if h.cost == nil {
 			policy = append(policy, `;qu="`+quotaUnit+`"`...)
+		}
+		if h.shared && local {
+			policy = append(policy, localScope...)
 		}
 		level = strconv.AppendQuote(level, limit)
 		level = strconv.AppendInt(append(level, ";r="...), max(capacity-used, 0), 10)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-inflight/caddy-inflight/inflight/core"
+	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
 
 func init() {
@@ -169,7 +171,7 @@ func TestLimitHeadersUseTheCapEnforced(t *testing.T) {
 }
 
 // TestLimitHeadersNameLimits: limit_headers must name the handler's limits
-// or its total, each once; with a shared store nothing is sent.
+// or its total, each once, with a shared store too.
 func TestLimitHeadersNameLimits(t *testing.T) {
 	limits := []core.Limit{{Name: "client"}, {Name: "tenant"}}
 	for _, tc := range []struct {
@@ -190,8 +192,41 @@ func TestLimitHeadersNameLimits(t *testing.T) {
 		t.Errorf("total adaptive, limit_headers total client: %v, dimensions %v", err, h.levels)
 	}
 	h.StoreRaw = json.RawMessage(`{"type":"redis"}`)
-	if err := h.compileLimitHeaders(); err != nil || h.levels != nil {
-		t.Errorf("with a store: %v, dimensions %v; want none", err, h.levels)
+	if err := h.compileLimitHeaders(); err != nil || fmt.Sprint(h.levels) != fmt.Sprint([]int{-1, 0}) || !h.shared {
+		t.Errorf("with a store: %v, dimensions %v, shared %v; want the same dimensions, shared", err, h.levels, h.shared)
+	}
+}
+
+// TestLimitHeadersFromTheFleet: with a store, the fields show the fleet's
+// level as the store answered (its cap, not this instance's share, and the
+// units held across the fleet); a limit the store did not read is left
+// out, and nothing is sent when it answered nothing.
+func TestLimitHeadersFromTheFleet(t *testing.T) {
+	h := &Handler{Config: core.Config{Limits: []core.Limit{{Name: "client"}, {Name: "tenant"}}, Total: 9}, LimitHeaders: []string{"tenant", "total"}}
+	h.StoreRaw = json.RawMessage(`{"type":"redis"}`)
+	if err := h.compileLimitHeaders(); err != nil {
+		t.Fatal(err)
+	}
+	a := &admission{}
+	a.ticket.Req.Keys = []string{"1.2.3.4", "secret-a"}
+	const unit = `;qu="concurrent-requests"`
+	for _, tc := range []struct {
+		what           string
+		res            limiter.Result
+		policy, remain string
+	}{
+		{"admitted", limiter.Result{Levels: limiter.Levels{{Cap: 100, Held: 1}, {Cap: 5, Held: 4}, {Cap: 9, Held: 7}}},
+			`"tenant";q=5` + unit + `, "total";q=9` + unit, `"tenant";r=1, "total";r=2`},
+		{"refused by the tenant, the total not read", limiter.Result{Outcome: limiter.Full, Dim: 1, Levels: limiter.Levels{{Cap: 100, Held: 1}, {Cap: 5, Held: 6}, {}}},
+			`"tenant";q=5` + unit, `"tenant";r=0`},
+		{"no answer (max_keys)", limiter.Result{Outcome: limiter.KeysFull}, "", ""},
+		{"the client left", limiter.Result{Outcome: limiter.Aborted, Levels: limiter.Levels{{Cap: 1}, {Cap: 1}, {Cap: 1}}}, "", ""},
+	} {
+		w := httptest.NewRecorder()
+		h.sendLevels(w, a, tc.res)
+		if p, r := w.Header().Get("RateLimit-Policy"), w.Header().Get("RateLimit"); p != tc.policy || r != tc.remain {
+			t.Errorf("%s:\n\tRateLimit-Policy: %s\n\tRateLimit: %s\nwant\n\tRateLimit-Policy: %s\n\tRateLimit: %s", tc.what, p, r, tc.policy, tc.remain)
+		}
 	}
 }
 

@@ -84,6 +84,13 @@ type Verdict struct {
 	Outcome Outcome
 	Dim     int
 	Lease   string
+	// Held, if not nil, is the units the fleet holds in each of the
+	// claim's dimensions once the ledger decided it (this claim's
+	// included if admitted): index d for dimension d, len(Keys) for the
+	// total; -1 where the ledger did not read it (a dimension it did not
+	// reach before refusing, or one the claim has no key in). Data only:
+	// the queue passes it on in Result.Levels.
+	Held []int64
 }
 
 // adopt makes req hold what the queue took for from, its copy.

@@ -62,6 +62,36 @@ type Result struct {
 	Outcome Outcome
 	Dim     int
 	Waited  time.Duration
+	// Levels, if not nil, is the fleet's level of the request's dimensions
+	// as a Ledger answered the call that decided it (see Levels); nil
+	// when no ledger answered for it (a zone without one, a refusal the
+	// queue made alone).
+	Levels Levels
+	// Alone says that a zone with a ledger decided the request alone,
+	// the ledger unreachable (see SharedQueue.AcquireAlone): its counts
+	// are this instance's only.
+	Alone bool
+}
+
+// Level is a dimension's level in the fleet: its cap for the request's
+// key and the units held against it, in units.
+type Level struct {
+	Cap, Held int64
+}
+
+// Levels holds a Level per dimension of a request, index d for dimension
+// d and the last for the total; a Level with Cap 0 is not known.
+type Levels []Level
+
+// Of returns the level of dimension d (TotalDim: the total), if known.
+func (l Levels) Of(d int) (Level, bool) {
+	if d == TotalDim {
+		d = len(l) - 1
+	}
+	if d < 0 || d >= len(l) || l[d].Cap <= 0 {
+		return Level{}, false
+	}
+	return l[d], true
 }
 
 // WaitOptions say whether and how a request may wait for a slot.
@@ -164,6 +194,7 @@ type waiter struct {
 	ready      chan struct{} // closed when a slot is handed over
 	granted    bool
 	left       bool   // it left a shared queue (see SharedQueue.dispatch)
+	levels     Levels // in a shared queue: from the ledger's latest verdict
 	perKey     uint64 // its entry in the per-key waiting counts; 0: not counted
 	prev, next *waiter
 }

@@ -73,6 +73,7 @@ type newcomerCall struct {
 	willWait bool
 	done     chan struct{} // closed when v and err are set, or lead is
 	v        Verdict
+	levels   Levels // the fleet's level as v gives it
 	err      error
 	lead     []*newcomerCall // set when it makes the next call, for these (itself first)
 }
@@ -102,14 +103,14 @@ func NewSharedQueue(zone *Zone, l Ledger, poll time.Duration) *SharedQueue {
 // req itself: nothing was taken, and the caller may fall back (see
 // AcquireAlone).
 func (q *SharedQueue) Acquire(ctx context.Context, req *Request, opt WaitOptions) (Result, error) {
-	v, err := q.newcomer(req, opt)
+	v, levels, err := q.newcomer(req, opt)
 	switch {
 	case err != nil:
 		return Result{}, err
 	case v.Outcome != Full || opt.Wait <= 0:
-		return Result{Outcome: v.Outcome, Dim: v.Dim}, nil
+		return Result{Outcome: v.Outcome, Dim: v.Dim, Levels: levels}, nil
 	}
-	return q.wait(ctx, req, opt, v.Dim), nil
+	return q.wait(ctx, req, opt, v.Dim, levels), nil
 }
 
 // AcquireAlone admits req in the zone alone, as opt allows, while the
@@ -120,6 +121,7 @@ func (q *SharedQueue) AcquireAlone(ctx context.Context, req *Request, opt WaitOp
 	if res.Outcome == Admitted {
 		req.lease = q.ledger.Record(q.claimOf(req, false, nil))
 	}
+	res.Alone = true
 	return res
 }
 
@@ -143,8 +145,9 @@ func (q *SharedQueue) Wake() {
 }
 
 // newcomer tries req, queued as opt says if refused, in the next call: at
-// once if none is under way.
-func (q *SharedQueue) newcomer(req *Request, opt WaitOptions) (Verdict, error) {
+// once if none is under way. It returns the verdict and the fleet's level
+// it gives.
+func (q *SharedQueue) newcomer(req *Request, opt WaitOptions) (Verdict, Levels, error) {
 	a := &newcomerCall{req: req, opt: opt, willWait: opt.Wait > 0}
 	batch := []*newcomerCall{a}
 	q.calls.mu.Lock()
@@ -154,7 +157,7 @@ func (q *SharedQueue) newcomer(req *Request, opt WaitOptions) (Verdict, error) {
 		q.calls.mu.Unlock()
 		<-a.done
 		if a.lead == nil {
-			return a.v, a.err
+			return a.v, a.levels, a.err
 		}
 		batch = a.lead
 	} else {
@@ -162,7 +165,7 @@ func (q *SharedQueue) newcomer(req *Request, opt WaitOptions) (Verdict, error) {
 		q.calls.mu.Unlock()
 	}
 	q.run(batch)
-	return a.v, a.err
+	return a.v, a.levels, a.err
 }
 
 // tryWaiters makes a call for the waiters, or asks the call under way for
@@ -209,21 +212,24 @@ func (q *SharedQueue) run(batch []*newcomerCall) {
 }
 
 // wait queues a copy of req (a batch may admit it after req's caller has
-// gone, and then gives it back), refused by dimension dim.
-func (q *SharedQueue) wait(ctx context.Context, req *Request, opt WaitOptions, dim int) Result {
+// gone, and then gives it back), refused by dimension dim with the fleet's
+// level levels. Its result has the level of the latest call that tried it:
+// the one that admitted it, or its last refusal.
+func (q *SharedQueue) wait(ctx context.Context, req *Request, opt WaitOptions, dim int, levels Levels) Result {
 	others := q.waitingElsewhere(req, opt)
 	q.mu.Lock()
 	perKey, over := q.perKeyRoom(req, opt, others)
 	if over {
 		q.mu.Unlock()
-		return Result{Outcome: QueueFull, Dim: opt.KeyDim}
+		return Result{Outcome: QueueFull, Dim: opt.KeyDim, Levels: levels}
 	}
 	if !q.zone.waitOutside(opt.MaxWaiting) {
 		q.mu.Unlock()
-		return Result{Outcome: QueueFull, Dim: dim}
+		return Result{Outcome: QueueFull, Dim: dim, Levels: levels}
 	}
 	own := &Request{Keys: slices.Clone(req.Keys), Max: slices.Clone(req.Max), Limits: req.Limits, Cost: req.Cost}
 	w := q.enqueue(own, opt, perKey, Full, dim)
+	w.levels = levels
 	if q.queued.Load() == 1 {
 		q.zone.listShared(q, true)
 	}
@@ -239,7 +245,7 @@ func (q *SharedQueue) wait(ctx context.Context, req *Request, opt WaitOptions, d
 
 	outcome := q.await(ctx, w, opt.Wait)
 	q.mu.Lock()
-	granted := w.granted
+	granted, levels := w.granted, w.levels
 	if !granted {
 		q.leave(w)
 	}
@@ -250,9 +256,9 @@ func (q *SharedQueue) wait(ctx context.Context, req *Request, opt WaitOptions, d
 		q.Release(own)
 	case granted:
 		req.adopt(own)
-		return Result{Outcome: Admitted, Waited: waited}
+		return Result{Outcome: Admitted, Waited: waited, Levels: levels}
 	}
-	return Result{Outcome: outcome, Dim: dim, Waited: waited}
+	return Result{Outcome: outcome, Dim: dim, Waited: waited, Levels: levels}
 }
 
 // leave takes w out of the queue. mu must be held.
@@ -316,7 +322,7 @@ func (q *SharedQueue) call(batch []*newcomerCall) {
 	for i, a := range batch {
 		t := &tries[len(waiters)+i]
 		if a.err = err; err == nil {
-			a.v = t.verdict
+			a.v, a.levels = t.verdict, levelsOf(&t.claim, t.verdict)
 			q.admitted(t)
 		}
 	}
@@ -327,6 +333,9 @@ func (q *SharedQueue) call(batch []*newcomerCall) {
 	q.mu.Lock()
 	for i, w := range waiters {
 		t := &tries[i]
+		if l := levelsOf(&t.claim, t.verdict); l != nil {
+			w.levels = l
+		}
 		if t.verdict.Outcome != Admitted {
 			if t.verdict.Outcome == Full && !w.left { // it holds that room from now on
 				q.file(w.flow, Full, t.verdict.Dim)
@@ -390,6 +399,28 @@ func (q *SharedQueue) chargeFair(t *try, local bool) {
 		q.vclock.charge(t.fairKey, t.req.taken, c.Weight, est)
 	}
 	q.charged(t.req, &fairCharge{local: local, fleet: q.ledger, dim: c.Dim, key: t.fairKey, weight: c.Weight, est: est})
+}
+
+// levelsOf returns the fleet's level of c's dimensions as v gives it:
+// per dimension c has a key in (and the total), its cap and the units
+// held, where the ledger read them; nil if it read none.
+func levelsOf(c *Claim, v Verdict) Levels {
+	if v.Held == nil {
+		return nil
+	}
+	out := make(Levels, len(c.Keys)+1)
+	for d, h := range v.Held {
+		if h < 0 || d > len(c.Keys) {
+			continue
+		}
+		switch {
+		case d == len(c.Keys):
+			out[d] = Level{Cap: c.Total, Held: h}
+		case c.Keys[d] != "":
+			out[d] = Level{Cap: c.Caps[d], Held: h}
+		}
+	}
+	return out
 }
 
 // claimOf returns what req asks of the ledger under the limits that apply

@@ -29,6 +29,7 @@ type memLedger struct {
 	fail      bool
 	gate      chan struct{}
 	afterTake func()
+	levels    bool // its verdicts carry the units held (Verdict.Held)
 }
 
 func newMemLedger(keyCap, totalCap int64) *memLedger {
@@ -63,7 +64,7 @@ func (l *memLedger) Take(claims []Claim) ([]Verdict, error) {
 			refused = TotalDim
 		}
 		if refused >= TotalDim {
-			out[i] = Verdict{Outcome: Full, Dim: refused}
+			out[i] = Verdict{Outcome: Full, Dim: refused, Held: l.heldBy(c)}
 			if c.Waits {
 				for _, d := range append([]int{refused}, c.Hold...) {
 					if d == TotalDim {
@@ -85,12 +86,29 @@ func (l *memLedger) Take(claims []Claim) ([]Verdict, error) {
 		l.next++
 		lease := fmt.Sprint("lease", l.next)
 		l.leases[lease] = c
-		out[i] = Verdict{Outcome: Admitted, Lease: lease}
+		out[i] = Verdict{Outcome: Admitted, Lease: lease, Held: l.heldBy(c)}
 	}
 	if l.afterTake != nil {
 		l.afterTake()
 	}
 	return out, nil
+}
+
+// heldBy returns, if l reports levels, the units held in each of c's
+// dimensions (the total last; -1 where c has no key). mu must be held.
+func (l *memLedger) heldBy(c Claim) []int64 {
+	if !l.levels {
+		return nil
+	}
+	out := make([]int64, len(c.Keys)+1)
+	for d, key := range c.Keys {
+		out[d] = -1
+		if key != "" {
+			out[d] = l.held[memKey(d, key)]
+		}
+	}
+	out[len(c.Keys)] = l.total
+	return out
 }
 
 func (l *memLedger) Correct(int, string, float64) {}
@@ -481,3 +499,43 @@ type correctionLedger struct {
 }
 
 func (l *correctionLedger) Correct(int, string, float64) { l.corrections.Add(1) }
+
+// TestSharedQueueLevelsFromTheLedger: the units the ledger says are held
+// reach the result with the fleet's caps (not split by Divisor): for a
+// request admitted at once, one refused, and one admitted after waiting,
+// whose level is that of the call that admitted it. Units held elsewhere
+// in the fleet are the ledger's own.
+func TestSharedQueueLevelsFromTheLedger(t *testing.T) {
+	z := NewZone(1, true, nil)
+	l := newMemLedger(100, 100)
+	l.levels = true
+	q := NewSharedQueue(z, l, time.Hour)
+	lim := &Limits{Max: []int64{5}, Total: 50, Divisor: 2}
+	elsewhere := func(n int64) { // another instance takes or gives back n units of k
+		l.mu.Lock()
+		l.held[memKey(0, "k")] += n
+		l.total += n
+		l.mu.Unlock()
+	}
+	elsewhere(3)
+	a := costly(lim, 1, "k")
+	res, err := q.Acquire(context.Background(), a, WaitOptions{})
+	if want := (Levels{{Cap: 5, Held: 4}, {Cap: 50, Held: 4}}); err != nil || res.Outcome != Admitted || fmt.Sprint(res.Levels) != fmt.Sprint(want) {
+		t.Fatalf("admitted at once: %+v %v, want levels %v", res, err, want)
+	}
+	b := costly(lim, 2, "k")
+	res, err = q.Acquire(context.Background(), b, WaitOptions{})
+	if want := (Levels{{Cap: 5, Held: 4}, {Cap: 50, Held: 4}}); err != nil || res.Outcome != Full || fmt.Sprint(res.Levels) != fmt.Sprint(want) {
+		t.Fatalf("refused: %+v %v, want levels %v", res, err, want)
+	}
+	opt := WaitOptions{Wait: time.Hour, Queued: func() { elsewhere(-3); q.Wake() }}
+	res, err = q.Acquire(context.Background(), b, opt)
+	if want := (Levels{{Cap: 5, Held: 3}, {Cap: 50, Held: 3}}); err != nil || res.Outcome != Admitted || fmt.Sprint(res.Levels) != fmt.Sprint(want) {
+		t.Fatalf("admitted after waiting: %+v %v, want levels %v (a's 1 and its 2)", res, err, want)
+	}
+	if l, ok := res.Levels.Of(TotalDim); !ok || l.Held != 3 {
+		t.Errorf("Levels.Of(TotalDim) = %+v, %v; want the total's", l, ok)
+	}
+	q.Release(a)
+	q.Release(b)
+}

@@ -38,7 +38,11 @@ end
 // the set's counter, plus the request's, at most the set's max): all of
 // its sets or none. It answers, after the time, per request the 1-based
 // position among its sets of the one that was full, or 0 when it was
-// admitted (decoded into verdicts by decodeVerdicts). A set that refused
+// admitted; then, per request and per set of it, the units the set holds
+// once the request is decided (its own included if admitted; -1 for a set
+// the script did not read: one after the set that refused it, or one held
+// for a waiter before it); it reads nothing more for them, only the reply
+// grows (decoded into verdicts by decodeVerdicts). A set that refused
 // a request that will wait, and each set that request holds (those that
 // refused it before), refuse every later request of the call that needs
 // them: what the first waits for is not taken by those behind it (see
@@ -127,7 +131,7 @@ if tonumber(ARGV[pos + 3]) + tonumber(ARGV[pos + 4]) > 0 then fair = fairClock(n
 pos = pos + 5 + 2 * tonumber(ARGV[pos + 4])
 local n = tonumber(ARGV[pos])
 pos = pos + 1
-local out, waits = {tonumber(t[1]), tonumber(t[2])}, false
+local out, waits, levels = {tonumber(t[1]), tonumber(t[2])}, false, {}
 for r = 1, n do
 	local member, willWait, units, count = ARGV[pos], ARGV[pos + 1] == '1', tonumber(ARGV[pos + 2]), tonumber(ARGV[pos + 3])
 	local fk, weight, work, more = ARGV[pos + 4], tonumber(ARGV[pos + 5]), tonumber(ARGV[pos + 6]), ARGV[pos + 7] == '1'
@@ -179,7 +183,9 @@ for r = 1, n do
 		waits = true
 	end
 	out[r + 2] = full
+	for p = first, pos - 1, 3 do levels[#levels + 1] = held[KEYS[tonumber(ARGV[p])]] or -1 end
 end
+for i = 1, #levels do out[n + 2 + i] = levels[i] end
 for key, units in pairs(added) do
 	local m = members[key]
 	for lo = 1, #m, 512 do redis.call('ZADD', key, unpack(m, lo, math.min(lo + 511, #m))) end
@@ -195,17 +201,34 @@ if fair then fair.close() end
 return out
 `)
 
-// decodeVerdicts turns the admission script's reply into verdicts: Admitted,
-// or Full by a dimension (limiter.TotalDim: the total); dims gives, per
-// request, the dimension of each of its sets.
-func decodeVerdicts(reply []int64, dims [][]int) []limiter.Verdict {
-	out := make([]limiter.Verdict, len(reply))
-	for i, full := range reply {
-		if full == 0 {
-			out[i] = limiter.Verdict{Outcome: limiter.Admitted}
-			continue
+// decodeVerdicts turns the admission script's reply (after the time) into
+// verdicts: Admitted, or Full by a dimension (limiter.TotalDim: the
+// total), each with the units held in its sets (Verdict.Held, by
+// dimension; -1 where not read). dims gives, per request, the dimension of
+// each of its sets, and keys its number of dimensions (the total's units
+// go after them).
+func decodeVerdicts(reply []int64, dims [][]int, keys []int) []limiter.Verdict {
+	out := make([]limiter.Verdict, len(dims))
+	levels := reply[len(dims):]
+	for i, full := range reply[:len(dims)] {
+		v := limiter.Verdict{Outcome: limiter.Admitted}
+		if full != 0 {
+			v = limiter.Verdict{Outcome: limiter.Full, Dim: dims[i][full-1]}
 		}
-		out[i] = limiter.Verdict{Outcome: limiter.Full, Dim: dims[i][full-1]}
+		if len(levels) >= len(dims[i]) {
+			v.Held = make([]int64, keys[i]+1)
+			for d := range v.Held {
+				v.Held[d] = -1
+			}
+			for k, d := range dims[i] {
+				if d == limiter.TotalDim {
+					d = keys[i]
+				}
+				v.Held[d] = levels[k]
+			}
+			levels = levels[len(dims[i]):]
+		}
+		out[i] = v
 	}
 	return out
 }

@@ -198,11 +198,11 @@ func (z *redisZone) admit(in []limiter.Claim) ([]limiter.Verdict, error) {
 		return z.failed(op, claims, start, asLate(err))
 	}
 	z.book.observe(op, []string{z.label}, start, nil)
-	dims := make([][]int, len(claims))
+	dims, nkeys := make([][]int, len(claims)), make([]int, len(claims))
 	for j, c := range claims {
-		dims[j] = c.dims
+		dims[j], nkeys[j] = c.dims, len(c.Keys)
 	}
-	for j, v := range decodeVerdicts(reply[2:], dims) {
+	for j, v := range decodeVerdicts(reply[2:], dims, nkeys) {
 		c := claims[j]
 		if v.Outcome == limiter.Admitted {
 			v.Lease = c.member
