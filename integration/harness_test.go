@@ -21,6 +21,8 @@ import (
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
 	_ "github.com/caddy-inflight/caddy-inflight"
+
+	"github.com/caddy-inflight/caddy-inflight/internal/incaddy"
 )
 
 // adminAddr is where every test config puts Caddy's admin API.
@@ -306,19 +308,7 @@ next:
 	return sum
 }
 
-func TestMain(m *testing.M) {
-	// Caddy keeps its storage and autosave under HOME; keep them out of the
-	// user's.
-	dir, err := os.MkdirTemp("", "inflight-integration")
-	if err != nil {
-		panic(err)
-	}
-	os.Setenv("XDG_DATA_HOME", dir)
-	os.Setenv("XDG_CONFIG_HOME", dir)
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { incaddy.Main(m) }
 
 // newBackendAt is newBackend on a fixed loopback address, for examples that
 // name their upstream.

@@ -168,15 +168,34 @@ func (k *keySeries) release(g *Gate, t *Ticket) {
 	}
 }
 
-// queued marks t's keys as keys that wait, as its request starts waiting,
-// and records in t.labels the label of each: a key that waits keeps its
-// entry, and what it was given, once it holds no slot (its wait series
-// go when idle, see sweep), so its share counts its requests admitted
-// before it first waited too.
+// queued marks t's keys as keys that wait, as its request starts waiting:
+// a key that waits keeps its entry, and what it was given, once it holds
+// no slot (its wait series go when idle, see sweep), so its share counts
+// its requests admitted before it first waited too.
 func (k *keySeries) queued(g *Gate, t *Ticket) {
 	now := time.Now()
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	k.eachWaiting(g, t, now, func(seriesKey, *keyWaits) {})
+}
+
+// waited records, under each of t's keys, how long its request waited and
+// how the wait ended.
+func (k *keySeries) waited(g *Gate, t *Ticket, o limiter.Outcome, took time.Duration, now time.Time) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.eachWaiting(g, t, now, func(sk seriesKey, w *keyWaits) {
+		w.outcomes |= 1 << o
+		w.idle = now
+		w.recent.observe(now, took.Seconds())
+		keyWaitSeconds.WithLabelValues(g.label, sk.limit, sk.key, outcomeLabel(o)).Observe(took.Seconds())
+	})
+}
+
+// eachWaiting calls f with each of t's keys' waits, made (idle since now)
+// if the key had none, and records in t.labels the label of each key. mu
+// must be held.
+func (k *keySeries) eachWaiting(g *Gate, t *Ticket, now time.Time, f func(seriesKey, *keyWaits)) {
 	for d, key := range t.Req.Keys {
 		if key == "" {
 			continue
@@ -186,27 +205,7 @@ func (k *keySeries) queued(g *Gate, t *Ticket) {
 		if s.waits == nil {
 			s.waits = &keyWaits{idle: now}
 		}
-	}
-}
-
-// waited records, under each of t's keys, how long its request waited and
-// how the wait ended, and records in t.labels the label of each key.
-func (k *keySeries) waited(g *Gate, t *Ticket, o limiter.Outcome, took time.Duration, now time.Time) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	for d, key := range t.Req.Keys {
-		if key == "" {
-			continue
-		}
-		sk, s := k.entry(g.cfg.Limits[d].Name, g.keyLabel(key))
-		t.labels[d] = sk.key
-		if s.waits == nil {
-			s.waits = new(keyWaits)
-		}
-		s.waits.outcomes |= 1 << o
-		s.waits.idle = now
-		s.waits.recent.observe(now, took.Seconds())
-		keyWaitSeconds.WithLabelValues(g.label, sk.limit, sk.key, outcomeLabel(o)).Observe(took.Seconds())
+		f(sk, s.waits)
 	}
 }
 

@@ -15,33 +15,19 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 	"github.com/chromedp/chromedp"
 
 	_ "github.com/caddy-inflight/caddy-inflight"
+	"github.com/caddy-inflight/caddy-inflight/internal/incaddy"
 )
 
 // adminAddr is where the test config puts Caddy's admin API, as in
 // ../harness_test.go: run the tests in a network namespace of their own.
 const adminAddr = "127.0.0.1:2999"
 
-const globals = "{\n\tadmin " + adminAddr + "\n\tdefault_bind 127.0.0.1\n\tauto_https off\n\tpersist_config off\n\tskip_install_trust\n\tlog {\n\t\toutput discard\n\t}\n}\n"
-
-// load adapts a Caddyfile (after the test globals) and runs it until the
-// test ends.
-func load(t *testing.T, caddyfile string) {
-	t.Helper()
-	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(globals+caddyfile), map[string]any{"filename": "Caddyfile"})
-	if err != nil {
-		t.Fatalf("adapt: %v", err)
-	}
-	if err := caddy.Load(cfg, true); err != nil {
-		t.Fatalf("load: %v", err)
-	}
-	t.Cleanup(func() { _ = caddy.Stop() })
-}
+// load runs a Caddyfile, after the test globals, until the test ends.
+func load(t *testing.T, caddyfile string) { incaddy.Load(t, incaddy.Globals(adminAddr, "")+caddyfile) }
 
 // backend counts the requests it holds; /hold waits until the gate opens.
 type backend struct {

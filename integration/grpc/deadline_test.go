@@ -12,6 +12,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
+
+	"github.com/caddy-inflight/caddy-inflight/internal/incaddy"
 )
 
 // timeoutMessage is the grpc-message of a wait the call's deadline ended.
@@ -35,7 +37,7 @@ const (
 func TestGRPCWaitEndsBeforeDeadline(t *testing.T) {
 	h2c, h2cEarly, h2cTLS := newBackend(t), newBackend(t), newBackend(t)
 	certFile, keyFile, pool := selfSigned(t)
-	a1, a2, a3 := freeAddr(t), freeAddr(t), freeAddr(t)
+	a1, a2, a3 := incaddy.FreeAddr(t), incaddy.FreeAddr(t), incaddy.FreeAddr(t)
 	load(t, site("http://"+a1, "", "wait 10s", h2c)+
 		site("http://"+a2, "", "wait 10s\n\t\tearly_refusal", h2cEarly)+
 		site("https://"+a3, "tls "+certFile+" "+keyFile, "wait 10s", h2cTLS))

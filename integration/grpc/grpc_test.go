@@ -20,6 +20,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
+
+	"github.com/caddy-inflight/caddy-inflight/internal/incaddy"
 )
 
 // refusedMessage is the grpc-message of a refusal by the limit `client`;
@@ -64,7 +66,7 @@ func dial(t *testing.T, addr string, creds credentials.TransportCredentials, opt
 func TestGRPCRefusals(t *testing.T) {
 	h2c, h2cUnavailable, h2cTLS := newBackend(t), newBackend(t), newBackend(t)
 	certFile, keyFile, pool := selfSigned(t)
-	a1, a2, a3 := freeAddr(t), freeAddr(t), freeAddr(t)
+	a1, a2, a3 := incaddy.FreeAddr(t), incaddy.FreeAddr(t), incaddy.FreeAddr(t)
 	load(t, site("http://"+a1, "", "retry_after 2500ms", h2c)+
 		site("http://"+a2, "", "grpc_status unavailable", h2cUnavailable)+
 		site("https://"+a3, "tls "+certFile+" "+keyFile, "grpc_status resource_exhausted", h2cTLS))
@@ -213,7 +215,7 @@ func (a *attempts) HandleConn(context.Context, stats.ConnStats)                 
 // read.
 func TestGRPCPushbackDrivesRetries(t *testing.T) {
 	b := newBackend(t)
-	addr := freeAddr(t)
+	addr := incaddy.FreeAddr(t)
 	load(t, site("http://"+addr, "", "retry_after 1ms", b))
 	const policy = `{"methodConfig": [{"name": [{"service": "grpc.health.v1.Health"}], "retryPolicy": {
 		"maxAttempts": 3, "initialBackoff": "3600s", "maxBackoff": "3600s", "backoffMultiplier": 1,

@@ -21,50 +21,23 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health/grpc_health_v1"
 
 	_ "github.com/caddy-inflight/caddy-inflight"
+	"github.com/caddy-inflight/caddy-inflight/internal/incaddy"
 )
 
 // within bounds every wait on a condition; reaching it fails the test.
 const within = 10 * time.Second
 
-// globals: no admin endpoint (no fixed port), loopback only, no automatic
-// HTTPS, nothing written to disk, logs discarded; HTTP/2 with TLS and
-// HTTP/2 with prior knowledge (h2c), which gRPC clients speak in clear.
-const globals = "{\n\tadmin off\n\tdefault_bind 127.0.0.1\n\tauto_https off\n\tpersist_config off\n\tskip_install_trust\n\tlog {\n\t\toutput discard\n\t}\n\tservers {\n\t\tprotocols h1 h2 h2c\n\t}\n}\n"
+// globals: no admin endpoint (no fixed port); HTTP/2 with TLS and HTTP/2
+// with prior knowledge (h2c), which gRPC clients speak in clear.
+var globals = incaddy.Globals("off", "\tservers {\n\t\tprotocols h1 h2 h2c\n\t}\n")
 
-// load adapts a Caddyfile (after the test globals) and runs it until the
-// test ends.
-func load(t *testing.T, caddyfile string) {
-	t.Helper()
-	cfg, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(globals+caddyfile), map[string]any{"filename": "Caddyfile"})
-	if err != nil {
-		t.Fatalf("adapt: %v", err)
-	}
-	if len(warnings) > 0 {
-		t.Fatalf("adapt warnings: %v", warnings)
-	}
-	if err := caddy.Load(cfg, true); err != nil {
-		t.Fatalf("load: %v", err)
-	}
-	t.Cleanup(func() { _ = caddy.Stop() })
-}
-
-// freeAddr returns a loopback address with a port free a moment ago.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
+// load runs a Caddyfile, after the test globals, until the test ends.
+func load(t *testing.T, caddyfile string) { incaddy.Load(t, globals+caddyfile) }
 
 // backend is a real gRPC server with the standard health service: Check
 // (unary) answers SERVING; Watch (server-streaming) sends SERVING, then
@@ -177,14 +150,4 @@ func selfSigned(t *testing.T) (certFile, keyFile string, pool *x509.CertPool) {
 	return certFile, keyFile, pool
 }
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "inflight-grpc")
-	if err != nil {
-		panic(err)
-	}
-	os.Setenv("XDG_DATA_HOME", dir)
-	os.Setenv("XDG_CONFIG_HOME", dir)
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { incaddy.Main(m) }

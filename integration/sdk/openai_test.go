@@ -7,55 +7,23 @@ package sdk
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
 	_ "github.com/caddy-inflight/caddy-inflight"
+	"github.com/caddy-inflight/caddy-inflight/internal/incaddy"
 )
 
-// adminAddr is where the test config puts Caddy's admin API, as in
-// ../harness_test.go: run the tests in a network namespace of their own.
-const adminAddr = "127.0.0.1:2999"
-
-const globals = "{\n\tadmin " + adminAddr + "\n\tdefault_bind 127.0.0.1\n\tauto_https off\n\tpersist_config off\n\tskip_install_trust\n\tlog {\n\t\toutput discard\n\t}\n}\n"
-
-// load adapts a Caddyfile (after the test globals) and runs it until the
-// test ends.
-func load(t *testing.T, caddyfile string) {
-	t.Helper()
-	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(globals+caddyfile), map[string]any{"filename": "Caddyfile"})
-	if err != nil {
-		t.Fatalf("adapt: %v", err)
-	}
-	if err := caddy.Load(cfg, true); err != nil {
-		t.Fatalf("load: %v", err)
-	}
-	t.Cleanup(func() { _ = caddy.Stop() })
-}
-
-// serve runs h on a loopback port until the test ends, and returns its
-// address.
-func serve(t *testing.T, h http.Handler) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: h}
-	go srv.Serve(l)
-	t.Cleanup(func() { srv.Close() })
-	return l.Addr().String()
-}
+// globals: the admin API on the port ../harness_test.go uses: run the
+// tests in a network namespace of their own beside those.
+var globals = incaddy.Globals("127.0.0.1:2999", "")
 
 // completion is a chat completion as the OpenAI API answers it.
 const completion = `{"id":"c","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`
@@ -118,21 +86,21 @@ func (c countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 // The two sites run one after the other in the same Caddy, each in a zone
 // of its own, the hint's first, so that any warm-up favours the other.
 func TestOpenAISDKRetryAfterMs(t *testing.T) {
-	model := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	model := incaddy.Serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		time.Sleep(100 * time.Millisecond)
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprint(w, completion)
 	}))
-	ports := [2]int{freePort(t), freePort(t)}
-	options := [2]string{"retry_after_ms auto", ""}
-	var cfg string
-	for i, port := range ports {
-		cfg += fmt.Sprintf("http://127.0.0.1:%d {\n\tinflight 3 {\n\t\tzone sdk-%d\n\t\t%s\n\t}\n\treverse_proxy %s\n}\n", port, i, options[i], model)
+	addrs := [2]string{incaddy.FreeAddr(t), incaddy.FreeAddr(t)}
+	options := [2]string{"\n\t\tretry_after_ms auto", ""}
+	cfg := globals
+	for i, addr := range addrs {
+		cfg += fmt.Sprintf("http://%s {\n\tinflight 3 {\n\t\tzone sdk-%d%s\n\t}\n\treverse_proxy %s\n}\n", addr, i, options[i], model)
 	}
-	load(t, cfg)
+	incaddy.Load(t, cfg)
 	var runs [2]sdkRun
-	for i, port := range ports {
-		runs[i] = runClients(t, fmt.Sprintf("http://127.0.0.1:%d/v1/", port), 12, 5)
+	for i, addr := range addrs {
+		runs[i] = runClients(t, "http://"+addr+"/v1/", 12, 5)
 	}
 	hinted, whole := runs[0], runs[1]
 	t.Logf("60 completions by 12 clients: with retry-after-ms auto %v and %d requests; with Retry-After 1 s %v and %d requests (ratio of times %.2f)",
@@ -140,14 +108,4 @@ func TestOpenAISDKRetryAfterMs(t *testing.T) {
 	if hinted.took >= whole.took {
 		t.Errorf("with retry-after-ms auto the clients took %v, with whole seconds %v: want sooner", hinted.took, whole.took)
 	}
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
