@@ -141,8 +141,8 @@ func TestFairClockRejoinedAfterAnOutage(t *testing.T) {
 }
 
 // TestFairBigWaiterNotPassedByOtherInstances: a request of 3 units (the
-// whole total) waits at one instance while another instance's clients ask
-// for 1 unit each, holding it 20 ms, without end: the big request is
+// whole total) waits at one instance while another instance's 9 clients
+// ask for 1 unit each, holding it 20 ms, without end: the big request is
 // admitted within its wait of 2 s (without the shared clock it waited
 // 17.5 s, passed by 2,366 small requests), as the other key's grants move its
 // start past the big one's place on the shared clock and its requests are
@@ -154,7 +154,7 @@ func TestFairBigWaiterNotPassedByOtherInstances(t *testing.T) {
 	ctx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	var smalls atomic.Int64
-	for range 6 {
+	for range 9 { // more than the total: the other instance always has waiters
 		wg.Go(func() {
 			opt := limiter.WaitOptions{Wait: time.Minute, Fair: true}
 			for ctx.Err() == nil {
