@@ -113,8 +113,9 @@ type Handler struct {
 	// expected to run out anyway: when the requests already waiting in the
 	// zone, plus this one, divided by the zone's recent rate of freed
 	// slots (releases per second, exponentially weighted over about 3 s),
-	// exceed the wait its deadline allows. No request is refused early
-	// before the zone has seen 4 releases. Off by default. The prediction
+	// exceed the wait its deadline allows by more than a quarter. No
+	// request is refused early before the zone has seen 4 releases. Off by
+	// default. The prediction
 	// counts every waiter of the zone as ahead (priority and fair order,
 	// and waiters blocked by other keys, are not modelled), and uses this
 	// process's queue only (not a shared store's).

@@ -107,7 +107,8 @@ func (g *grantRate) expectedWait(queued int64, now time.Time) (time.Duration, bo
 // answer: its wait is DeadlineWait(wait, left), and with early refusal it
 // is refused at once (reason timeout, waited 0) when the zone's recent
 // grant rate says the units queued ahead of it will not all be served
-// within that wait.
+// within that wait and a quarter more: the margin keeps the estimate's
+// error from refusing units that would have been served.
 func (g *Gate) AdmitWithin(ctx context.Context, t *Ticket, class, weight string, left time.Duration) Verdict {
 	return g.admit(ctx, t, class, weight, left, true)
 }
@@ -122,7 +123,7 @@ func (g *Gate) deadlineOpt(opt *limiter.WaitOptions, left time.Duration) {
 		allowed := opt.Wait
 		opt.Refuse = func(queued int64) bool {
 			exp, ok := g.zone.grants.expectedWait(queued, time.Now())
-			return ok && exp > allowed
+			return ok && exp > allowed+allowed/4
 		}
 	}
 }
