@@ -116,12 +116,6 @@ func (h *Handler) admit(r *http.Request, t *core.Ticket, class, weight string) c
 	return h.gate.Admit(r.Context(), t, class, weight)
 }
 
-// isGRPC reports whether r is a gRPC request.
-func isGRPC(r *http.Request) bool {
-	ct := r.Header.Get("Content-Type")
-	return strings.HasPrefix(ct, "application/grpc")
-}
-
 // deadlineOf returns the time r's client still waits for an answer, the
 // shorter of its grpc-timeout (for a gRPC request) and the Deadline
 // placeholder's value, and false when it has neither. A bad value is
@@ -141,7 +135,7 @@ func (h *Handler) deadlineOf(r *http.Request) (time.Duration, bool) {
 			}
 		}
 	}
-	if v := r.Header.Get("Grpc-Timeout"); v != "" && isGRPC(r) {
+	if v := r.Header.Get("Grpc-Timeout"); v != "" && grpcContentType(r) != "" {
 		d, valid := parseGRPCTimeout(v)
 		switch {
 		case !valid:
