@@ -249,7 +249,7 @@ const earlyCut = 60 * time.Millisecond
 // requests refused early, how many timed out when they were let wait
 // (precision), and how many of the timeouts were refused early (recall).
 func TestDeadlineEarlyRefusalPrecision(t *testing.T) {
-	as := dlSchedule(42, 200, 30, 150*time.Millisecond, 1500*time.Millisecond)
+	as := dlSchedule(42, 600, 30, 150*time.Millisecond, 1500*time.Millisecond)
 	c := client("127.0.0.1")
 	var runs [2][]dlOutcome
 	for i, early := range []bool{true, false} {
