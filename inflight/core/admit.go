@@ -78,7 +78,7 @@ func (t *Ticket) Reset() {
 	clear(t.Req.Keys)
 	clear(t.Req.Max)
 	clear(t.labels)
-	t.Req.Limits, t.Req.Cost = nil, 0
+	t.Req.Limits, t.Req.Cost, t.Req.Used = nil, 0, 0
 	t.waiting.zone, t.series = nil, nil
 }
 

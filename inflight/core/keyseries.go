@@ -140,7 +140,7 @@ func (k *keySeries) admit(g *Gate, t *Ticket, weight float64) {
 // counts the unit-seconds its request held under each key.
 func (k *keySeries) release(g *Gate, t *Ticket) {
 	now := nanotime()
-	given := float64(t.Req.Units()) * time.Duration(now-t.admitted).Seconds()
+	given := float64(t.Req.UsedUnits()) * time.Duration(now-t.admitted).Seconds()
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	for d, label := range t.labels {

@@ -4,12 +4,14 @@ import "time"
 
 // Fair sharing is start-time fair queuing over the keys of one dimension,
 // in what the backend gives: a grant from the queue charges its key units
-// × hold time / weight (unit-seconds), so shares are shares of the slots'
-// (or tokens') time, whatever each request's length. A key's tag is the
-// virtual time at which the work it was granted so far ends. The hold time
-// is not known at the grant: the grant charges an estimate (the key's
-// recent hold times, or the zone's), and the request's Release corrects
-// the charge to the time it held (see settle). vtime is where service
+// × hold time / weight (unit-seconds; with Request.Used, the units it was
+// found to use, such as the tokens a model reported, × hold time), so
+// shares are shares of the slots' (or tokens') time, whatever each
+// request's length. A key's tag is the virtual time at which the work it
+// was granted so far ends. The hold time is not known at the grant: the
+// grant charges an estimate (the key's recent seconds charged per unit,
+// or the zone's), and the request's Release corrects the charge to what
+// it used (see settle). vtime is where service
 // stands: the start tag of the latest grant, moved on by each grant's
 // charge shared among the keys waiting (their weights' sum, as fluid
 // fair sharing moves it). A waiting key's start tag is max(its tag, vtime):
@@ -91,8 +93,9 @@ type virtualClock struct {
 	base  float64 // virtual time moved back by rebases, in all
 	// rebaseAbove is the number of tags above which the next grant rebases.
 	rebaseAbove int
-	// holds is each key's recent hold time in seconds, and hold the
-	// zone's: a grant's estimate (see estimate).
+	// holds is each key's recent seconds charged per unit (hold time,
+	// scaled by the units used over those taken), and hold the zone's: a
+	// grant's estimate (see estimate).
 	holds map[uint64]float64
 	hold  float64
 	// waiting are the keys with fair flows waiting, and active their
@@ -285,23 +288,28 @@ type fairCharge struct {
 }
 
 // delta is how far a charge for units moves its key's tag once corrected
-// to a hold of held seconds (within minHold to maxHold).
-func (c *fairCharge) delta(units int64, held float64) float64 {
-	return float64(units) * (held - c.est) / c.weight
+// to charged seconds.
+func (c *fairCharge) delta(units int64, charged float64) float64 {
+	return float64(units) * (charged - c.est) / c.weight
 }
 
-// settle corrects the charge of req's grant to the time it held its
-// units, as its units are given back, on the clocks it was charged on; the
-// hold time is learnt in any case.
+// settle corrects the charge of req's grant to what it was found to use,
+// as its units are given back, on the clocks it was charged on, and
+// learns it in any case: seconds per unit it took, its hold time scaled by
+// the units it used (Request.Used) over those it took, within minHold to
+// maxHold. A key whose requests use a fifth of what they take is so
+// charged a fifth, at the grant too once learnt: its corrections are not
+// lost to a tag falling below vtime.
 func (q *queue) settle(req *Request) {
 	c := req.fair
 	req.fair = nil
-	held := min(max(q.clock.Now().Sub(c.at).Seconds(), minHold), maxHold)
-	delta := c.delta(req.taken, held)
+	held := q.clock.Now().Sub(c.at).Seconds() * float64(req.UsedUnits()) / float64(req.taken)
+	charged := min(max(held, minHold), maxHold)
+	delta := c.delta(req.taken, charged)
 	q.mu.Lock()
 	if !c.local {
-		q.vclock.learn(c.key, held)
-	} else if q.vclock.correct(c.key, delta, held) {
+		q.vclock.learn(c.key, charged)
+	} else if q.vclock.correct(c.key, delta, charged) {
 		q.moveBack(c.key)
 	}
 	q.mu.Unlock()

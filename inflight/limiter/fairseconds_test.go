@@ -23,6 +23,9 @@ type tenantRun struct {
 	// given the time since the run started.
 	hold func(rng *rand.Rand, since time.Duration) time.Duration
 	cost func(rng *rand.Rand) int64 // nil: 1
+	// used is the units a request reports it used once it ends, given
+	// its units (Request.Used); nil: its units.
+	used func(rng *rand.Rand, units int64) int64
 	// key is the key of a request; nil: the tenant's name.
 	key func(c, n int) string
 	// cancel, if set, is how long a client keeps a request before
@@ -78,8 +81,13 @@ func unitSeconds(t *testing.T, s store, total int64, tenants []tenantRun, durati
 					if to.After(end) {
 						to = end
 					}
+					used := r.Units()
+					if tn.used != nil {
+						used = tn.used(rng, used)
+						r.Used = used
+					}
 					mu.Lock()
-					held[i] += float64(r.Units()) * max(0, to.Sub(from).Seconds())
+					held[i] += float64(used) * max(0, to.Sub(from).Seconds())
 					mu.Unlock()
 					s.release(r)
 				}
@@ -179,6 +187,27 @@ func TestFairSharesSlotSeconds(t *testing.T) {
 				})
 			})
 		}
+	}
+}
+
+// TestFairSharesReportedUnitSeconds: requests that reserve the same units
+// but report using different amounts (tokens a model reported, through
+// Request.Used) share in what they used × the time held: a tenant whose
+// requests use a fifth of what they reserve gets five times the grants.
+func TestFairSharesReportedUnitSeconds(t *testing.T) {
+	reserve := func(*rand.Rand) int64 { return 100 }
+	tenants := []tenantRun{
+		{weight: 1, clients: 8, hold: around(time.Second), cost: reserve},
+		{weight: 1, clients: 8, hold: around(time.Second), cost: reserve,
+			used: func(rng *rand.Rand, units int64) int64 { return units/10 + rng.Int64N(units/5) }},
+	}
+	for _, name := range []string{"zone", "shared"} {
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				shares := unitSeconds(t, stores(400)[name], 400, tenants, 600*time.Second)
+				checkShares(t, "used 100 vs 10-30 of 100", shares, weightsOf(tenants))
+			})
+		})
 	}
 }
 

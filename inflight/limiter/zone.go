@@ -137,6 +137,11 @@ type Request struct {
 	Cost int64
 	// Limits are the caps of the handler that admits the request.
 	Limits *Limits
+	// Used, if positive, is how many units the request was found to use
+	// once it ended (the tokens a model reported), set before Release:
+	// fair sharing then charges its key Used units for the time it held,
+	// not the units it took. 0 charges what it took.
+	Used int64
 
 	// hashes keep the keys' hashes from admission to release, which then
 	// need not hash again; valid while held is set.
@@ -154,6 +159,15 @@ type Request struct {
 
 // Units returns the units req holds while admitted: its cost, clamped.
 func (req *Request) Units() int64 { return req.taken }
+
+// UsedUnits returns the units req's key is charged for, once it ended:
+// Used if it is set (clamped as costs are), else its units.
+func (req *Request) UsedUnits() int64 {
+	if req.Used > 0 {
+		return ClampCost(req.Used)
+	}
+	return req.taken
+}
 
 // cost is req's cost within 1 to MaxCost.
 func (req *Request) cost() int64 { return ClampCost(req.Cost) }
