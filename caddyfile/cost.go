@@ -31,9 +31,9 @@ func parseCost(h httpcaddyfile.Helper, hd *inflight.Handler) error {
 // parseTokens reads the block of `cost tokens`:
 //
 //	cost tokens {
-//		bytes_per_token <n>     # 4
-//		default_output  <n>     # 1024
-//		max_body        <size>  # 1MiB
+//		bytes_per_token <n>                 # 4
+//		default_output  <n>|auto [<n>]      # 1024; auto: learned, at most <n> (1024)
+//		max_body        <size>              # 1MiB
 //	}
 func parseTokens(h httpcaddyfile.Helper, hd *inflight.Handler) error {
 	t := &inflight.TokensCost{}
@@ -46,9 +46,7 @@ func parseTokens(h httpcaddyfile.Helper, hd *inflight.Handler) error {
 			n, err = positiveInt(h.Dispenser, "cost tokens: "+opt)
 			t.BytesPerToken = int64(n)
 		case "default_output":
-			var n int
-			n, err = positiveInt(h.Dispenser, "cost tokens: "+opt)
-			t.DefaultOutput = int64(n)
+			t.DefaultOutput, t.LearnOutput, err = parseDefaultOutput(h)
 		case "max_body":
 			var n int
 			n, err = byteSize(h, "cost tokens: "+opt)
@@ -65,4 +63,27 @@ func parseTokens(h httpcaddyfile.Helper, hd *inflight.Handler) error {
 	}
 	hd.CostTokens = t
 	return nil
+}
+
+// parseDefaultOutput reads `default_output <n>` or `default_output auto
+// [<ceiling>]`.
+func parseDefaultOutput(h httpcaddyfile.Helper) (n int64, learn bool, err error) {
+	const allowed = "a positive integer, or auto with an optional ceiling (default_output auto 2048)"
+	all := h.RemainingArgs()
+	args := all
+	learn = len(args) > 0 && args[0] == "auto"
+	if learn {
+		args = args[1:]
+	}
+	switch {
+	case len(args) == 0 && learn:
+		return 0, true, nil
+	case len(args) != 1:
+		return 0, false, h.Errf("inflight: cost tokens: default_output %q is not allowed: want %s", strings.Join(all, " "), allowed)
+	}
+	v, perr := strconv.ParseInt(args[0], 10, 64)
+	if perr != nil || v <= 0 {
+		return 0, false, h.Errf("inflight: cost tokens: default_output %q is not allowed: want %s", args[0], allowed)
+	}
+	return v, learn, nil
 }

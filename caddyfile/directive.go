@@ -49,7 +49,7 @@ const subdirectives = "limit, total, cost, zone, status, retry_after, retry_afte
 //		cost        <n>|<placeholder>    # units a request takes from every cap (1)
 //		cost        tokens [{            # units: an LLM request's tokens, estimated
 //			bytes_per_token <n>          #   body bytes per token (4)
-//			default_output  <n>          #   output tokens when the body names none (1024)
+//			default_output  <n>|auto [<n>] # output tokens when the body names none (1024); auto: learned, at most <n>
 //			max_body        <size>       #   body read at most (1MiB)
 //		}]
 //		zone        <name>               # share counters with handlers naming it

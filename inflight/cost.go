@@ -13,8 +13,9 @@ import (
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
 
-// compileCost checks a fixed cost and compiles a placeholder one; h.cost
-// stays nil when every request costs 1.
+// compileCost checks a fixed cost and compiles a placeholder one, or
+// checks cost tokens; h.cost stays nil when every request costs 1 or with
+// cost tokens.
 func (h *Handler) compileCost() error {
 	if h.Cost != "" && h.CostTokens != nil {
 		return fmt.Errorf("cost %q and cost tokens are not allowed together: want one of them", h.Cost)
@@ -24,7 +25,6 @@ func (h *Handler) compileCost() error {
 		if err := t.validate(); err != nil {
 			return err
 		}
-		h.cost = func(r *http.Request) (int64, error) { return estimateTokens(t, r) }
 		return nil
 	}
 	if h.Cost == "" {
@@ -63,17 +63,37 @@ func (h *Handler) parseCost(v string) (int64, error) {
 		fmt.Errorf("inflight: cost %s resolved to a value that is not a positive integer (%s)", h.Cost, seen))
 }
 
-// estimateTokens is t's estimate of r's cost. A body that cannot be read
-// is the client's doing: 499 when it left mid-body, 413 over a
+// costed reports whether requests have costs: units are not requests.
+func (h *Handler) costed() bool { return h.cost != nil || h.CostTokens != nil }
+
+// costOf returns r's cost: its estimate in tokens with cost tokens (kept
+// in a for its end), else h.cost's.
+func (h *Handler) costOf(r *http.Request, a *admission) (int64, error) {
+	if h.CostTokens == nil {
+		return h.cost(r)
+	}
+	est, err := h.estimateTokens(r)
+	a.tokens = est
+	return est.cost, err
+}
+
+// estimateTokens is cost tokens' estimate of r's cost, counting the
+// zone's learned output estimate with LearnOutput. A body that cannot be
+// read is the client's doing: 499 when it left mid-body, 413 over a
 // request_body limit.
-func estimateTokens(t *TokensCost, r *http.Request) (int64, error) {
-	n, err := t.estimate(r)
+func (h *Handler) estimateTokens(r *http.Request) (tokenEstimate, error) {
+	t := h.CostTokens
+	output := t.DefaultOutput
+	if t.LearnOutput {
+		output = h.gate.OutputEstimate(output)
+	}
+	est, err := t.estimate(r, output)
 	if err == nil {
-		return n, nil
+		return est, nil
 	}
 	var tooLarge *http.MaxBytesError
 	if errors.As(err, &tooLarge) {
-		return 0, caddyhttp.Error(http.StatusRequestEntityTooLarge, err)
+		return est, caddyhttp.Error(http.StatusRequestEntityTooLarge, err)
 	}
-	return 0, caddyhttp.Error(499, err)
+	return est, caddyhttp.Error(499, err)
 }

@@ -206,7 +206,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.compileRetryAfterMs(); err != nil {
 		return fmt.Errorf("inflight: %w", err)
 	}
-	edge := core.Edge{Site: siteOf(ctx), Noun: "request", AddressKeys: addressKeys, UnitMax: true, Costs: h.cost != nil, Show: ShortForm, EarlyRefusal: h.EarlyRefusal, RetryHints: h.retryAuto}
+	edge := core.Edge{Site: siteOf(ctx), Noun: "request", AddressKeys: addressKeys, UnitMax: true, Costs: h.costed(), Show: ShortForm, EarlyRefusal: h.EarlyRefusal, RetryHints: h.retryAuto}
+	if t := h.CostTokens; t != nil && t.LearnOutput {
+		edge.OutputCeiling = t.DefaultOutput
+	}
 	if at := h.TotalAdaptive; at != nil {
 		cfg := at.config()
 		edge.Adaptive = &cfg
@@ -253,8 +256,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		t.Req.Max[i] = max
 	}
-	if h.cost != nil {
-		cost, err := h.cost(r)
+	if h.costed() {
+		cost, err := h.costOf(r, a)
 		if err != nil {
 			return err
 		}
@@ -393,9 +396,11 @@ type admission struct {
 	watch  bodyWatch
 	// measured wraps the response writer, with total_adaptive.
 	measured measuredWriter
-	// Fill a 320-byte size class, whose objects start on cache lines:
+	// tokens is the request's estimate, with cost tokens.
+	tokens tokenEstimate
+	// Fill a 384-byte size class, whose objects start on cache lines:
 	// requests admitted on different cores then never write one line.
-	_ [320 - unsafe.Sizeof(core.Ticket{}) - unsafe.Sizeof(bodyWatch{}) - unsafe.Sizeof(measuredWriter{})]byte
+	_ [384 - unsafe.Sizeof(core.Ticket{}) - unsafe.Sizeof(bodyWatch{}) - unsafe.Sizeof(measuredWriter{}) - unsafe.Sizeof(tokenEstimate{})]byte
 }
 
 // watchBody runs when a's request is queued: its client is watched while
@@ -412,6 +417,7 @@ func (h *Handler) recycle(a *admission) {
 	a.ticket.Reset()
 	a.watch.r, a.watch.body = nil, nil
 	a.measured = measuredWriter{}
+	a.tokens = tokenEstimate{}
 	h.admissions.Put(a)
 }
 

@@ -114,7 +114,7 @@ func (h *Handler) sendLevels(w http.ResponseWriter, a *admission, res limiter.Re
 		}
 		policy = strconv.AppendQuote(policy, limit)
 		policy = strconv.AppendInt(append(policy, ";q="...), capacity, 10)
-		if h.cost == nil {
+		if !h.costed() {
 			policy = append(policy, `;qu="`+quotaUnit+`"`...)
 		}
 		if h.shared && local {

@@ -54,9 +54,19 @@ type TokensCost struct {
 	BytesPerToken int64 `json:"bytes_per_token,omitempty"`
 
 	// DefaultOutput is the output tokens counted for a body that gives
-	// none of max_tokens, max_completion_tokens, max_output_tokens.
-	// Default: 1024.
+	// none of max_tokens, max_completion_tokens, max_output_tokens; with
+	// LearnOutput, the ceiling of the learned estimate and the estimate
+	// until it is learnt. Default: 1024.
 	DefaultOutput int64 `json:"default_output,omitempty"`
+
+	// LearnOutput learns the output tokens counted for a body that names
+	// none from the output tokens the model reported for such requests,
+	// per zone: the 90th percentile of the last 1,000 reports, from the
+	// 100th report on, never above DefaultOutput (Caddyfile:
+	// `default_output auto [<ceiling>]`). A request may then produce more
+	// than it reserved: see docs/cost-tokens.md for what the backend
+	// really held against the cap.
+	LearnOutput bool `json:"learn_output,omitempty"`
 
 	// MaxBody is the most bytes of a body read to estimate its cost; a
 	// longer body counts its Content-Length and DefaultOutput. Up to 1 GiB.
@@ -92,9 +102,18 @@ func (t *TokensCost) validate() error {
 	return nil
 }
 
+// tokenEstimate is a request's estimated cost, and whether its body named
+// its output (max_tokens): if not, its output count teaches the learned
+// estimate.
+type tokenEstimate struct {
+	cost  int64
+	named bool
+}
+
 // estimate reads r's body (at most MaxBody bytes, MaxBody+1 when its length
 // is unknown), puts it back so that the next handler reads it byte for
-// byte, and returns the estimate. A read error (the client left mid-body, a
+// byte, and returns the estimate, counting defaultOutput as the output of
+// a body that names none. A read error (the client left mid-body, a
 // request_body max_size exceeded) is returned wrapped; the body then
 // returns the bytes read, then that error.
 //
@@ -104,9 +123,9 @@ func (t *TokensCost) validate() error {
 // (http.RoundTripper may read and close a request body in a goroutine of
 // its own even after RoundTrip returned), so a buffer put back in a pool
 // could still be read. r.Body drops it once it is read.
-func (t *TokensCost) estimate(r *http.Request) (int64, error) {
+func (t *TokensCost) estimate(r *http.Request, defaultOutput int64) (tokenEstimate, error) {
 	if r.Body == nil || r.Body == http.NoBody {
-		return t.DefaultOutput, nil
+		return tokenEstimate{cost: defaultOutput}, nil
 	}
 	length := r.ContentLength
 	limit, size := t.MaxBody+1, min(firstAheadBuffer, t.MaxBody+1) // one byte more shows where it ends
@@ -118,17 +137,17 @@ func (t *TokensCost) estimate(r *http.Request) (int64, error) {
 	r.Body = &replayBody{ReadCloser: r.Body, read: read, err: err}
 	switch {
 	case err != nil && err != io.EOF:
-		return 0, fmt.Errorf("inflight: cost tokens: reading the body: %w", err)
+		return tokenEstimate{}, fmt.Errorf("inflight: cost tokens: reading the body: %w", err)
 	case length > t.MaxBody:
-		return addTokens(t.inputTokens(length), t.DefaultOutput), nil
+		return tokenEstimate{cost: addTokens(t.inputTokens(length), defaultOutput)}, nil
 	case int64(len(read)) > t.MaxBody:
-		return math.MaxInt64, nil
+		return tokenEstimate{cost: math.MaxInt64}, nil
 	}
-	output, ok := requestedOutput(read)
-	if !ok {
-		output = t.DefaultOutput
+	output, named := requestedOutput(read)
+	if !named {
+		output = defaultOutput
 	}
-	return addTokens(t.inputTokens(int64(len(read))), output), nil
+	return tokenEstimate{cost: addTokens(t.inputTokens(int64(len(read))), output), named: named}, nil
 }
 
 // inputTokens is ceil(n / BytesPerToken), without overflow.

@@ -113,7 +113,7 @@ func TestTokensFormula(t *testing.T) {
 			}
 			for _, known := range []bool{true, false} {
 				r, _ := bodyRequest([]byte(c.body), known)
-				got, err := tokensCost(0).estimate(r)
+				got, err := costOfBody(tokensCost(0), r)
 				want := addTokens(int64(len(c.body)+3)/4, c.output)
 				if err != nil || got != want {
 					t.Fatalf("Content-Length known %v: estimate %d (%v), want %d", known, got, err, want)
@@ -131,7 +131,7 @@ func TestTokensNoBody(t *testing.T) {
 		httptest.NewRequest(http.MethodGet, "/", nil),
 		httptest.NewRequest(http.MethodPost, "/", strings.NewReader("")),
 	} {
-		if got, err := tokensCost(0).estimate(r); err != nil || got != 1024 {
+		if got, err := costOfBody(tokensCost(0), r); err != nil || got != 1024 {
 			t.Fatalf("%s with Content-Length %d: estimate %d (%v), want default_output 1024", r.Method, r.ContentLength, got, err)
 		}
 	}
@@ -143,7 +143,7 @@ func TestTokensBytesPerToken(t *testing.T) {
 		r, _ := bodyRequest(body, true)
 		tc := &TokensCost{BytesPerToken: c.perToken}
 		tc.setDefaults()
-		if got, err := tc.estimate(r); err != nil || got != c.want {
+		if got, err := costOfBody(tc, r); err != nil || got != c.want {
 			t.Fatalf("bytes_per_token %d: estimate %d (%v), want %d", c.perToken, got, err, c.want)
 		}
 	}
@@ -165,7 +165,7 @@ func TestTokensBeyondMaxBody(t *testing.T) {
 		{"chunked", false, math.MaxInt64, maxBody + 1},
 	} {
 		r, counted := bodyRequest(body, c.known)
-		got, err := tokensCost(maxBody).estimate(r)
+		got, err := costOfBody(tokensCost(maxBody), r)
 		if err != nil || got != c.want {
 			t.Fatalf("%s: estimate %d (%v), want %d", c.name, got, err, c.want)
 		}
@@ -179,7 +179,7 @@ func TestTokensBeyondMaxBody(t *testing.T) {
 	// Exactly max_body bytes, length unknown: read whole, counted as usual.
 	exact := []byte(`{"max_tokens":5,"m":"` + strings.Repeat("x", maxBody-23) + `"}`)
 	r, _ := bodyRequest(exact, false)
-	if got, err := tokensCost(maxBody).estimate(r); err != nil || got != maxBody/4+5 {
+	if got, err := costOfBody(tokensCost(maxBody), r); err != nil || got != maxBody/4+5 {
 		t.Fatalf("chunked body of exactly max_body: estimate %d (%v), want %d", got, err, maxBody/4+5)
 	}
 }
@@ -211,7 +211,7 @@ func TestTokensValidate(t *testing.T) {
 // and the body's SHA-256.
 func estimateThenHash(tc *TokensCost) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		cost, err := tc.estimate(r)
+		cost, err := costOfBody(tc, r)
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
@@ -317,7 +317,7 @@ func TestTokensExpectContinue(t *testing.T) {
 func TestTokensClientLeavesMidBody(t *testing.T) {
 	errs := make(chan error, 1)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, err := tokensCost(0).estimate(r)
+		_, err := costOfBody(tokensCost(0), r)
 		errs <- err
 	}))
 	defer srv.Close()
@@ -349,7 +349,7 @@ func TestTokensReadErrorKeptForNextHandler(t *testing.T) {
 	body := `{"max_tokens":1}`
 	r := httptest.NewRequest(http.MethodPost, "/", io.MultiReader(iotest.OneByteReader(strings.NewReader(body)), iotest.ErrReader(broken)))
 	r.ContentLength = -1
-	if _, err := tokensCost(0).estimate(r); !errors.Is(err, broken) {
+	if _, err := costOfBody(tokensCost(0), r); !errors.Is(err, broken) {
 		t.Fatalf("estimate returned %v, want the read error", err)
 	}
 	got, err := io.ReadAll(bufio.NewReader(r.Body))
@@ -403,7 +403,7 @@ func FuzzTokensEstimate(f *testing.F) {
 		if !known {
 			r.Body = io.NopCloser(iotest.HalfReader(r.Body)) // short reads, as off the network
 		}
-		got, err := tc.estimate(r)
+		got, err := costOfBody(tc, r)
 		if err != nil {
 			t.Fatalf("estimate: %v", err)
 		}
@@ -439,7 +439,7 @@ func BenchmarkTokensEstimate(b *testing.B) {
 			for b.Loop() {
 				reader.Reset(body)
 				r.Body = own
-				if cost, err := tc.estimate(r); err != nil || cost != int64(size)/4+256 {
+				if cost, err := costOfBody(tc, r); err != nil || cost != int64(size)/4+256 {
 					b.Fatalf("estimate %d (%v)", cost, err)
 				}
 			}
@@ -460,4 +460,10 @@ func chatBody(size int) []byte {
 	pad := size - len(head) - len(tail) - msgs.Len() - len(`{"role":"user","content":""},`)
 	msgs.WriteString(`{"role":"user","content":"` + strings.Repeat("a", pad) + `"},`)
 	return []byte(head + msgs.String() + tail)
+}
+
+// costOfBody is t's estimate of r's cost, with its own default output.
+func costOfBody(t *TokensCost, r *http.Request) (int64, error) {
+	est, err := t.estimate(r, t.DefaultOutput)
+	return est.cost, err
 }

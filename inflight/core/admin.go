@@ -79,6 +79,10 @@ type ZoneState struct {
 	// requests have costs (cost, cost_tokens); absent when each holds
 	// one unit, and units are requests.
 	Cost *CostState `json:"cost,omitempty"`
+	// Usage sums up the tokens models reported against the estimates,
+	// for requests with cost tokens that reported theirs, and gives the
+	// output estimate with default_output auto.
+	Usage *UsageState `json:"usage,omitempty"`
 	// Refused counts the zone's refusals by reason (full, timeout,
 	// queue_full, keys_full, store_error, dry_run) since it was made;
 	// reasons with none are left out.

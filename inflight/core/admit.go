@@ -40,6 +40,8 @@ type Gate struct {
 	rejected    map[string][]prometheus.Counter // reason -> per dimension, total last
 	waited      [limiter.Aborted + 1]prometheus.Observer
 	costs       costObserver
+	usage       usageMetrics // with costs
+	learns      bool         // the zone learns its output estimate from this gate's reports
 	badValues   BadValues // of the weight template
 	refusedLog  string    // the debug line of a refusal
 	early       bool      // refuse units with deadlines early

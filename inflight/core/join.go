@@ -45,6 +45,10 @@ type Edge struct {
 	// RetryHints says that the edge asks RetryHint when it refuses a
 	// unit; the gate then counts the zone's releases.
 	RetryHints bool
+	// OutputCeiling, if positive, has the zone learn the output estimate
+	// of units that name none (OutputEstimate), never above it, from the
+	// usage the edge reports (ReportUsage).
+	OutputCeiling int64
 }
 
 // Join checks cfg, applying its defaults, and joins its zone, shared with
@@ -85,6 +89,9 @@ func Join(ctx caddy.Context, cfg *Config, edge Edge) (*Gate, error) {
 	g.initMetrics()
 	g.zone.keyDisplay.Store(g.keyDisplay())
 	g.zone.view.Store(g.view())
+	if edge.Costs {
+		g.zone.outputs.ceiling.Store(edge.OutputCeiling)
+	}
 	g.zone.Adopt(g.limits)
 	cfg.warnIneffective(g.logger)
 	return g, nil
@@ -131,6 +138,7 @@ func (g *Gate) compile(edge Edge) {
 		g.addresses[i] = slices.Contains(edge.AddressKeys, l.Key)
 	}
 	g.costed = edge.Costs
+	g.learns = edge.OutputCeiling > 0
 	g.early = edge.EarlyRefusal && !c.DryRun
 	g.countGrants = (edge.EarlyRefusal || edge.RetryHints) && !c.DryRun
 	g.classed = c.Priority != ""
@@ -189,5 +197,11 @@ func (g *Gate) initMetrics() {
 	}
 	if g.costed {
 		g.costs = costObserver{requestCost.WithLabelValues(g.label), &g.zone.units}
+		g.usage = usageMetrics{
+			input:  reportedTokens.WithLabelValues(g.label, "input"),
+			cached: reportedTokens.WithLabelValues(g.label, "cached"),
+			output: reportedTokens.WithLabelValues(g.label, "output"),
+			ratio:  usageRatio.WithLabelValues(g.label),
+		}
 	}
 }

@@ -56,6 +56,7 @@ func (stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- waitingDesc
 	ch <- waitingUnitsDesc
 	ch <- keyWaitingDesc
+	ch <- outputEstimateDesc
 	for _, d := range adaptiveDescs {
 		ch <- d
 	}
@@ -68,8 +69,12 @@ func (stateCollector) Collect(ch chan<- prometheus.Metric) {
 	waiting := map[string]load{}
 	keyWaiting := map[[3]string]int64{}
 	adaptive := map[string]*limiter.Adaptive{}
+	estimated := map[string]bool{}
 	now := time.Now()
 	eachZone(func(z *zone, retired bool) {
+		if !retired {
+			collectOutputEstimate(ch, z, estimated)
+		}
 		z.sweepKeyWaits(now)
 		if a := z.adaptive.current(); a != nil && !retired && adaptive[z.label] == nil {
 			adaptive[z.label] = a
@@ -109,7 +114,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range append(storestatus.Collectors(), rejectedTotal, waitSeconds, requestCost, keyRequests, keyWaitSeconds, keyGivenSeconds, stateCollector{}) {
+	for _, c := range append(storestatus.Collectors(), rejectedTotal, waitSeconds, requestCost, reportedTokens, usageRatio, keyRequests, keyWaitSeconds, keyGivenSeconds, stateCollector{}) {
 		if err := reg.Register(c); err != nil {
 			if _, ok := errors.AsType[prometheus.AlreadyRegisteredError](err); !ok {
 				return err

@@ -219,6 +219,7 @@ func extendState(st *ZoneState, z *zone) {
 	}
 	if v.costs {
 		st.Cost = ptr(z.units.state())
+		st.Usage = z.outputs.state()
 	}
 	for i := range st.Limits {
 		if i < len(v.max) {
