@@ -163,6 +163,18 @@
     ]);
   }
 
+  // usageTable shows how far the zone's token estimates were from the
+  // usage models reported (below 1: room held back; above: the backend
+  // held more than was reserved), and the output estimate with
+  // default_output auto.
+  function usageTable(u) {
+    const ratio = u.estimated_tokens ? (u.reported_tokens / u.estimated_tokens).toFixed(2) : '—';
+    const over = u.reports ? (100 * u.over_estimate / u.reports).toFixed(1) + ' %' : '—';
+    const est = u.output_estimate ? u.output_estimate + (u.learned ? ' (learned)' : ' (default)') : '—';
+    return table(['reports', 'reported ÷ estimated', 'over estimate', 'output estimate'],
+      [row([td(u.reports, 'usage-reports'), td(ratio, 'usage-ratio'), td(over, 'usage-over'), td(est, 'output-estimate')])]);
+  }
+
   function adaptiveTable(a) {
     return table(['adaptive limit', 'baseline', 'latest sample'],
       [row([td(a.limit, 'adaptive-limit'), td(ms(a.baseline_seconds), 'adaptive-baseline'), td(ms(a.sample_seconds))])]);
@@ -197,6 +209,7 @@
     }
     if (z.adaptive) title.append(el('span', 'badge', 'adaptive total'));
     const left = el('div', '', el('h3', '', 'Slots'), capsTable(z), el('h3', '', 'Queue'), queueTable(z), el('h3', '', 'Refusals'), refusedTable(z, t.rates));
+    if (z.usage) left.append(el('h3', '', 'Tokens reported'), usageTable(z.usage));
     if (z.adaptive) left.append(el('h3', '', 'Adaptive total'), adaptiveTable(z.adaptive));
     const span = Math.round((now - t.points[0].t) / 1000);
     // In units where requests have costs, as the cap is.
