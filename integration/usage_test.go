@@ -1,0 +1,186 @@
+package integration
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// usageBackend answers as model APIs do, with the usage they report: the
+// path picks the shape, X-Output the output tokens reported.
+func usageBackend(t *testing.T) string {
+	return serveAt(t, "127.0.0.1:0", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		out := r.Header.Get("X-Output")
+		if out == "" {
+			out = "7"
+		}
+		sse := func(events ...string) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			for _, e := range events {
+				io.WriteString(w, e)
+				w.(http.Flusher).Flush()
+			}
+		}
+		switch r.URL.Path {
+		case "/openai":
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprintf(w, `{"id":"chatcmpl-B9MHDbslfkBeAs8l4bebGdFOJ6PeG","object":"chat.completion","created":1741570283,"model":"gpt-4o-2024-08-06","choices":[{"index":0,"message":{"role":"assistant","content":"The \"usage\":{\"completion_tokens\":999} is text.","refusal":null,"annotations":[]},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":1117,"completion_tokens":%s,"total_tokens":1163,"prompt_tokens_details":{"cached_tokens":1024,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}},"service_tier":"default","system_fingerprint":"fp_fc9f1d7035"}`, out)
+		case "/openai-stream":
+			sse(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}],"usage":null}`+"\n\n",
+				`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":"stop"}],"usage":null}`+"\n\n",
+				`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"gpt-4o-mini","choices":[],"usage":{"prompt_tokens":20,"completion_tokens":`+out+`,"total_tokens":27,"prompt_tokens_details":{"cached_tokens":0}}}`+"\n\n",
+				"data: [DONE]\n\n")
+		case "/anthropic":
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprintf(w, `{"id":"msg_013Zva2CMHLNnXjNJJKqJ2EF","type":"message","role":"assistant","model":"claude-sonnet-4-5","content":[{"type":"text","text":"Hi!"}],"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":2095,"cache_creation_input_tokens":0,"cache_read_input_tokens":2000,"output_tokens":%s}}`, out)
+		case "/anthropic-stream", "/anthropic-cut":
+			events := []string{
+				"event: message_start\n" + `data: {"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","content":[],"model":"claude-sonnet-4-5","stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":25,"cache_creation_input_tokens":5,"cache_read_input_tokens":0,"output_tokens":1}}}` + "\n\n",
+				"event: content_block_start\n" + `data: {"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}` + "\n\n",
+				"event: content_block_delta\n" + `data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hello"}}` + "\n\n",
+			}
+			if r.URL.Path == "/anthropic-cut" {
+				sse(events...)
+				panic(http.ErrAbortHandler) // the model's connection breaks mid-stream
+			}
+			sse(append(events,
+				"event: content_block_stop\n"+`data: {"type":"content_block_stop","index":0}`+"\n\n",
+				"event: message_delta\n"+`data: {"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":`+out+`}}`+"\n\n",
+				"event: message_stop\n"+`data: {"type":"message_stop"}`+"\n\n")...)
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+}
+
+// TestTokenUsageReported: the usage OpenAI- and Anthropic-shaped backends
+// report, whole and streamed, reaches the access log's placeholders and
+// the metrics, with nothing read from a stream cut short nor from text a
+// client can make a model write; the learned output estimate starts at
+// the 100th report, and the next request is estimated with it.
+func TestTokenUsageReported(t *testing.T) {
+	for _, store := range []string{"memory", "redis"} {
+		t.Run(store, func(t *testing.T) {
+			storeBlock := ""
+			if store == "redis" {
+				storeBlock = fmt.Sprintf("store redis {\n\t\t\taddress %s\n\t\t}", startRedis(t).addr)
+			}
+			backend := usageBackend(t)
+			port := freePort(t)
+			logFile := filepath.Join(t.TempDir(), "access.log")
+			load(t, fmt.Sprintf(`http://127.0.0.1:%d {
+	log {
+		output file %s
+		format json
+	}
+	log_append input {http.inflight.usage.input_tokens}
+	log_append output {http.inflight.usage.output_tokens}
+	log_append cached {http.inflight.usage.cached_tokens}
+	log_append cost {http.inflight.cost}
+	inflight {
+		total 100000
+		cost tokens {
+			default_output auto 2000
+		}
+		zone usage
+		%s
+	}
+	reverse_proxy %s {
+		flush_interval -1
+	}
+}
+`, port, logFile, storeBlock, backend))
+			url := fmt.Sprintf("http://127.0.0.1:%d", port)
+			body := `{"model":"m","messages":[{"role":"user","content":"hi"}]}` // 57 bytes: 15 tokens
+			post := func(path, output string) {
+				t.Helper()
+				req, _ := http.NewRequest("POST", url+path, strings.NewReader(body))
+				req.Header.Set("X-Output", output)
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					if path == "/anthropic-cut" {
+						return // the stream broke, as the backend's did
+					}
+					t.Fatal(err)
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+			post("/openai", "46")
+			post("/openai-stream", "7")
+			post("/anthropic", "503")
+			post("/anthropic-stream", "15")
+			post("/anthropic-cut", "15")
+			want := []map[string]string{
+				{"input": "1117", "output": "46", "cached": "1024", "cost": "2015"},
+				{"input": "20", "output": "7", "cached": "0", "cost": "2015"},
+				{"input": "4095", "output": "503", "cached": "2000", "cost": "2015"},
+				{"input": "30", "output": "15", "cached": "0", "cost": "2015"},
+				{"input": "", "output": "", "cached": "", "cost": "2015"},
+			}
+			eventually(t, "five access log lines", func() bool { return len(accessLines(t, logFile)) == 5 })
+			for i, line := range accessLines(t, logFile) {
+				for k, v := range want[i] {
+					if got := line[k]; fmt.Sprint(got) != v && !(v == "" && got == nil) {
+						t.Errorf("request %d (%v): log field %s = %v, want %q", i, line["request"].(map[string]any)["uri"], k, got, v)
+					}
+				}
+			}
+			for kind, n := range map[string]float64{"input": 1117 + 20 + 4095 + 30, "cached": 1024 + 2000, "output": 46 + 7 + 503 + 15} {
+				if got := metric(t, "caddy_inflight_reported_tokens_total", `zone="usage"`, `kind="`+kind+`"`); got != n {
+					t.Errorf("caddy_inflight_reported_tokens_total{kind=%q} = %v, want %v", kind, got, n)
+				}
+			}
+			if got := metric(t, "caddy_inflight_usage_ratio_count", `zone="usage"`); got != 4 {
+				t.Errorf("caddy_inflight_usage_ratio_count = %v, want 4 (the cut stream reports nothing)", got)
+			}
+			if got := metric(t, "caddy_inflight_output_estimate_tokens", `zone="usage"`); got != 2000 {
+				t.Errorf("output estimate before 100 reports: %v, want default_output 2000", got)
+			}
+
+			// 96 more reports of 1..96 output tokens: 100 in all (46, 7,
+			// 503, 15 and 1..96), whose 90th percentile is 87.
+			for i := 1; i <= 96; i++ {
+				post("/openai", fmt.Sprint(i))
+			}
+			if got := metric(t, "caddy_inflight_output_estimate_tokens", `zone="usage"`); got != 87 {
+				t.Errorf("output estimate after 100 reports: %v, want their 90th percentile, 87", got)
+			}
+			post("/openai", "1")
+			lines := accessLines(t, logFile)
+			if got := lines[len(lines)-1]["cost"]; fmt.Sprint(got) != "102" {
+				t.Errorf("cost of a request naming no max_tokens once learnt: %v, want 15 + 87 = 102", got)
+			}
+			eventually(t, "no unit held once every request ended", func() bool {
+				return metric(t, "caddy_inflight_units", `zone="usage"`, `limit="total"`) == 0
+			})
+		})
+	}
+}
+
+// accessLines reads the JSON access log lines of file.
+func accessLines(t *testing.T, file string) []map[string]any {
+	t.Helper()
+	f, err := os.Open(file)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var lines []map[string]any
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		var m map[string]any
+		if json.Unmarshal(sc.Bytes(), &m) == nil && m["request"] != nil {
+			lines = append(lines, m)
+		}
+	}
+	return lines
+}
