@@ -35,16 +35,18 @@ type usageScanner struct {
 	has   uint16 // bit f: vals[f] was read
 	final bool   // an output count was read outside message_start
 
-	mode  uint8 // what the JSON bytes are read as: scan...
+	mode  uint8 // how the next JSON byte is read: scanMode, strMode...
 	match uint8 // bytes of "usage" the current string began with; noMatch if not
 	esc   bool  // the next byte in a string is escaped
 	str   bool  // in a string inside a captured or skipped object
 	depth int64 // containers open outside strings, at this point of the body
 	obj   int64 // containers open in a captured or skipped object
 
-	line       uint8 // where in its line the scanner is: lineHead...
-	head       uint8 // bytes of "event:" matched at the line's start
-	evLen      uint8 // length of evName; len(evName)+1 if longer
+	line  uint8 // where in its line the scanner is: lineHead, lineJSON or lineEvent
+	head  uint8 // bytes of "event:" matched at the line's start
+	evLen uint8 // length of evName; len(evName)+1 if longer
+	// evName is the current event line's name, as long as the longest
+	// looked for with its optional space and CR: a longer one is not it.
 	evName     [len(" message_start\r")]byte
 	startEvent bool // the current SSE event is a message_start
 }
