@@ -1,0 +1,101 @@
+package inflight
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+// usageWriter passes a response through unchanged and reads the usage it
+// reports. It reads the body only when it can hold usage: a 2xx answer in
+// JSON or an SSE stream, not compressed. A gzip (or other encoded) body is
+// passed through unread, since inflating it would cost a decompressor per
+// response; LLM APIs answer uncompressed unless asked, and a proxy in front
+// of one should not ask.
+type usageWriter struct {
+	caddyhttp.ResponseWriterWrapper
+	scan    usageScanner
+	reading bool // decided at the first WriteHeader/Write: the body is read
+	decided bool
+}
+
+// WriteHeader decides whether the body is read at the final status; a 1xx
+// informational answer (100 Continue, 103 Early Hints) is not final.
+func (u *usageWriter) WriteHeader(code int) {
+	if !u.decided && (code >= 200 || code == http.StatusSwitchingProtocols) {
+		u.decide(code)
+	}
+	u.ResponseWriter.WriteHeader(code)
+}
+
+// Write passes p on, then reads what was written.
+func (u *usageWriter) Write(p []byte) (int, error) {
+	if !u.decided {
+		u.decide(http.StatusOK)
+	}
+	n, err := u.ResponseWriter.Write(p)
+	if u.reading {
+		u.scan.write(p[:n])
+	}
+	return n, err
+}
+
+// ReadFrom copies through Write when the body is read: the embedded
+// wrapper's ReadFrom would hand r to the underlying writer and bypass it.
+func (u *usageWriter) ReadFrom(r io.Reader) (int64, error) {
+	if !u.decided {
+		u.decide(http.StatusOK)
+	}
+	if !u.reading {
+		return u.ResponseWriterWrapper.ReadFrom(r)
+	}
+	buf := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(buf)
+	return io.CopyBuffer(writeOnly{u}, r, *buf)
+}
+
+// Flush passes through. It sends the headers, so the body's reading is
+// decided here if not before.
+func (u *usageWriter) Flush() {
+	if !u.decided {
+		u.decide(http.StatusOK)
+	}
+	_ = http.NewResponseController(u.ResponseWriter).Flush()
+}
+
+// usage returns the usage the body reported, and whether it is final (see
+// usageScanner.usage).
+func (u *usageWriter) usage() (Usage, bool) {
+	return u.scan.usage()
+}
+
+// decide settles whether the body is read, from the final status and the
+// headers going out with it.
+func (u *usageWriter) decide(code int) {
+	u.decided = true
+	h := u.Header()
+	u.reading = code >= 200 && code < 300 && usageMediaType(h.Get("Content-Type")) &&
+		(h.Get("Content-Encoding") == "" || strings.EqualFold(strings.TrimSpace(h.Get("Content-Encoding")), "identity"))
+}
+
+// usageMediaType reports whether a Content-Type is one usage is reported in:
+// application/json or text/event-stream, whatever its parameters.
+func usageMediaType(contentType string) bool {
+	mt, _, _ := strings.Cut(contentType, ";")
+	mt = strings.TrimSpace(mt)
+	return strings.EqualFold(mt, "application/json") || strings.EqualFold(mt, "text/event-stream")
+}
+
+// writeOnly hides usageWriter's ReadFrom from io.CopyBuffer, which would
+// otherwise call it again.
+type writeOnly struct{ io.Writer }
+
+// copyBufs are ReadFrom's copy buffers, reused: a response read for usage
+// then costs no 32 KiB allocation.
+var copyBufs = sync.Pool{New: func() any {
+	b := make([]byte, 32<<10)
+	return &b
+}}
