@@ -294,10 +294,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	default:
 		return h.refuse(w, r, v)
 	}
-	if h.TotalAdaptive != nil {
-		return h.serveMeasured(w, r, next, &a.measured)
+	if h.CostTokens != nil {
+		return h.serveReporting(w, r, next, a)
 	}
-	return next.ServeHTTP(w, r)
+	return h.serveNext(w, r, next, a)
 }
 
 // Cleanup leaves the zone; requests still in flight release into it safely,
@@ -396,11 +396,13 @@ type admission struct {
 	watch  bodyWatch
 	// measured wraps the response writer, with total_adaptive.
 	measured measuredWriter
-	// tokens is the request's estimate, with cost tokens.
+	// tokens is the request's estimate, and usage reads the usage its
+	// response reports (made at its first use), with cost tokens.
 	tokens tokenEstimate
+	usage  *usageWriter
 	// Fill a 384-byte size class, whose objects start on cache lines:
 	// requests admitted on different cores then never write one line.
-	_ [384 - unsafe.Sizeof(core.Ticket{}) - unsafe.Sizeof(bodyWatch{}) - unsafe.Sizeof(measuredWriter{}) - unsafe.Sizeof(tokenEstimate{})]byte
+	_ [384 - unsafe.Sizeof(core.Ticket{}) - unsafe.Sizeof(bodyWatch{}) - unsafe.Sizeof(measuredWriter{}) - unsafe.Sizeof(tokenEstimate{}) - unsafe.Sizeof(&usageWriter{})]byte
 }
 
 // watchBody runs when a's request is queued: its client is watched while
@@ -418,6 +420,9 @@ func (h *Handler) recycle(a *admission) {
 	a.watch.r, a.watch.body = nil, nil
 	a.measured = measuredWriter{}
 	a.tokens = tokenEstimate{}
+	if a.usage != nil {
+		a.usage.reset()
+	}
 	h.admissions.Put(a)
 }
 

@@ -2,15 +2,9 @@ package inflight
 
 import (
 	"bytes"
-	"math"
-)
 
-// Usage is the token usage a model reported for one response.
-type Usage struct {
-	Input  int64 // prompt tokens the model held: OpenAI prompt_tokens or input_tokens; Anthropic input_tokens + cache_creation_input_tokens + cache_read_input_tokens
-	Output int64 // OpenAI completion_tokens or output_tokens; Anthropic output_tokens (the last, cumulative)
-	Cached int64 // prompt tokens read from a cache, counted in Input too: OpenAI prompt_tokens_details.cached_tokens or input_tokens_details.cached_tokens; Anthropic cache_read_input_tokens
-}
+	"github.com/caddy-inflight/caddy-inflight/inflight/core"
+)
 
 // maxUsageObject bounds the usage object captured: real ones are under 400
 // bytes, so a bigger one is not a usage report and is passed over.
@@ -300,12 +294,12 @@ func (s *usageScanner) decode() {
 // usage returns the usage read so far, and whether it is final: an output
 // count was read, and not from Anthropic's message_start, whose output count
 // is only the first token's.
-func (s *usageScanner) usage() (Usage, bool) {
-	var u Usage
+func (s *usageScanner) usage() (core.TokenUsage, bool) {
+	var u core.TokenUsage
 	if s.has&(1<<promptField) != 0 {
 		u.Input = s.vals[promptField]
 	} else {
-		u.Input = satAdd(satAdd(s.vals[inputField], s.vals[cacheCreationField]), s.vals[cacheReadField])
+		u.Input = addTokens(addTokens(s.vals[inputField], s.vals[cacheCreationField]), s.vals[cacheReadField])
 	}
 	u.Output = s.vals[outputField]
 	if s.has&(1<<completionField) != 0 {
@@ -321,12 +315,4 @@ func (s *usageScanner) usage() (Usage, bool) {
 // reset readies s for another body, keeping its buffer for the pool.
 func (s *usageScanner) reset() {
 	*s = usageScanner{buf: s.buf[:0]}
-}
-
-// satAdd adds two counts, at most math.MaxInt64.
-func satAdd(a, b int64) int64 {
-	if a > math.MaxInt64-b {
-		return math.MaxInt64
-	}
-	return a + b
 }

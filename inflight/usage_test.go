@@ -6,13 +6,15 @@ import (
 	"math"
 	"strings"
 	"testing"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/core"
 )
 
 // usageCase is a body and the usage read from it.
 type usageCase struct {
 	name  string
 	body  string
-	want  Usage
+	want  core.TokenUsage
 	final bool
 }
 
@@ -20,31 +22,31 @@ type usageCase struct {
 func usageCases() []usageCase {
 	big := `{"usage":{"prompt_tokens":5,"completion_tokens":7,"note":"` + strings.Repeat("{[x", 1400) + `"}}` + "\n"
 	return []usageCase{
-		{"openai chat json", openAIChatJSON, Usage{1117, 46, 1024}, true},
-		{"openai chat stream", openAIChatStream(true, false), Usage{19, 14, 0}, true},
-		{"openai chat stream without include_usage", openAIChatStream(false, false), Usage{}, false},
-		{"openai chat stream cut before usage", openAIChatStream(true, true), Usage{}, false},
-		{"openai responses json", openAIResponsesJSON, Usage{328, 52, 256}, true},
-		{"openai responses stream", openAIResponsesStream, Usage{37, 11, 0}, true},
-		{"anthropic json", anthropicJSON, Usage{12 + 2048 + 4096, 96, 4096}, true},
-		{"anthropic stream", anthropicStream, Usage{25 + 1800, 15, 1800}, true},
-		{"anthropic stream cut after message_start", anthropicStreamStart, Usage{1825, 1, 1800}, false},
-		{"anthropic stream with CRLF", strings.ReplaceAll(anthropicStream, "\n", "\r\n"), Usage{1825, 15, 1800}, true},
-		{"a string ending in backslashes", `{"a":"C:\\\\","usage":{"completion_tokens":3},"b":"\\\"usage\\\":{\\\"completion_tokens\\\":4}"}`, Usage{0, 3, 0}, true},
-		{"an escaped key", `{"us\u0061ge":{"completion_tokens":3}}`, Usage{}, false},
-		{"usage as a value", `{"type":"usage","x":{"completion_tokens":3}}`, Usage{}, false},
-		{"negative fractional non-numeric", `{"usage":{"prompt_tokens":-5,"completion_tokens":1.5,"output_tokens":"12","input_tokens":1e3,"cache_read_input_tokens":true}}`, Usage{}, false},
-		{"huge", `{"usage":{"prompt_tokens":99999999999999999999999,"completion_tokens":9223372036854775807,"prompt_tokens_details":{"cached_tokens":9223372036854775808}}}`, Usage{math.MaxInt64, math.MaxInt64, math.MaxInt64}, true},
-		{"huge anthropic sum", `{"usage":{"input_tokens":9223372036854775000,"cache_creation_input_tokens":9223372036854775000,"cache_read_input_tokens":1,"output_tokens":0}}`, Usage{math.MaxInt64, 0, 1}, true},
-		{"over 4 KiB", big, Usage{}, false},
-		{"over 4 KiB then a usage", big + `{"usage":{"prompt_tokens":8,"completion_tokens":9}}`, Usage{8, 9, 0}, true},
-		{"broken object", `{"usage":{"prompt_tokens":8,"completion_tokens" 9}}`, Usage{}, false},
-		{"cut object then an event", "data: {\"usage\":{\"completion_tokens\":\n\nevent: message_delta\ndata: {\"usage\":{\"output_tokens\":15}}\n\n", Usage{0, 15, 0}, true},
+		{"openai chat json", openAIChatJSON, reported(1117, 46, 1024), true},
+		{"openai chat stream", openAIChatStream(true, false), reported(19, 14, 0), true},
+		{"openai chat stream without include_usage", openAIChatStream(false, false), core.TokenUsage{}, false},
+		{"openai chat stream cut before usage", openAIChatStream(true, true), core.TokenUsage{}, false},
+		{"openai responses json", openAIResponsesJSON, reported(328, 52, 256), true},
+		{"openai responses stream", openAIResponsesStream, reported(37, 11, 0), true},
+		{"anthropic json", anthropicJSON, reported(12 + 2048 + 4096, 96, 4096), true},
+		{"anthropic stream", anthropicStream, reported(25 + 1800, 15, 1800), true},
+		{"anthropic stream cut after message_start", anthropicStreamStart, reported(1825, 1, 1800), false},
+		{"anthropic stream with CRLF", strings.ReplaceAll(anthropicStream, "\n", "\r\n"), reported(1825, 15, 1800), true},
+		{"a string ending in backslashes", `{"a":"C:\\\\","usage":{"completion_tokens":3},"b":"\\\"usage\\\":{\\\"completion_tokens\\\":4}"}`, reported(0, 3, 0), true},
+		{"an escaped key", `{"us\u0061ge":{"completion_tokens":3}}`, core.TokenUsage{}, false},
+		{"usage as a value", `{"type":"usage","x":{"completion_tokens":3}}`, core.TokenUsage{}, false},
+		{"negative fractional non-numeric", `{"usage":{"prompt_tokens":-5,"completion_tokens":1.5,"output_tokens":"12","input_tokens":1e3,"cache_read_input_tokens":true}}`, core.TokenUsage{}, false},
+		{"huge", `{"usage":{"prompt_tokens":99999999999999999999999,"completion_tokens":9223372036854775807,"prompt_tokens_details":{"cached_tokens":9223372036854775808}}}`, reported(math.MaxInt64, math.MaxInt64, math.MaxInt64), true},
+		{"huge anthropic sum", `{"usage":{"input_tokens":9223372036854775000,"cache_creation_input_tokens":9223372036854775000,"cache_read_input_tokens":1,"output_tokens":0}}`, reported(math.MaxInt64, 0, 1), true},
+		{"over 4 KiB", big, core.TokenUsage{}, false},
+		{"over 4 KiB then a usage", big + `{"usage":{"prompt_tokens":8,"completion_tokens":9}}`, reported(8, 9, 0), true},
+		{"broken object", `{"usage":{"prompt_tokens":8,"completion_tokens" 9}}`, core.TokenUsage{}, false},
+		{"cut object then an event", "data: {\"usage\":{\"completion_tokens\":\n\nevent: message_delta\ndata: {\"usage\":{\"output_tokens\":15}}\n\n", reported(0, 15, 0), true},
 	}
 }
 
 // scanned writes body to a new scanner in the pieces cut at splits.
-func scanned(body string, splits ...int) (Usage, bool) {
+func scanned(body string, splits ...int) (core.TokenUsage, bool) {
 	var s usageScanner
 	last := 0
 	for _, at := range splits {
@@ -111,12 +113,12 @@ func TestUsagePrettyPrinted(t *testing.T) {
 	}
 	for _, indent := range []string{"  ", "\t"} {
 		body, _ := json.MarshalIndent(v, "", indent)
-		if u, final := scanned(string(body)); u != (Usage{6156, 96, 4096}) || !final {
+		if u, final := scanned(string(body)); u != (reported(6156, 96, 4096)) || !final {
 			t.Errorf("indented with %q: got %+v, %v", indent, u, final)
 		}
 	}
 	spaced := "{\n  \"usage\"\n    :\n    {\n      \"prompt_tokens\" : 3 ,\n      \"completion_tokens\" :\n 4\n    }\n}\n"
-	if u, final := scanned(spaced); u != (Usage{3, 4, 0}) || !final {
+	if u, final := scanned(spaced); u != (reported(3, 4, 0)) || !final {
 		t.Errorf("spaced: got %+v, %v", u, final)
 	}
 }
@@ -127,7 +129,7 @@ func TestUsageScannerReset(t *testing.T) {
 	var s usageScanner
 	s.write([]byte(anthropicStream))
 	s.reset()
-	if u, final := s.usage(); u != (Usage{}) || final {
+	if u, final := s.usage(); u != (core.TokenUsage{}) || final {
 		t.Fatalf("after reset: got %+v, %v", u, final)
 	}
 	s.write([]byte("event: message_start\n"))
@@ -162,7 +164,7 @@ func FuzzUsageScanner(f *testing.F) {
 		if wantU.Input < 0 || wantU.Output < 0 || wantU.Cached < 0 {
 			t.Fatalf("negative usage %+v", wantU)
 		}
-		if !bytes.Contains(body, []byte(`"usage"`)) && (wantU != Usage{} || wantFinal) {
+		if !bytes.Contains(body, []byte(`"usage"`)) && (wantU != core.TokenUsage{} || wantFinal) {
 			t.Fatalf("usage %+v, %v read from a body without a usage key", wantU, wantFinal)
 		}
 	})
@@ -194,4 +196,9 @@ func BenchmarkUsageScanner(b *testing.B) {
 			}
 		})
 	}
+}
+
+// reported is the usage of input, output and cached tokens.
+func reported(input, output, cached int64) core.TokenUsage {
+	return core.TokenUsage{Input: input, Output: output, Cached: cached}
 }

@@ -7,6 +7,8 @@ import (
 	"sync"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/core"
 )
 
 // usageWriter passes a response through unchanged and reads the usage it
@@ -68,8 +70,15 @@ func (u *usageWriter) Flush() {
 
 // usage returns the usage the body reported, and whether it is final (see
 // usageScanner.usage).
-func (u *usageWriter) usage() (Usage, bool) {
+func (u *usageWriter) usage() (core.TokenUsage, bool) {
 	return u.scan.usage()
+}
+
+// reset readies u for another response, keeping its scanner's buffer:
+// nothing of the last response stays reachable.
+func (u *usageWriter) reset() {
+	u.ResponseWriter, u.reading, u.decided = nil, false, false
+	u.scan.reset()
 }
 
 // decide settles whether the body is read, from the final status and the

@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/core"
 )
 
 // recordingWriter records what reaches the client's writer, including the
@@ -56,7 +58,7 @@ func TestUsageWriterReads(t *testing.T) {
 	if rec.body.String() != body || len(rec.codes) != 2 || rec.codes[1] != http.StatusOK || rec.flushes == 0 {
 		t.Fatalf("the response changed: codes %v, %d flushes, body equal %v", rec.codes, rec.flushes, rec.body.String() == body)
 	}
-	if got, final := u.usage(); got != (Usage{19, 14, 0}) || !final {
+	if got, final := u.usage(); got != (reported(19, 14, 0)) || !final {
 		t.Errorf("streamed: got %+v, %v", got, final)
 	}
 
@@ -65,7 +67,7 @@ func TestUsageWriterReads(t *testing.T) {
 	if err != nil || n != int64(len(anthropicJSON)) || rec.body.String() != anthropicJSON || rec.readFrom {
 		t.Fatalf("ReadFrom: %d, %v, body equal %v, bypassed %v", n, err, rec.body.String() == anthropicJSON, rec.readFrom)
 	}
-	if got, final := u.usage(); got != (Usage{6156, 96, 4096}) || !final {
+	if got, final := u.usage(); got != (reported(6156, 96, 4096)) || !final {
 		t.Errorf("ReadFrom: got %+v, %v", got, final)
 	}
 }
@@ -94,7 +96,7 @@ func TestUsageWriterIgnores(t *testing.T) {
 			} else {
 				_, _ = u.Write([]byte(anthropicJSON))
 			}
-			if got, final := u.usage(); got != (Usage{}) || final || u.reading {
+			if got, final := u.usage(); got != (core.TokenUsage{}) || final || u.reading {
 				t.Errorf("%s: read %+v, %v", c.name, got, final)
 			}
 			if rec.body.String() != anthropicJSON || rec.readFrom != readFrom || rec.codes[0] != c.code {

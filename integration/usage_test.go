@@ -72,6 +72,7 @@ func TestTokenUsageReported(t *testing.T) {
 			if store == "redis" {
 				storeBlock = fmt.Sprintf("store redis {\n\t\t\taddress %s\n\t\t}", startRedis(t).addr)
 			}
+			zone := "usage-" + store
 			backend := usageBackend(t)
 			port := freePort(t)
 			logFile := filepath.Join(t.TempDir(), "access.log")
@@ -89,14 +90,14 @@ func TestTokenUsageReported(t *testing.T) {
 		cost tokens {
 			default_output auto 2000
 		}
-		zone usage
+		zone %s
 		%s
 	}
 	reverse_proxy %s {
 		flush_interval -1
 	}
 }
-`, port, logFile, storeBlock, backend))
+`, port, logFile, zone, storeBlock, backend))
 			url := fmt.Sprintf("http://127.0.0.1:%d", port)
 			body := `{"model":"m","messages":[{"role":"user","content":"hi"}]}` // 57 bytes: 15 tokens
 			post := func(path, output string) {
@@ -123,7 +124,7 @@ func TestTokenUsageReported(t *testing.T) {
 				{"input": "20", "output": "7", "cached": "0", "cost": "2015"},
 				{"input": "4095", "output": "503", "cached": "2000", "cost": "2015"},
 				{"input": "30", "output": "15", "cached": "0", "cost": "2015"},
-				{"input": "", "output": "", "cached": "", "cost": "2015"},
+				{}, // reverse_proxy re-panics the broken copy: log_append adds nothing
 			}
 			eventually(t, "five access log lines", func() bool { return len(accessLines(t, logFile)) == 5 })
 			for i, line := range accessLines(t, logFile) {
@@ -134,14 +135,14 @@ func TestTokenUsageReported(t *testing.T) {
 				}
 			}
 			for kind, n := range map[string]float64{"input": 1117 + 20 + 4095 + 30, "cached": 1024 + 2000, "output": 46 + 7 + 503 + 15} {
-				if got := metric(t, "caddy_inflight_reported_tokens_total", `zone="usage"`, `kind="`+kind+`"`); got != n {
+				if got := metric(t, "caddy_inflight_reported_tokens_total", `zone="`+zone+`"`, `kind="`+kind+`"`); got != n {
 					t.Errorf("caddy_inflight_reported_tokens_total{kind=%q} = %v, want %v", kind, got, n)
 				}
 			}
-			if got := metric(t, "caddy_inflight_usage_ratio_count", `zone="usage"`); got != 4 {
+			if got := metric(t, "caddy_inflight_usage_ratio_count", `zone="`+zone+`"`); got != 4 {
 				t.Errorf("caddy_inflight_usage_ratio_count = %v, want 4 (the cut stream reports nothing)", got)
 			}
-			if got := metric(t, "caddy_inflight_output_estimate_tokens", `zone="usage"`); got != 2000 {
+			if got := metric(t, "caddy_inflight_output_estimate_tokens", `zone="`+zone+`"`); got != 2000 {
 				t.Errorf("output estimate before 100 reports: %v, want default_output 2000", got)
 			}
 
@@ -150,7 +151,7 @@ func TestTokenUsageReported(t *testing.T) {
 			for i := 1; i <= 96; i++ {
 				post("/openai", fmt.Sprint(i))
 			}
-			if got := metric(t, "caddy_inflight_output_estimate_tokens", `zone="usage"`); got != 87 {
+			if got := metric(t, "caddy_inflight_output_estimate_tokens", `zone="`+zone+`"`); got != 87 {
 				t.Errorf("output estimate after 100 reports: %v, want their 90th percentile, 87", got)
 			}
 			post("/openai", "1")
@@ -159,7 +160,7 @@ func TestTokenUsageReported(t *testing.T) {
 				t.Errorf("cost of a request naming no max_tokens once learnt: %v, want 15 + 87 = 102", got)
 			}
 			eventually(t, "no unit held once every request ended", func() bool {
-				return metric(t, "caddy_inflight_units", `zone="usage"`, `limit="total"`) == 0
+				return metric(t, "caddy_inflight_units", `zone="`+zone+`"`, `limit="total"`) == 0
 			})
 		})
 	}

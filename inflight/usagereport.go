@@ -1,0 +1,45 @@
+package inflight
+
+import (
+	"net/http"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/core"
+)
+
+// serveReporting serves an admitted request with cost tokens: its response
+// passes through unchanged while the usage the model reports in it is read
+// (usageWriter), and once it ended, a usage read whole settles the
+// request: its fair charge becomes the tokens reported, the zone counts
+// them, a request that named no output teaches the learned estimate, and
+// the placeholders {http.inflight.usage.*} hold them for access logs.
+func (h *Handler) serveReporting(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, a *admission) error {
+	if a.usage == nil {
+		a.usage = new(usageWriter) // kept with the pooled admission
+	}
+	uw := a.usage
+	uw.ResponseWriter = w
+	err := h.serveNext(uw, r, next, a)
+	if u, ok := uw.usage(); ok {
+		h.gate.ReportUsage(&a.ticket, u, a.tokens.cost, !a.tokens.named)
+		setUsage(r, u)
+	}
+	return err
+}
+
+// serveNext runs the rest of the chain, measured with total_adaptive.
+func (h *Handler) serveNext(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, a *admission) error {
+	if h.TotalAdaptive != nil {
+		return h.serveMeasured(w, r, next, &a.measured)
+	}
+	return next.ServeHTTP(w, r)
+}
+
+// setUsage sets the placeholders of the usage a model reported.
+func setUsage(r *http.Request, u core.TokenUsage) {
+	repl := replacer(r)
+	repl.Set("http.inflight.usage.input_tokens", u.Input)
+	repl.Set("http.inflight.usage.output_tokens", u.Output)
+	repl.Set("http.inflight.usage.cached_tokens", u.Cached)
+}
