@@ -1,0 +1,161 @@
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// The fake model's speed. Tokens come in batches, one sleep and one flush
+// a batch, so that the backend sleeps rather than spins and a replay of
+// some 2,000 requests at a 64,000-token cap takes seconds, under -race on
+// two busy cores too.
+const (
+	fakeTokenPace = time.Millisecond // per output token
+	fakeBatch     = 8                // output tokens a sleep
+	fakePrefill   = 100_000          // prompt tokens a second
+)
+
+// fakeLLM is an OpenAI-compatible chat-completions backend of unlimited
+// capacity that measures what a cap in front of it lets through: the real
+// tokens in flight, each request holding its prompt and the output it has
+// produced so far from when it starts until its response ends.
+type fakeLLM struct {
+	addr string
+	held tokenGauge
+}
+
+func newFakeLLM(t testing.TB) *fakeLLM {
+	t.Helper()
+	f := &fakeLLM{}
+	f.held.restart()
+	f.addr = serveAt(t, "127.0.0.1:0", f)
+	return f
+}
+
+// tokenGauge is the tokens in flight, their peak and their time-weighted
+// mean since restart. A mutex, not atomics: the mean integrates the count
+// over time, which needs the count and the time of its last change
+// together; some thousands of changes a second cost nothing.
+type tokenGauge struct {
+	mu          sync.Mutex
+	cur, peak   int64
+	area        float64 // token-seconds since start
+	start, last time.Time
+}
+
+func (g *tokenGauge) add(n int64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.advance(time.Now())
+	g.cur += n
+	g.peak = max(g.peak, g.cur)
+}
+
+func (g *tokenGauge) advance(now time.Time) {
+	g.area += float64(g.cur) * now.Sub(g.last).Seconds()
+	g.last = now
+}
+
+// restart forgets the peak and the mean so far: a measured phase begins.
+func (g *tokenGauge) restart() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.start, g.last, g.area, g.peak = time.Now(), time.Now(), 0, g.cur
+}
+
+// read returns the peak and the time-weighted mean since restart.
+func (g *tokenGauge) read() (peak int64, mean float64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	now := time.Now()
+	g.advance(now)
+	return g.peak, g.area / now.Sub(g.start).Seconds()
+}
+
+// fakeRequest is what the fake model reads of a chat-completions body.
+type fakeRequest struct {
+	Model    string `json:"model"`
+	Messages []struct {
+		Content string `json:"content"`
+	} `json:"messages"`
+	Stream        bool `json:"stream"`
+	StreamOptions struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+}
+
+// ServeHTTP answers as OpenAI does: counting ceil(content bytes / 4)
+// prompt tokens, it sleeps a prefill time, then produces X-Fake-Output
+// tokens at fakeTokenPace, sent at the end in one chat.completion, or as
+// they come in chat.completion.chunk events, with the usage in a last
+// chunk of no choices when the request set stream_options.include_usage.
+func (f *fakeLLM) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var req fakeRequest
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	output, err := strconv.Atoi(r.Header.Get("X-Fake-Output"))
+	if err != nil || output < 0 {
+		http.Error(w, "X-Fake-Output: want the output tokens", http.StatusBadRequest)
+		return
+	}
+	chars := 0
+	for _, m := range req.Messages {
+		chars += len(m.Content)
+	}
+	prompt := (chars + 3) / 4
+	held := int64(prompt)
+	f.held.add(held)
+	defer func() { f.held.add(-held) }()
+	time.Sleep(time.Duration(prompt) * time.Second / fakePrefill)
+
+	model, _ := json.Marshal(req.Model)
+	usage := fmt.Sprintf(`{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}`, prompt, output, prompt+output)
+	chunk := `data: {"id":"chatcmpl-fake","object":"chat.completion.chunk","created":0,"model":` + string(model) +
+		`,"choices":[{"index":0,"delta":%s,"finish_reason":%s}]%s}` + "\n\n"
+	nullUsage := ""
+	if req.StreamOptions.IncludeUsage {
+		nullUsage = `,"usage":null`
+	}
+	if req.Stream {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprintf(w, chunk, `{"role":"assistant","content":""}`, "null", nullUsage)
+	}
+	for done := 0; done < output; {
+		batch := min(fakeBatch, output-done)
+		select {
+		case <-time.After(time.Duration(batch) * fakeTokenPace):
+		case <-r.Context().Done():
+			return
+		}
+		f.held.add(int64(batch))
+		held += int64(batch)
+		done += batch
+		if req.Stream {
+			for range batch {
+				fmt.Fprintf(w, chunk, `{"content":"tok "}`, "null", nullUsage)
+			}
+			w.(http.Flusher).Flush()
+		}
+	}
+	if !req.Stream {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"id":"chatcmpl-fake","object":"chat.completion","created":0,"model":%s,`+
+			`"choices":[{"index":0,"message":{"role":"assistant","content":"%s"},"finish_reason":"stop"}],"usage":%s}`,
+			model, strings.Repeat("tok ", output), usage)
+		return
+	}
+	fmt.Fprintf(w, chunk, "{}", `"stop"`, nullUsage)
+	if req.StreamOptions.IncludeUsage {
+		fmt.Fprintf(w, `data: {"id":"chatcmpl-fake","object":"chat.completion.chunk","created":0,"model":%s,"choices":[],"usage":%s}`+"\n\n", model, usage)
+	}
+	io.WriteString(w, "data: [DONE]\n\n")
+}
