@@ -1,9 +1,11 @@
 package integration
 
 import (
+	"bytes"
 	"encoding/json"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -120,4 +122,90 @@ func llmTrace(t testing.TB, seed uint64, n int) []traceRequest {
 func lognormal(rng *rand.Rand, median, sigma float64, most int) int {
 	v := math.Round(median * math.Exp(sigma*rng.NormFloat64()))
 	return int(min(max(v, 1), float64(most)))
+}
+
+// TestLLMTrace checks that the trace has the published shape it claims,
+// and that a seed replays the same trace: the replay's comparison rests
+// on both. The draw is seeded, so the bounds judge the generator, not
+// luck.
+func TestLLMTrace(t *testing.T) {
+	trace := llmTrace(t, replaySeed, 4000)
+	if again := llmTrace(t, replaySeed, 4000); !tracesEqual(trace, again) {
+		t.Fatal("the same seed drew another trace")
+	}
+	var chat, code, chatOut, codeOut []float64
+	var streamed, usage, capped int
+	for _, r := range trace {
+		var b chatBody
+		if err := json.Unmarshal(r.body, &b); err != nil {
+			t.Fatal(err)
+		}
+		prompt := float64(len(b.Messages[0].Content)) / 4
+		if b.Model == conversationShape.model {
+			chat = append(chat, prompt)
+		} else {
+			code = append(code, prompt)
+		}
+		switch {
+		case b.MaxTokens > 0:
+			capped++
+			if r.output > b.MaxTokens {
+				t.Fatalf("output %d beyond max_tokens %d", r.output, b.MaxTokens)
+			}
+		case b.Model == conversationShape.model:
+			chatOut = append(chatOut, float64(r.output))
+		default:
+			codeOut = append(codeOut, float64(r.output))
+		}
+		if b.Stream {
+			streamed++
+			if b.StreamOptions != nil {
+				usage++
+			}
+		}
+	}
+	n := float64(len(trace))
+	within(t, "conversation share", float64(len(chat))/n, 0.72, 0.78)
+	within(t, "streamed share", float64(streamed)/n, 0.47, 0.53)
+	within(t, "include_usage share of streams", float64(usage)/float64(streamed), 0.77, 0.83)
+	within(t, "max_tokens share", float64(capped)/n, 0.18, 0.22)
+	within(t, "conversation prompt median", quantile(chat, 0.5), 950, 1090)
+	within(t, "code prompt median", quantile(code, 0.5), 1400, 1600)
+	within(t, "conversation output median", quantile(chatOut, 0.5), 120, 140)
+	within(t, "conversation output p90", quantile(chatOut, 0.9), 380, 460)
+	within(t, "conversation output mean", mean(chatOut), 180, 220)
+	within(t, "code output median", quantile(codeOut, 0.5), 11, 15)
+}
+
+func tracesEqual(a, b []traceRequest) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].output != b[i].output || !bytes.Equal(a[i].body, b[i].body) {
+			return false
+		}
+	}
+	return true
+}
+
+func within(t *testing.T, what string, v, lo, hi float64) {
+	t.Helper()
+	if v < lo || v > hi {
+		t.Errorf("%s %.2f, want %.2f to %.2f", what, v, lo, hi)
+	}
+}
+
+// quantile is the q-quantile of vs, nearest rank; it sorts vs.
+func quantile(vs []float64, q float64) float64 {
+	slices.Sort(vs)
+	return vs[min(int(q*float64(len(vs))), len(vs)-1)]
+}
+
+func mean(vs []float64) float64 {
+	var sum float64
+	for _, v := range vs {
+		sum += v
+	}
+	return sum / float64(len(vs))
 }
