@@ -70,6 +70,13 @@ func (g *tokenGauge) restart() {
 	g.start, g.last, g.area, g.peak = time.Now(), time.Now(), 0, g.cur
 }
 
+// now returns the tokens in flight.
+func (g *tokenGauge) now() int64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.cur
+}
+
 // read returns the peak and the time-weighted mean since restart.
 func (g *tokenGauge) read() (peak int64, mean float64) {
 	g.mu.Lock()
@@ -158,4 +165,90 @@ func (f *fakeLLM) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, `data: {"id":"chatcmpl-fake","object":"chat.completion.chunk","created":0,"model":%s,"choices":[],"usage":%s}`+"\n\n", model, usage)
 	}
 	io.WriteString(w, "data: [DONE]\n\n")
+}
+
+// TestFakeLLM checks that the fake model answers as OpenAI does, since a
+// learned estimate reads its usage as it would a real one's: a whole
+// response carries it in `usage`; a stream that asked for it carries
+// "usage":null on every chunk and the usage in a last chunk of no choices,
+// then [DONE]; a stream that did not ask has no usage at all. The backend
+// holds the prompt and the output while it answers, and nothing after.
+func TestFakeLLM(t *testing.T) {
+	f := newFakeLLM(t)
+	const prompt, output = 25, 20
+	content := strings.Repeat("x", prompt*4-2) // ceil(98/4) = 25
+	ask := func(body string) []byte {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, "http://"+f.addr+"/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("X-Fake-Output", strconv.Itoa(output))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		got, err := io.ReadAll(resp.Body)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("%d %v: %s", resp.StatusCode, err, got)
+		}
+		return got
+	}
+	type usage struct {
+		PromptTokens     int `json:"prompt_tokens"`
+		CompletionTokens int `json:"completion_tokens"`
+		TotalTokens      int `json:"total_tokens"`
+	}
+	want := usage{prompt, output, prompt + output}
+	type choice struct {
+		Message struct{ Content string }
+		Delta   struct{ Content string }
+	}
+	type completion struct {
+		Object  string
+		Choices []choice
+		Usage   *usage
+	}
+	messages := `"messages":[{"role":"user","content":"` + content + `"}]`
+
+	var whole completion
+	if err := json.Unmarshal(ask(`{"model":"m",`+messages+`}`), &whole); err != nil {
+		t.Fatal(err)
+	}
+	if whole.Object != "chat.completion" || whole.Usage == nil || *whole.Usage != want ||
+		len(whole.Choices) != 1 || len(whole.Choices[0].Message.Content) != 4*output {
+		t.Fatalf("whole response: %+v, want usage %+v and %d characters", whole, want, 4*output)
+	}
+
+	for _, includeUsage := range []bool{true, false} {
+		body := fmt.Sprintf(`{"model":"m",%s,"stream":true,"stream_options":{"include_usage":%t}}`, messages, includeUsage)
+		events := strings.Split(strings.TrimSuffix(string(ask(body)), "\n\n"), "\n\n")
+		if events[len(events)-1] != "data: [DONE]" {
+			t.Fatalf("include_usage %t: the stream ends with %q, want [DONE]", includeUsage, events[len(events)-1])
+		}
+		var text string
+		var last *usage
+		for i, e := range events[:len(events)-1] {
+			var c completion
+			if err := json.Unmarshal([]byte(strings.TrimPrefix(e, "data: ")), &c); err != nil || c.Object != "chat.completion.chunk" {
+				t.Fatalf("include_usage %t: event %q: %v", includeUsage, e, err)
+			}
+			if strings.Contains(e, `"usage"`) != includeUsage {
+				t.Fatalf("include_usage %t: event %q", includeUsage, e)
+			}
+			for _, ch := range c.Choices {
+				text += ch.Delta.Content
+			}
+			if c.Usage != nil && (i != len(events)-2 || len(c.Choices) != 0) {
+				t.Fatalf("include_usage %t: usage in %q, want it only in the last chunk, of no choices", includeUsage, e)
+			}
+			last = c.Usage
+		}
+		if len(text) != 4*output || includeUsage != (last != nil) || (last != nil && *last != want) {
+			t.Fatalf("include_usage %t: %d characters and usage %+v, want %d and %+v", includeUsage, len(text), last, 4*output, want)
+		}
+	}
+
+	if peak, _ := f.held.read(); peak != prompt+output {
+		t.Errorf("peak %d tokens in flight, want %d", peak, prompt+output)
+	}
+	eventually(t, "the backend holds no token", func() bool { return f.held.now() == 0 })
 }

@@ -175,8 +175,8 @@ func replay(t *testing.T, mode replayMode, trace []traceRequest) replayResult {
 	if n := failed.Load(); n > 0 {
 		t.Fatalf("%s: %d of %d requests failed, first: %v", mode.name, n, len(trace), firstFailure.Load())
 	}
-	eventually(t, mode.name+": the zone holds no unit", func() bool {
-		return metric(t, "caddy_inflight_units", `zone="`+zone+`"`) == 0
+	eventually(t, mode.name+": the zone and the backend hold nothing", func() bool {
+		return f.held.now() == 0 && metric(t, "caddy_inflight_units", `zone="`+zone+`"`) == 0
 	})
 	return replayResult{
 		reqPerSec: replayMeasured / end.Sub(start).Seconds(),
