@@ -12,14 +12,14 @@ import (
 	"time"
 )
 
-// The fake model's speed. Tokens come in batches, one sleep and one flush
-// a batch, so that the backend sleeps rather than spins and a replay of
+// The fake model's speed. Tokens come in batches, one sleep, one chunk
+// and one flush a batch, so that the backend sleeps rather than spins and a replay of
 // some 2,000 requests at a 64,000-token cap takes seconds, under -race on
 // two busy cores too.
 const (
-	fakeTokenPace = time.Millisecond // per output token
-	fakeBatch     = 8                // output tokens a sleep
-	fakePrefill   = 100_000          // prompt tokens a second
+	fakeTokenPace = 4 * time.Millisecond // per output token
+	fakeBatch     = 16                   // output tokens a sleep
+	fakePrefill   = 100_000              // prompt tokens a second
 )
 
 // fakeLLM is an OpenAI-compatible chat-completions backend of unlimited
@@ -101,7 +101,7 @@ type fakeRequest struct {
 // ServeHTTP answers as OpenAI does: counting ceil(content bytes / 4)
 // prompt tokens, it sleeps a prefill time, then produces X-Fake-Output
 // tokens at fakeTokenPace, sent at the end in one chat.completion, or as
-// they come in chat.completion.chunk events, with the usage in a last
+// they come in chat.completion.chunk events (one a batch), with the usage in a last
 // chunk of no choices when the request set stream_options.include_usage.
 func (f *fakeLLM) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var req fakeRequest
@@ -147,9 +147,7 @@ func (f *fakeLLM) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		held += int64(batch)
 		done += batch
 		if req.Stream {
-			for range batch {
-				fmt.Fprintf(w, chunk, `{"content":"tok "}`, "null", nullUsage)
-			}
+			fmt.Fprintf(w, chunk, `{"content":"`+strings.Repeat("tok ", batch)+`"}`, "null", nullUsage)
 			w.(http.Flusher).Flush()
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -36,18 +37,18 @@ var replayModes = []replayMode{
 // no verdict on learning; replace it with the learned mode.
 var p90StandIn = replayMode{"p90-stand-in", "default_output 420"}
 
-// The replay: a cap of 64,000 tokens, kept full by a closed loop of 150
-// clients (each sends its next request when its last one has ended), so
-// requests always queue. A warm-up of 300 requests gives a learned
-// estimate its 100 and more reports; 1,500 are measured after it. The
-// trace has one more request per client, so that no client runs dry
-// before the measured phase ends.
+// The replay: a cap of 64,000 tokens per mode, kept full by a closed loop
+// of 150 clients a mode (each sends its next request when its last one
+// has ended), so requests always queue. A warm-up of 300 requests gives a
+// learned estimate its 100 and more reports; 1,000 are measured after
+// it. The trace has one more request per client, so that no client runs
+// dry before the measured phase ends.
 const (
 	replaySeed     = 2023
 	replayCap      = 64000
 	replayClients  = 150
-	replayWarmup   = 300
-	replayMeasured = 1500
+	replayWarmup   = 200
+	replayMeasured = 800
 )
 
 // replayResult is what one mode's measured phase shows.
@@ -66,12 +67,13 @@ type replayResult struct {
 // 1024, while the real tokens in flight stay within 1.1 times the cap.
 func TestLLMReplay(t *testing.T) {
 	trace := llmTrace(t, replaySeed, replayWarmup+replayMeasured+replayClients)
+	runs := replay(t, replayModes, trace)
 	results := map[string]replayResult{}
-	for _, m := range replayModes {
-		r := replay(t, m, trace)
+	for _, r := range runs {
+		res := r.result()
 		t.Logf("llm-replay mode=%s req/s=%.1f peak=%.2f×cap mean=%.2f×cap held=%.2f×cap took=%s",
-			m.name, r.reqPerSec, r.peak, r.mean, r.held, r.took.Round(time.Millisecond))
-		results[m.name] = r
+			r.mode.name, res.reqPerSec, res.peak, res.mean, res.held, res.took.Round(time.Millisecond))
+		results[r.mode.name] = res
 	}
 	fixed := results["fixed"]
 	for _, m := range replayModes {
@@ -91,20 +93,46 @@ func TestLLMReplay(t *testing.T) {
 	}
 }
 
-// replay sends the trace through a Caddy with mode's `cost tokens` in
-// front of a fake model, and measures the phase after the warm-up. Every
-// response must be a 200, read to its end, and the zone must hold nothing
-// after.
-func replay(t *testing.T, mode replayMode, trace []traceRequest) replayResult {
+// replayRun is one mode's replay: its site, its fake model, its clients'
+// progress and what its measured phase showed.
+type replayRun struct {
+	mode         replayMode
+	zone, url    string
+	f            *fakeLLM
+	next, done   atomic.Int64 // requests taken and completed
+	failed       atomic.Int64
+	firstFailure atomic.Value
+	measuring    atomic.Bool
+
+	// Written by the completion that begins or ends the measured phase,
+	// read once every client has returned.
+	began, start, end time.Time
+	peak              int64
+	mean              float64
+
+	heldSum float64 // units held, summed over samples in the measured phase
+	samples int
+}
+
+// replay sends the trace through one Caddy with a site per mode, each with
+// its `cost tokens`, its own zone and cap and its own fake model, all at
+// once: ambient load on the machine slows every mode alike, so their
+// ratio is a verdict on the estimates, not on the moment each ran. Every
+// response must be a 200, read to its end, and every zone and backend
+// must hold nothing after.
+func replay(t *testing.T, modes []replayMode, trace []traceRequest) []*replayRun {
 	t.Helper()
-	f := newFakeLLM(t)
-	port := freePort(t)
-	zone := "llm-" + mode.name
-	costTokens := "cost tokens"
-	if mode.costTokens != "" {
-		costTokens += " {\n\t\t\t" + mode.costTokens + "\n\t\t}"
-	}
-	load(t, fmt.Sprintf(`http://127.0.0.1:%d {
+	var caddyfile strings.Builder
+	runs := make([]*replayRun, len(modes))
+	for i, m := range modes {
+		r := &replayRun{mode: m, zone: "llm-" + m.name, f: newFakeLLM(t)}
+		port := freePort(t)
+		r.url = fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", port)
+		costTokens := "cost tokens"
+		if m.costTokens != "" {
+			costTokens += " {\n\t\t\t" + m.costTokens + "\n\t\t}"
+		}
+		fmt.Fprintf(&caddyfile, `http://127.0.0.1:%d {
 	inflight {
 		total %d
 		%s
@@ -116,74 +144,86 @@ func replay(t *testing.T, mode replayMode, trace []traceRequest) replayResult {
 		flush_interval -1
 	}
 }
-`, port, replayCap, costTokens, zone, f.addr))
-	url := fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", port)
-	c := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: replayClients, DisableCompression: true}, Timeout: 90 * time.Second}
-	defer c.CloseIdleConnections()
-
-	// The completions that begin and end the measured phase; the one that
-	// ends it reads the backend's gauge before closing ended.
-	var (
-		next, completed atomic.Int64
-		failed          atomic.Int64
-		firstFailure    atomic.Value
-		began, ended    = make(chan struct{}), make(chan struct{})
-		start, end      time.Time
-		peak            int64
-		mean            float64
-		wg              sync.WaitGroup
-	)
-	started := time.Now()
-	for range replayClients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := next.Add(1) - 1; i < int64(len(trace)); i = next.Add(1) - 1 {
-				if err := replayOne(c, url, trace[i]); err != nil {
-					failed.Add(1)
-					firstFailure.CompareAndSwap(nil, err.Error())
-				}
-				switch completed.Add(1) {
-				case replayWarmup:
-					f.held.restart()
-					start = time.Now()
-					close(began)
-				case replayWarmup + replayMeasured:
-					end = time.Now()
-					peak, mean = f.held.read()
-					close(ended)
-				}
-			}
-		}()
+`, port, replayCap, costTokens, r.zone, r.f.addr)
+		runs[i] = r
 	}
+	load(t, caddyfile.String())
 
-	// Sample the zone's units held through the measured phase.
-	var heldSum float64
-	var samples int
-	<-began
-	for sampling := true; sampling; {
-		select {
-		case <-ended:
-			sampling = false
-		case <-time.After(200 * time.Millisecond):
-			heldSum += metric(t, "caddy_inflight_units", `zone="`+zone+`"`, `limit="total"`)
-			samples++
+	var wg sync.WaitGroup
+	for _, r := range runs {
+		c := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: replayClients, DisableCompression: true}, Timeout: 90 * time.Second}
+		defer c.CloseIdleConnections()
+		r.began = time.Now()
+		for range replayClients {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r.client(c, trace)
+			}()
 		}
 	}
-	wg.Wait()
-	took := time.Since(started)
-	if n := failed.Load(); n > 0 {
-		t.Fatalf("%s: %d of %d requests failed, first: %v", mode.name, n, len(trace), firstFailure.Load())
+	finished := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(finished)
+	}()
+
+	// Sample each zone's units held through its measured phase.
+	for sampling := true; sampling; {
+		select {
+		case <-finished:
+			sampling = false
+		case <-time.After(200 * time.Millisecond):
+			scraped := scrapeAt(t, adminAddr)
+			for _, r := range runs {
+				if r.measuring.Load() {
+					r.heldSum += metricIn(t, scraped, "caddy_inflight_units", `zone="`+r.zone+`"`, `limit="total"`)
+					r.samples++
+				}
+			}
+		}
 	}
-	eventually(t, mode.name+": the zone and the backend hold nothing", func() bool {
-		return f.held.now() == 0 && metric(t, "caddy_inflight_units", `zone="`+zone+`"`) == 0
-	})
+	for _, r := range runs {
+		if n := r.failed.Load(); n > 0 {
+			t.Fatalf("%s: %d of %d requests failed, first: %v", r.mode.name, n, len(trace), r.firstFailure.Load())
+		}
+		eventually(t, r.mode.name+": the zone and the backend hold nothing", func() bool {
+			return r.f.held.now() == 0 && metric(t, "caddy_inflight_units", `zone="`+r.zone+`"`) == 0
+		})
+	}
+	return runs
+}
+
+// client sends the trace's next request until none is left. The
+// completion that ends the warm-up begins the measured phase; the one
+// that ends it reads the backend's gauge.
+func (r *replayRun) client(c *http.Client, trace []traceRequest) {
+	for i := r.next.Add(1) - 1; i < int64(len(trace)); i = r.next.Add(1) - 1 {
+		if err := replayOne(c, r.url, trace[i]); err != nil {
+			r.failed.Add(1)
+			r.firstFailure.CompareAndSwap(nil, err.Error())
+		}
+		switch r.done.Add(1) {
+		case replayWarmup:
+			r.f.held.restart()
+			r.start = time.Now()
+			r.measuring.Store(true)
+		case replayWarmup + replayMeasured:
+			r.measuring.Store(false)
+			r.end = time.Now()
+			r.peak, r.mean = r.f.held.read()
+		}
+	}
+}
+
+// result is the run's measured phase, as fractions of the cap.
+func (r *replayRun) result() replayResult {
 	return replayResult{
-		reqPerSec: replayMeasured / end.Sub(start).Seconds(),
-		peak:      float64(peak) / replayCap,
-		mean:      mean / replayCap,
-		held:      heldSum / float64(max(samples, 1)) / replayCap,
-		took:      took,
+		reqPerSec: replayMeasured / r.end.Sub(r.start).Seconds(),
+		peak:      float64(r.peak) / replayCap,
+		mean:      r.mean / replayCap,
+		held:      r.heldSum / float64(max(r.samples, 1)) / replayCap,
+		took:      r.end.Sub(r.began),
 	}
 }
 
