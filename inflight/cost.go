@@ -78,16 +78,16 @@ func (h *Handler) costOf(r *http.Request, a *admission) (int64, error) {
 }
 
 // estimateTokens is cost tokens' estimate of r's cost, counting the
-// zone's learned output estimate with LearnOutput. A body that cannot be
+// zone's learned output estimate with LearnOutput (see TokensCost). A body that cannot be
 // read is the client's doing: 499 when it left mid-body, 413 over a
 // request_body limit.
 func (h *Handler) estimateTokens(r *http.Request) (tokenEstimate, error) {
 	t := h.CostTokens
-	output := t.DefaultOutput
+	output, learned := t.DefaultOutput, int64(0)
 	if t.LearnOutput {
-		output = h.gate.OutputEstimate(output)
+		output, learned = h.gate.OutputEstimate(output)
 	}
-	est, err := t.estimate(r, output)
+	est, err := t.estimate(r, output, learned)
 	if err == nil {
 		return est, nil
 	}

@@ -59,11 +59,14 @@ type TokensCost struct {
 	// until it is learnt. Default: 1024.
 	DefaultOutput int64 `json:"default_output,omitempty"`
 
-	// LearnOutput learns the output tokens counted for a body that names
-	// none from the output tokens the model reported for such requests,
-	// per zone: the 90th percentile of the last 1,000 reports, from the
-	// 100th report on, never above DefaultOutput (Caddyfile:
-	// `default_output auto [<ceiling>]`). A request may then produce more
+	// LearnOutput learns the output tokens a request counts from the
+	// output tokens the model reported, per zone: the 90th percentile of
+	// the last 1,000 reports of requests naming no output, or one at least
+	// DefaultOutput, from the 100th report on, never above DefaultOutput
+	// (Caddyfile: `default_output auto [<ceiling>]`). Once learnt, it is
+	// the output of a body naming none, and the most a body naming more
+	// counts: a max_tokens is a ceiling clients set generously (Anthropic's
+	// API requires one), not an estimate. A request may then produce more
 	// than it reserved: see docs/cost-tokens.md for what the backend
 	// really held against the cap.
 	LearnOutput bool `json:"learn_output,omitempty"`
@@ -102,18 +105,22 @@ func (t *TokensCost) validate() error {
 	return nil
 }
 
-// tokenEstimate is a request's estimated cost, and whether its body named
-// its output (max_tokens): if not, its output count teaches the learned
-// estimate.
+// tokenEstimate is a request's estimated cost, and whether the output
+// count its model reports teaches the learned estimate: its body named no
+// output, or one at least default_output, so that its output was free up
+// to the estimate's ceiling at least.
 type tokenEstimate struct {
-	cost  int64
-	named bool
+	cost    int64
+	teaches bool
 }
 
 // estimate reads r's body (at most MaxBody bytes, MaxBody+1 when its length
 // is unknown), puts it back so that the next handler reads it byte for
 // byte, and returns the estimate, counting defaultOutput as the output of
-// a body that names none. A read error (the client left mid-body, a
+// a body that names none, and at most learned (if positive: a learned
+// estimate) as the output of one that names more.
+//
+// A read error (the client left mid-body, a
 // request_body max_size exceeded) is returned wrapped; the body then
 // returns the bytes read, then that error.
 //
@@ -123,9 +130,9 @@ type tokenEstimate struct {
 // (http.RoundTripper may read and close a request body in a goroutine of
 // its own even after RoundTrip returned), so a buffer put back in a pool
 // could still be read. r.Body drops it once it is read.
-func (t *TokensCost) estimate(r *http.Request, defaultOutput int64) (tokenEstimate, error) {
+func (t *TokensCost) estimate(r *http.Request, defaultOutput, learned int64) (tokenEstimate, error) {
 	if r.Body == nil || r.Body == http.NoBody {
-		return tokenEstimate{cost: defaultOutput}, nil
+		return tokenEstimate{cost: defaultOutput, teaches: true}, nil
 	}
 	length := r.ContentLength
 	limit, size := t.MaxBody+1, min(firstAheadBuffer, t.MaxBody+1) // one byte more shows where it ends
@@ -139,15 +146,19 @@ func (t *TokensCost) estimate(r *http.Request, defaultOutput int64) (tokenEstima
 	case err != nil && err != io.EOF:
 		return tokenEstimate{}, fmt.Errorf("inflight: cost tokens: reading the body: %w", err)
 	case length > t.MaxBody:
-		return tokenEstimate{cost: addTokens(t.inputTokens(length), defaultOutput)}, nil
+		return tokenEstimate{cost: addTokens(t.inputTokens(length), defaultOutput), teaches: true}, nil
 	case int64(len(read)) > t.MaxBody:
 		return tokenEstimate{cost: math.MaxInt64}, nil
 	}
-	output, named := requestedOutput(read)
-	if !named {
-		output = defaultOutput
+	named, ok := requestedOutput(read)
+	output := defaultOutput
+	if ok {
+		output = named
+		if learned > 0 {
+			output = min(named, learned)
+		}
 	}
-	return tokenEstimate{cost: addTokens(t.inputTokens(int64(len(read))), output), named: named}, nil
+	return tokenEstimate{cost: addTokens(t.inputTokens(int64(len(read))), output), teaches: !ok || named >= t.DefaultOutput}, nil
 }
 
 // inputTokens is ceil(n / BytesPerToken), without overflow.

@@ -464,6 +464,36 @@ func chatBody(size int) []byte {
 
 // costOfBody is t's estimate of r's cost, with its own default output.
 func costOfBody(t *TokensCost, r *http.Request) (int64, error) {
-	est, err := t.estimate(r, t.DefaultOutput)
+	est, err := t.estimate(r, t.DefaultOutput, 0)
 	return est.cost, err
+}
+
+// TestTokensLearnedOutput: once an output estimate is learnt, a body
+// naming no output counts it, and one naming more counts it too (its
+// max_tokens is a ceiling, not an estimate), while one naming less counts
+// its own; only requests whose output was free up to default_output at
+// least teach the estimate.
+func TestTokensLearnedOutput(t *testing.T) {
+	for _, c := range []struct {
+		body    string
+		want    int64
+		teaches bool
+	}{
+		{`{"messages":[]}`, 4 + 300, true},                   // 15 bytes
+		{`{"max_tokens":4096,"messages":[]}`, 9 + 300, true}, // 33 bytes
+		{`{"max_tokens":1024,"messages":[]}`, 9 + 300, true},
+		{`{"max_tokens":1000,"messages":[]}`, 9 + 300, false},
+		{`{"max_tokens":256,"messages":[]}`, 8 + 256, false}, // 32 bytes
+	} {
+		r := httptest.NewRequest("POST", "/", strings.NewReader(c.body))
+		est, err := tokensCost(0).estimate(r, 300, 300)
+		if err != nil || est.cost != c.want || est.teaches != c.teaches {
+			t.Errorf("%s, learned 300: cost %d, teaches %v (%v); want %d, %v", c.body, est.cost, est.teaches, err, c.want, c.teaches)
+		}
+	}
+	// Until learnt (learned 0), a named output counts whole.
+	r := httptest.NewRequest("POST", "/", strings.NewReader(`{"max_tokens":4096,"messages":[]}`))
+	if est, err := tokensCost(0).estimate(r, 1024, 0); err != nil || est.cost != 9+4096 {
+		t.Errorf("max_tokens 4096, nothing learnt: cost %d (%v), want %d", est.cost, err, 9+4096)
+	}
 }

@@ -12,7 +12,8 @@ import (
 // passes through unchanged while the usage the model reports in it is read
 // (usageWriter), and once it ended, a usage read whole settles the
 // request: its fair charge becomes the tokens reported, the zone counts
-// them, a request that named no output teaches the learned estimate, and
+// them, its output count may teach the learned estimate (see
+// tokenEstimate), and
 // the placeholders {http.inflight.usage.*} hold them for access logs.
 func (h *Handler) serveReporting(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, a *admission) error {
 	if a.usage == nil {
@@ -22,7 +23,7 @@ func (h *Handler) serveReporting(w http.ResponseWriter, r *http.Request, next ca
 	uw.ResponseWriter = w
 	err := h.serveNext(uw, r, next, a)
 	if u, ok := uw.usage(); ok {
-		h.gate.ReportUsage(&a.ticket, u, a.tokens.cost, !a.tokens.named)
+		h.gate.ReportUsage(&a.ticket, u, a.tokens.cost, a.tokens.teaches)
 		setUsage(r, u)
 	}
 	return err

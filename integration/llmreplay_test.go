@@ -20,23 +20,16 @@ type replayMode struct {
 }
 
 // replayModes are the estimates TestLLMReplay compares, on the same trace
-// and the same cap. `fixed` is the default, 1024 output tokens for a
-// request without max_tokens; once `default_output auto` is merged, add
-//
-//	{"learned", "default_output auto"},
-//
-// and the test asserts what learning buys.
+// and the same cap: `fixed` is the default, 1024 output tokens for a
+// request without max_tokens; `declared` an operator's guess at it, the
+// chat output p90 of 420 tokens (as LiteLLM lets an admin declare the
+// expected output), for requests without max_tokens only; `learned` is
+// default_output auto.
 var replayModes = []replayMode{
 	{"fixed", ""},
-	p90StandIn,
+	{"declared", "default_output 420"},
+	{"learned", "default_output auto"},
 }
-
-// p90StandIn is a fixed estimate at the chat output p90 (420 tokens),
-// standing in for what `default_output auto` learns until it is merged:
-// it shows the harness sees the difference a better estimate makes (1.22
-// times the fixed req/s, as Little's law predicts from the trace). It is
-// no verdict on learning; replace it with the learned mode.
-var p90StandIn = replayMode{"p90-stand-in", "default_output 420"}
 
 // The replay: a cap of 64,000 tokens per mode, kept full by a closed loop
 // of 150 clients a mode (each sends its next request when its last one

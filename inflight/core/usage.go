@@ -155,16 +155,21 @@ func (l *outputLearner) state() *UsageState {
 
 // OutputEstimate returns the output tokens to count for a request of the
 // gate's zone that names none: the zone's learned estimate, within
-// ceiling, or ceiling until it is learnt.
-func (g *Gate) OutputEstimate(ceiling int64) int64 {
-	return g.zone.outputs.estimate(ceiling)
+// ceiling, or ceiling until it is learnt; and the learned one (0 until
+// learnt), the most a request naming more counts.
+func (g *Gate) OutputEstimate(ceiling int64) (estimate, learned int64) {
+	if l := g.zone.outputs.learned.Load(); l > 0 {
+		learned = min(l, ceiling)
+		return learned, learned
+	}
+	return ceiling, 0
 }
 
 // ReportUsage records the usage the model reported for a unit of the gate
 // that was estimated at estimated tokens (its cost), and sets its fair
 // charge to it. With learn, its output count teaches the zone's output
-// estimate, if the gate learns one: its request named no output limit,
-// and its response ended. Only gates with costs report usage.
+// estimate, if the gate learns one: its request's output was not bounded
+// below the estimate's ceiling. Only gates with costs report usage.
 func (g *Gate) ReportUsage(t *Ticket, u TokenUsage, estimated int64, learn bool) {
 	total := u.Total()
 	t.Req.Used = total
