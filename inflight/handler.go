@@ -294,7 +294,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	default:
 		return h.refuse(w, r, v)
 	}
-	if h.CostTokens != nil {
+	if h.CostTokens != nil && r.Method == http.MethodPost {
 		return h.serveReporting(w, r, next, a)
 	}
 	return h.serveNext(w, r, next, a)

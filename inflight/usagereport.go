@@ -8,7 +8,9 @@ import (
 	"github.com/caddy-inflight/caddy-inflight/inflight/core"
 )
 
-// serveReporting serves an admitted request with cost tokens: its response
+// serveReporting serves an admitted POST request with cost tokens (model
+// APIs are called by POST; a GET may fetch what a client wrote, such as an
+// uploaded file, whose text must not count as a model's report): its response
 // passes through unchanged while the usage the model reports in it is read
 // (usageWriter), and once it ended, a usage read whole settles the
 // request: its fair charge becomes the tokens reported, the zone counts

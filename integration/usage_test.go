@@ -100,9 +100,9 @@ func TestTokenUsageReported(t *testing.T) {
 `, port, logFile, zone, storeBlock, backend))
 			url := fmt.Sprintf("http://127.0.0.1:%d", port)
 			body := `{"model":"m","messages":[{"role":"user","content":"hi"}]}` // 57 bytes: 15 tokens
-			post := func(path, output string) {
+			send := func(method, path, output string) {
 				t.Helper()
-				req, _ := http.NewRequest("POST", url+path, strings.NewReader(body))
+				req, _ := http.NewRequest(method, url+path, strings.NewReader(body))
 				req.Header.Set("X-Output", output)
 				resp, err := http.DefaultClient.Do(req)
 				if err != nil {
@@ -114,19 +114,22 @@ func TestTokenUsageReported(t *testing.T) {
 				io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
 			}
+			post := func(path, output string) { t.Helper(); send("POST", path, output) }
 			post("/openai", "46")
 			post("/openai-stream", "7")
 			post("/anthropic", "503")
 			post("/anthropic-stream", "15")
 			post("/anthropic-cut", "15")
+			send("GET", "/openai", "1") // as a file a client uploaded could read: no model's report
 			want := []map[string]string{
 				{"input": "1117", "output": "46", "cached": "1024", "cost": "2015"},
 				{"input": "20", "output": "7", "cached": "0", "cost": "2015"},
 				{"input": "4095", "output": "503", "cached": "2000", "cost": "2015"},
 				{"input": "30", "output": "15", "cached": "0", "cost": "2015"},
 				{}, // reverse_proxy re-panics the broken copy: log_append adds nothing
+				{"input": "", "output": "", "cached": "", "cost": "2015"},
 			}
-			eventually(t, "five access log lines", func() bool { return len(accessLines(t, logFile)) == 5 })
+			eventually(t, "six access log lines", func() bool { return len(accessLines(t, logFile)) == 6 })
 			for i, line := range accessLines(t, logFile) {
 				for k, v := range want[i] {
 					if got := line[k]; fmt.Sprint(got) != v && !(v == "" && got == nil) {
@@ -140,7 +143,7 @@ func TestTokenUsageReported(t *testing.T) {
 				}
 			}
 			if got := metric(t, "caddy_inflight_usage_ratio_count", `zone="`+zone+`"`); got != 4 {
-				t.Errorf("caddy_inflight_usage_ratio_count = %v, want 4 (the cut stream reports nothing)", got)
+				t.Errorf("caddy_inflight_usage_ratio_count = %v, want 4 (the cut stream and the GET report nothing)", got)
 			}
 			if got := metric(t, "caddy_inflight_output_estimate_tokens", `zone="`+zone+`"`); got != 2000 {
 				t.Errorf("output estimate before 100 reports: %v, want default_output 2000", got)
