@@ -80,6 +80,7 @@ func TestLLMReplay(t *testing.T) {
 	if !ok {
 		return
 	}
+	t.Logf("llm-replay learned output estimate=%v tokens", metric(t, "caddy_inflight_output_estimate_tokens", `zone="llm-learned"`))
 	if learned.reqPerSec < 1.3*fixed.reqPerSec {
 		t.Errorf("learned %.1f req/s, fixed %.1f: want at least 1.3 times", learned.reqPerSec, fixed.reqPerSec)
 	}
