@@ -1,8 +1,11 @@
 package inflight
 
 import (
+	"bytes"
 	"fmt"
+	"io"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -92,3 +95,38 @@ func (w *discardWriter) Header() http.Header {
 }
 func (*discardWriter) Write(p []byte) (int, error) { return len(p), nil }
 func (*discardWriter) WriteHeader(int)             {}
+
+// BenchmarkServeTokens serves an LLM request through the whole handler with
+// cost tokens: its 2 KiB body estimated, its 4 KiB JSON answer passed
+// through. A POST's answer is read for the usage it reports (and settles
+// the request); a GET's is not: their ratio is what reading costs.
+func BenchmarkServeTokens(b *testing.B) {
+	answer := []byte(`{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"` +
+		strings.Repeat("lorem ipsum ", 330) + `"},"finish_reason":"stop"}],"usage":{"prompt_tokens":512,"completion_tokens":990,"total_tokens":1502}}`)
+	body := chatBody(2 << 10)
+	for _, method := range []string{http.MethodGet, http.MethodPost} {
+		b.Run(method, func(b *testing.B) {
+			h := provisioned(b, &Handler{Config: core.Config{Zone: "bench-tokens-" + method, Total: 1 << 30}, CostTokens: &TokensCost{LearnOutput: true}})
+			next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
+				w.Header().Set("Content-Type", "application/json")
+				_, err := w.Write(answer)
+				return err
+			})
+			r, _ := request("198.51.100.7:5555")
+			r.Method = method
+			reader := bytes.NewReader(body)
+			own := io.NopCloser(reader)
+			var w discardWriter
+			b.SetBytes(int64(len(answer)))
+			b.ReportAllocs()
+			for b.Loop() {
+				reader.Reset(body)
+				r.Body, r.ContentLength = own, int64(len(body))
+				clear(w.Header())
+				if err := h.ServeHTTP(&w, r, next); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

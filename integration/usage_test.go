@@ -76,7 +76,7 @@ func TestTokenUsageReported(t *testing.T) {
 			backend := usageBackend(t)
 			port := freePort(t)
 			logFile := filepath.Join(t.TempDir(), "access.log")
-			load(t, fmt.Sprintf(`http://127.0.0.1:%d {
+			config := fmt.Sprintf(`http://127.0.0.1:%d {
 	log {
 		output file %s
 		format json
@@ -97,7 +97,8 @@ func TestTokenUsageReported(t *testing.T) {
 		flush_interval -1
 	}
 }
-`, port, logFile, zone, storeBlock, backend))
+`, port, logFile, zone, storeBlock, backend)
+			load(t, config)
 			url := fmt.Sprintf("http://127.0.0.1:%d", port)
 			body := `{"model":"m","messages":[{"role":"user","content":"hi"}]}` // 57 bytes: 15 tokens
 			send := func(method, path, output string) {
@@ -161,6 +162,13 @@ func TestTokenUsageReported(t *testing.T) {
 			lines := accessLines(t, logFile)
 			if got := lines[len(lines)-1]["cost"]; fmt.Sprint(got) != "102" {
 				t.Errorf("cost of a request naming no max_tokens once learnt: %v, want 15 + 87 = 102", got)
+			}
+
+			// A reload keeps the zone, and what it learnt.
+			reloaded := strings.Replace(config, "total 100000", "total 90000", 1)
+			load(t, reloaded)
+			if got := metric(t, "caddy_inflight_output_estimate_tokens", `zone="`+zone+`"`); got != 87 {
+				t.Errorf("output estimate after a reload: %v, want 87 as learnt", got)
 			}
 			eventually(t, "no unit held once every request ended", func() bool {
 				return metric(t, "caddy_inflight_units", `zone="`+zone+`"`, `limit="total"`) == 0
