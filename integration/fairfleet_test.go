@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"maps"
 	"math"
 	"slices"
@@ -30,6 +32,7 @@ type fairFleetNode struct {
 type fairFleetSite struct {
 	weights map[string]float64 // tenant → weight, through a map of X-Tenant; none: the class weight
 	cost    bool               // requests cost X-Cost units
+	tokens  bool               // cost tokens, under a total of 6 requests of an empty body (6 × 1025 tokens)
 }
 
 // startFairFleet runs three Caddy processes, each with the same site
@@ -46,8 +49,12 @@ func startFairFleet(t *testing.T, site fairFleetSite, redisAddr, backend string)
 		weightMap += "\n\t\tdefault 1\n\t}"
 		weightLine = "weight {tenant_weight}"
 	}
-	if site.cost {
+	total := 6
+	switch {
+	case site.cost:
 		costLine = "cost {header.X-Cost}"
+	case site.tokens:
+		costLine, total = "cost tokens", 6*emptyBodyTokens
 	}
 	var nodes []fairFleetNode
 	for i := range 3 {
@@ -55,8 +62,8 @@ func startFairFleet(t *testing.T, site fairFleetSite, redisAddr, backend string)
 		caddyfile := globalsAt(fmt.Sprint("127.0.0.1:", admin), "") + fmt.Sprintf(`http://127.0.0.1:%d {
 	%s
 	inflight {
-		limit tenant {header.X-Tenant} 100
-		total 6
+		limit tenant {header.X-Tenant} 100000
+		total %d
 		zone fleet
 		wait 60s
 		fair tenant
@@ -72,7 +79,7 @@ func startFairFleet(t *testing.T, site fairFleetSite, redisAddr, backend string)
 		header_up X-Instance %d
 	}
 }
-`, port, weightMap, weightLine, costLine, redisAddr, backend, i+1)
+`, port, weightMap, total, weightLine, costLine, redisAddr, backend, i+1)
 		startCaddy(t, caddyfile, port)
 		nodes = append(nodes, fairFleetNode{url: fmt.Sprintf("http://127.0.0.1:%d/", port), admin: fmt.Sprintf("127.0.0.1:%d", admin)})
 	}
@@ -110,11 +117,18 @@ type fleetTenant struct {
 }
 
 // fleetSharesCase is a shares test: the tenants, 8 closed-loop clients
-// each, and the costs each client cycles through (none: no cost).
+// each, and the costs each client cycles through (none: no cost), or with
+// used, requests in tokens (cost tokens: an empty JSON body, 1,025
+// tokens) whose model reports the tokens used gives per tenant.
 type fleetSharesCase struct {
 	tenants []fleetTenant
 	costs   []int
+	used    map[string]int
 }
+
+// emptyBodyTokens is what cost tokens estimates for a body of {}: 1 token
+// of prompt and the default output, 1,024.
+const emptyBodyTokens = 1025
 
 // fleetShares runs the case through three Caddy instances sharing one
 // Redis (total 6) and checks that each tenant gets its weighted share of
@@ -132,7 +146,7 @@ func fleetShares(t *testing.T, c fleetSharesCase) {
 		sumWeights += tn.weight
 		maxHold = max(maxHold, tn.hold)
 	}
-	nodes := startFairFleet(t, fairFleetSite{weights: weights, cost: c.costs != nil}, redis.addr, b.addr)
+	nodes := startFairFleet(t, fairFleetSite{weights: weights, cost: c.costs != nil, tokens: c.used != nil}, redis.addr, b.addr)
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	var wg sync.WaitGroup
@@ -155,7 +169,12 @@ func fleetShares(t *testing.T, c fleetSharesCase) {
 					if c.costs != nil {
 						header = append(header, "X-Cost", strconv.Itoa(c.costs[n%len(c.costs)]))
 					}
-					if r := get(ctx, hc, nodes[inst].url, header...); r.status != 200 && ctx.Err() == nil {
+					send := get
+					if c.used != nil {
+						header = append(header, "X-Used", strconv.Itoa(c.used[tn.name]))
+						send = postEmpty
+					}
+					if r := send(ctx, hc, nodes[inst].url, header...); r.status != 200 && ctx.Err() == nil {
 						t.Errorf("tenant %s at instance %d: status %d %v", tn.name, inst+1, r.status, r.err)
 						return
 					}
@@ -185,10 +204,13 @@ func fleetShares(t *testing.T, c fleetSharesCase) {
 		all += b.held[tn.name]
 	}
 	unit := "slot-seconds"
-	if c.costs != nil {
+	switch {
+	case c.costs != nil:
 		unit = "unit-seconds"
+	case c.used != nil:
+		unit = "reported token-seconds"
 	}
-	t.Logf("%s given over %v: %.1f of %.0f at most", unit, window, all, 6*window.Seconds())
+	t.Logf("%s given over %v: %.1f", unit, window, all)
 	var normalized []float64
 	for _, tn := range c.tenants {
 		share, want := b.held[tn.name]/all, tn.weight/sumWeights
@@ -291,6 +313,34 @@ func TestFairFleetWeightsMixedLengthsThroughCaddy(t *testing.T) {
 func TestFairFleetCostsThroughCaddy(t *testing.T) {
 	t.Parallel()
 	fleetShares(t, fleetSharesCase{tenants: fleetSkewedTenants(200, 200), costs: []int{1, 2, 3}})
+}
+
+// TestFairFleetReportedTokensThroughCaddy is TestFairFleetWeightsThroughCaddy
+// with cost tokens: every request reserves 1,025 tokens (under a total of
+// 6,150), but a's model reports using all of them and b's and c's a fifth
+// (205): the shares are of the token-seconds the model reported, across
+// the fleet. Charged what they reserved, a would have 0.83 of them.
+func TestFairFleetReportedTokensThroughCaddy(t *testing.T) {
+	t.Parallel()
+	fleetShares(t, fleetSharesCase{tenants: fleetSkewedTenants(200, 200), used: map[string]int{"a": emptyBodyTokens, "b": emptyBodyTokens / 5, "c": emptyBodyTokens / 5}})
+}
+
+// postEmpty is get with a POST of an empty JSON object.
+func postEmpty(ctx context.Context, c *http.Client, url string, header ...string) result {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader("{}"))
+	if err != nil {
+		return result{err: err}
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return result{err: err}
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return result{status: resp.StatusCode, body: string(body), err: err}
 }
 
 // TestFairFleetLightTenantBehindFlood: three Caddy instances sharing one

@@ -16,7 +16,9 @@ import (
 // held within a window, and in all: X-Cost (1 without it) × the time
 // held, so without costs slot-seconds: what the backend gave each tenant.
 // It also records them per instance (X-Instance, which each instance's
-// reverse_proxy sets).
+// reverse_proxy sets). A request with X-Used is answered as a model does,
+// reporting X-Used output tokens in a JSON usage, and holds those units:
+// what it really used, whatever it reserved.
 type holdBackend struct {
 	addr       string
 	mu         sync.Mutex
@@ -35,6 +37,10 @@ func newHoldBackend(t *testing.T) *holdBackend {
 		if c := r.Header.Get("X-Cost"); c != "" {
 			units, _ = strconv.Atoi(c)
 		}
+		used := r.Header.Get("X-Used")
+		if used != "" {
+			units, _ = strconv.Atoi(used)
+		}
 		start := time.Now()
 		time.Sleep(time.Duration(ms) * time.Millisecond)
 		end := time.Now()
@@ -48,6 +54,11 @@ func newHoldBackend(t *testing.T) *holdBackend {
 			}
 		}
 		b.mu.Unlock()
+		if used != "" {
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprintf(w, `{"object":"chat.completion","choices":[],"usage":{"prompt_tokens":0,"completion_tokens":%s}}`, used)
+			return
+		}
 		w.Write([]byte("ok"))
 	}))
 	return b
