@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bufio"
+	"compress/gzip"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -195,4 +196,61 @@ func accessLines(t *testing.T, file string) []map[string]any {
 		}
 	}
 	return lines
+}
+
+// TestTokenUsageCompressed: usage is read from the answer before anything
+// compresses it. A client asking for gzip gets gzip, and the usage is
+// read, when the site compresses toward clients with `encode` ordered
+// outside inflight (`order inflight after encode`), and the client's
+// Accept-Encoding is not passed to a backend that would compress
+// (`header_up -Accept-Encoding`); with the client's Accept-Encoding passed
+// on, the gzip answer passes unread.
+func TestTokenUsageCompressed(t *testing.T) {
+	backend := serveAt(t, "127.0.0.1:0", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		// Longer than encode's minimum_length (512 bytes).
+		answer := `{"object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"` + strings.Repeat("lorem ipsum ", 60) + `"}}],"usage":{"prompt_tokens":11,"completion_tokens":22}}`
+		if strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+			w.Header().Set("Content-Encoding", "gzip")
+			gz := gzip.NewWriter(w)
+			io.WriteString(gz, answer)
+			gz.Close()
+			return
+		}
+		io.WriteString(w, answer)
+	}))
+	port := freePort(t)
+	loadWith(t, "order inflight after encode", fmt.Sprintf(`http://127.0.0.1:%d {
+	encode gzip
+	inflight {
+		total 100000
+		cost tokens
+		zone compressed
+	}
+	reverse_proxy /passed %s
+	reverse_proxy %s {
+		header_up -Accept-Encoding
+	}
+}
+`, port, backend, backend))
+	for _, c := range []struct {
+		path string
+		want float64 // output tokens counted so far
+	}{{"/", 22}, {"/passed", 22}} {
+		req, _ := http.NewRequest("POST", fmt.Sprintf("http://127.0.0.1:%d%s", port, c.path), strings.NewReader("{}"))
+		req.Header.Set("Accept-Encoding", "gzip")
+		resp, err := (&http.Client{Transport: &http.Transport{DisableCompression: true}}).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if ce := resp.Header.Get("Content-Encoding"); ce != "gzip" {
+			t.Errorf("%s: Content-Encoding %q, want gzip for a client asking for it", c.path, ce)
+		}
+		if got := metric(t, "caddy_inflight_reported_tokens_total", `zone="compressed"`, `kind="output"`); got != c.want {
+			t.Errorf("after %s: output tokens counted %v, want %v", c.path, got, c.want)
+		}
+	}
 }
