@@ -28,6 +28,11 @@ func (s *Store) checkAtStart() {
 		return
 	}
 	reason := cause(err, time.Duration(s.Timeout))
+	if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) {
+		// At startup, not in an outage: a Redis that drops a new
+		// connection at once wants TLS or is full.
+		reason += ": does Redis want TLS (tls), or is it full (maxclients)?"
+	}
 	if s.tlsConfig != nil && s.answersPlaintext() {
 		// A Redis without TLS waits for the end of a line that the
 		// handshake never sends: the client sees only a timeout.
@@ -72,7 +77,9 @@ const unreachableAtStart = "redis store unreachable at startup"
 
 // cause names, for the operator, why a Redis call failed: the raw errors
 // (`ERR Protocol error: unauthenticated multibulk length`, `context deadline
-// exceeded`) do not say what to fix.
+// exceeded`) do not say what to fix. A dropped connection is named as it
+// was seen (reset, EOF), not guessed at: in an outage, a restart or a proxy
+// between drops it as well as TLS or maxclients would.
 func cause(err error, timeout time.Duration) string {
 	msg := err.Error()
 	var recordErr tls.RecordHeaderError
@@ -95,8 +102,10 @@ func cause(err error, timeout time.Duration) string {
 		return fmt.Sprintf("timeout: no answer within %s (with tls, a Redis without TLS does not answer either)", timeout)
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return "connection refused: nothing listens at the address"
-	case errors.Is(err, io.EOF), errors.Is(err, syscall.ECONNRESET):
-		return "connection closed by Redis: does it want TLS (tls), or is it full (maxclients)?"
+	case errors.Is(err, syscall.ECONNRESET):
+		return "connection reset"
+	case errors.Is(err, io.EOF):
+		return "connection closed (EOF)"
 	}
 	var dnsErr *net.DNSError
 	if errors.As(err, &dnsErr) {

@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"io"
 	"net"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -94,5 +96,47 @@ func TestOutageLogNamesTheCause(t *testing.T) {
 	got := logs.FilterMessage("redis store unreachable").All()
 	if len(got) != 1 || !strings.Contains(fmt.Sprint(got[0].ContextMap()["reason"]), "authentication failed: wrong username or password") {
 		t.Fatalf("outage log %v, want one naming the wrong password", got)
+	}
+}
+
+// closingRedis accepts connections and closes them at once.
+func closingRedis(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	return l.Addr().String()
+}
+
+// A dropped connection is named as seen, reset or EOF, not guessed at: in
+// an outage a restart or a proxy between drops connections as well. Only
+// at startup, where a Redis that drops a new connection wants TLS or is
+// full, does the reason say so.
+func TestCauseNamesWhatWasSeen(t *testing.T) {
+	for err, want := range map[error]string{
+		fmt.Errorf("read tcp 127.0.0.1:1->127.0.0.1:2: %w", syscall.ECONNRESET): "connection reset",
+		io.EOF: "connection closed (EOF)",
+		fmt.Errorf("dial tcp: %w", syscall.ECONNREFUSED): "connection refused: nothing listens at the address",
+	} {
+		if got := cause(err, time.Second); got != want {
+			t.Errorf("cause(%v) = %q, want %q", err, got, want)
+		}
+	}
+	core, logs := observer.New(zap.InfoLevel)
+	s := Store{Address: []string{closingRedis(t)}, Timeout: caddy.Duration(time.Second), OnError: "open", logger: zap.New(core)}
+	s.checkAtStart()
+	const want = "does Redis want TLS (tls), or is it full (maxclients)?"
+	if entries := logs.All(); len(entries) != 1 || !strings.Contains(fmt.Sprint(entries[0].ContextMap()["reason"]), want) {
+		t.Fatalf("startup against a Redis closing connections logged %v, want a reason asking %q", entries, want)
 	}
 }
