@@ -73,7 +73,8 @@ type book struct {
 	active int           // requests in Acquire, dispatches and renewals under way
 	stop   chan struct{} // closed with the client
 
-	downUntil atomic.Int64 // unix nanos until which Redis is not tried
+	downUntil atomic.Int64 // unix nanos until which Redis is not tried; 0 once it answered
+	probing   atomic.Bool  // the prober runs (see probe.go)
 	outage    atomic.Bool
 	answered  atomic.Int64 // unix nanos of Redis's latest answer
 	renewNow  chan struct{}
@@ -658,7 +659,8 @@ func (b *book) listen(client redis.UniversalClient, stop chan struct{}) {
 }
 
 // available reports whether Redis is worth trying: after a failure it is
-// left alone for a second, so requests do not each wait out a timeout.
+// left alone for a second, so requests do not each wait out a timeout,
+// or until the prober (probe.go) has an answer, if sooner.
 func (b *book) available() bool {
 	return time.Now().UnixNano() >= b.downUntil.Load()
 }
@@ -688,6 +690,7 @@ func (b *book) observe(op string, zones []string, start time.Time, err error) {
 		return
 	}
 	b.downUntil.Store(time.Now().Add(time.Second).UnixNano())
+	b.probe()
 	if start.UnixNano() < b.answered.Load() {
 		// Sent before Redis last answered: the tail of an outage just over
 		// (or a wait for a connection), not a new outage to log. Redis is
