@@ -102,7 +102,7 @@ func (f *eventFilter) write(out writeFunc, p []byte) (int, error) {
 		end := f.eventEnd(p)
 		if end < 0 || len(f.held)+end > maxHeldEvent {
 			if len(f.held)+len(p) <= maxHeldEvent && end < 0 {
-				f.held = append(f.held, p...)
+				f.hold(p)
 				return accepted + len(p), nil
 			}
 			// Too long to hold: what is held, then everything, unfiltered.
@@ -114,7 +114,7 @@ func (f *eventFilter) write(out writeFunc, p []byte) (int, error) {
 		}
 		event := p[:end]
 		if len(f.held) > 0 {
-			f.held = append(f.held, event...)
+			f.hold(event)
 			event = f.held
 		}
 		err := writeFiltered(out, event)
@@ -126,6 +126,17 @@ func (f *eventFilter) write(out writeFunc, p []byte) (int, error) {
 		p = p[end:]
 	}
 	return accepted, nil
+}
+
+// hold appends p to the held event, whose length stays within
+// maxHeldEvent, and so does its buffer.
+func (f *eventFilter) hold(p []byte) {
+	if need := len(f.held) + len(p); need > cap(f.held) {
+		grown := make([]byte, len(f.held), min(max(2*cap(f.held), need, 1024), maxHeldEvent))
+		copy(grown, f.held)
+		f.held = grown
+	}
+	f.held = append(f.held, p...)
 }
 
 // finish passes on, filtered, the event the response ended within: a
