@@ -2,10 +2,12 @@ package inflight
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -273,4 +275,48 @@ func TestIncludeUsageFilterWrites(t *testing.T) {
 	}); allocs != 0 {
 		t.Errorf("filtering whole events allocated %v times", allocs)
 	}
+}
+
+// FuzzIncludeUsageBody: a rewritten body is valid JSON, the client's body
+// with stream_options.include_usage true added, which it did not have.
+func FuzzIncludeUsageBody(f *testing.F) {
+	for _, seed := range []string{`{"stream":true}`, ` {"stre\u0061m" : true, "a":[1,{"stream_options":2}]} `, `{"stream":true,"stream_options":null}`, `{}`, `[`, `{"stream":true,"stream":false}`} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		out := includeUsageBody(body)
+		if out == nil {
+			return
+		}
+		var client, sent map[string]any
+		if err := json.Unmarshal(body, &client); err != nil {
+			t.Fatalf("rewrote a body that is not a JSON object: %q", body)
+		}
+		if err := json.Unmarshal(out, &sent); err != nil {
+			t.Fatalf("rewrote %q into invalid JSON %q: %v", body, out, err)
+		}
+		if _, had := client["stream_options"]; had || client["stream"] != true {
+			t.Fatalf("rewrote %q, which has stream_options or does not stream", body)
+		}
+		client["stream_options"] = map[string]any{"include_usage": true}
+		if !reflect.DeepEqual(client, sent) {
+			t.Fatalf("rewrote %q into %q", body, out)
+		}
+	})
+}
+
+// FuzzIncludeUsageFilter: a stream filtered whole and cut at two points
+// gives the client the same bytes, and nothing panics.
+func FuzzIncludeUsageFilter(f *testing.F) {
+	f.Add([]byte(openAIChatStream(true, false)), uint16(100), uint16(700))
+	f.Add([]byte("data: {\"usage\":null,\"a\":1}\r\n\r\ndata: {\"choices\":[],\"usage\":{}}\n\n"), uint16(3), uint16(30))
+	f.Fuzz(func(t *testing.T, stream []byte, a, b uint16) {
+		i, j := min(int(a), len(stream)), min(int(b), len(stream))
+		i, j = min(i, j), max(i, j)
+		whole, _ := filtered(t, "text/event-stream", string(stream))
+		cut, _ := filtered(t, "text/event-stream", string(stream), i, j)
+		if whole != cut {
+			t.Fatalf("cut at %d and %d: %q, whole: %q", i, j, cut, whole)
+		}
+	})
 }

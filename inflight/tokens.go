@@ -89,7 +89,8 @@ type TokensCost struct {
 	// has `stream_options`, whatever its value (include_usage false, or
 	// options without it), is handed on unchanged, as is every other
 	// request (the Responses and Anthropic APIs reject stream_options, and
-	// report their usage anyway).
+	// report their usage anyway). The backend must accept stream_options,
+	// as OpenAI-compatible servers do.
 	//
 	// The client of a rewritten request gets the stream it asked for:
 	// each SSE event is held until its blank line, then passed on without
