@@ -34,6 +34,7 @@ func parseCost(h httpcaddyfile.Helper, hd *inflight.Handler) error {
 //		bytes_per_token <n>                 # 4
 //		default_output  <n>|auto [<n>]      # 1024; auto: learned, at most <n> (1024)
 //		max_body        <size>              # 1MiB
+//		include_usage                       # ask OpenAI streams for their usage
 //	}
 func parseTokens(h httpcaddyfile.Helper, hd *inflight.Handler) error {
 	t := &inflight.TokensCost{}
@@ -51,8 +52,13 @@ func parseTokens(h httpcaddyfile.Helper, hd *inflight.Handler) error {
 			var n int
 			n, err = byteSize(h, "cost tokens: "+opt)
 			t.MaxBody = int64(n)
+		case "include_usage":
+			if h.NextArg() {
+				return h.Errf("inflight: cost tokens: include_usage takes no arguments, got %q: write include_usage alone to turn it on, or leave it out", h.Val())
+			}
+			t.IncludeUsage = true
 		default:
-			return h.Errf("inflight: cost tokens: unknown option %q: want bytes_per_token, default_output or max_body", opt)
+			return h.Errf("inflight: cost tokens: unknown option %q: want bytes_per_token, default_output, max_body or include_usage", opt)
 		}
 		if err != nil {
 			return err

@@ -51,6 +51,7 @@ const subdirectives = "limit, total, cost, zone, status, retry_after, retry_afte
 //			bytes_per_token <n>          #   body bytes per token (4)
 //			default_output  <n>|auto [<n>] # output tokens when the body names none (1024); auto: learned, at most <n>
 //			max_body        <size>       #   body read at most (1MiB)
+//			include_usage                #   ask OpenAI chat streams for their usage, filtered out for the client
 //		}]
 //		zone        <name>               # share counters with handlers naming it
 //		status      <code>               # refusal status, 400-599 (429)

@@ -35,7 +35,8 @@ const maxMaxBody = 1 << 30
 // 1e30), and a sum beyond it, count as 2^63-1: nothing wraps around.
 //
 // The body is read, up to `max_body` bytes, before the request is admitted,
-// and handed on to the next handler byte for byte. A body longer than
+// and handed on to the next handler byte for byte (but for IncludeUsage's
+// rewrite). A body longer than
 // `max_body` is not read whole: its first `max_body` bytes are read and no
 // more, the byte count is its Content-Length, and the output is
 // `default_output`, since its JSON was not read; set `max_body` above the
@@ -75,6 +76,32 @@ type TokensCost struct {
 	// longer body counts its Content-Length and DefaultOutput. Up to 1 GiB.
 	// Default: 1 MiB (1048576).
 	MaxBody int64 `json:"max_body,omitempty"`
+
+	// IncludeUsage makes OpenAI chat completions and completions streams
+	// report their usage, which they do only when asked, so that the
+	// request settles on it (see docs/cost-tokens.md). A POST to a path
+	// ending in /chat/completions or /completions whose body was read
+	// whole (not beyond MaxBody), a JSON object with the top-level field
+	// `"stream": true` and no top-level `stream_options`, is handed on
+	// with `"stream_options":{"include_usage":true}` inserted as its
+	// first member, and its Content-Length updated (a chunked body stays
+	// chunked); its estimate counts the body the client sent. A body that
+	// has `stream_options`, whatever its value (include_usage false, or
+	// options without it), is handed on unchanged, as is every other
+	// request (the Responses and Anthropic APIs reject stream_options, and
+	// report their usage anyway). The backend must accept stream_options,
+	// as OpenAI-compatible servers do.
+	//
+	// The client of a rewritten request gets the stream it asked for:
+	// each SSE event is held until its blank line, then passed on without
+	// the chunk reporting the usage (top-level `"choices":[]` and a
+	// `usage` that is not null), read first, and without the top-level
+	// `"usage":null` member the other chunks carry, removed with the comma
+	// that joins it to the members around it. An event longer than 64 KiB
+	// is passed on unfiltered, as is the rest of its response; an event
+	// the response ends within is passed on, filtered, when it ends.
+	// Default: off.
+	IncludeUsage bool `json:"include_usage,omitempty"`
 }
 
 func (t *TokensCost) setDefaults() {
@@ -109,16 +136,21 @@ func (t *TokensCost) validate() error {
 // count its model reports teaches the learned estimate: its body named no
 // output, or one at least default_output, so that its output was free up
 // to the estimate's ceiling at least.
+//
+// injected marks a body rewritten by include_usage: its response is
+// filtered back to what the client asked for.
 type tokenEstimate struct {
-	cost    int64
-	teaches bool
+	cost     int64
+	teaches  bool
+	injected bool
 }
 
 // estimate reads r's body (at most MaxBody bytes, MaxBody+1 when its length
 // is unknown), puts it back so that the next handler reads it byte for
-// byte, and returns the estimate, counting defaultOutput as the output of
-// a body that names none, and at most learned (if positive: a learned
-// estimate) as the output of one that names more.
+// byte (or as IncludeUsage rewrote it), and returns the estimate, counting
+// defaultOutput as the output of a body that names none, and at most
+// learned (if positive: a learned estimate) as the output of one that
+// names more.
 //
 // A read error (the client left mid-body, a
 // request_body max_size exceeded) is returned wrapped; the body then
@@ -141,7 +173,8 @@ func (t *TokensCost) estimate(r *http.Request, defaultOutput, learned int64) (to
 		size = limit
 	}
 	read, err := readPrefix(r.Body, size, limit)
-	r.Body = &replayBody{ReadCloser: r.Body, read: read, err: err}
+	replay := &replayBody{ReadCloser: r.Body, read: read, err: err}
+	r.Body = replay
 	switch {
 	case err != nil && err != io.EOF:
 		return tokenEstimate{}, fmt.Errorf("inflight: cost tokens: reading the body: %w", err)
@@ -158,7 +191,10 @@ func (t *TokensCost) estimate(r *http.Request, defaultOutput, learned int64) (to
 			output = min(named, learned)
 		}
 	}
-	return tokenEstimate{cost: addTokens(t.inputTokens(int64(len(read))), output), teaches: !ok || named >= t.DefaultOutput}, nil
+	// Read whole: to its Content-Length, or to its end within MaxBody.
+	whole := length < 0 && err == io.EOF || length >= 0 && int64(len(read)) == length
+	injected := t.IncludeUsage && whole && includeUsage(r, read, replay)
+	return tokenEstimate{cost: addTokens(t.inputTokens(int64(len(read))), output), teaches: !ok || named >= t.DefaultOutput, injected: injected}, nil
 }
 
 // inputTokens is ceil(n / BytesPerToken), without overflow.

@@ -21,62 +21,86 @@ const maxJSONDepth = 10000
 // (huge, deeply nested, with duplicate or escaped keys) cost one pass and
 // no allocation but for escaped keys.
 func requestedOutput(body []byte) (output int64, ok bool) {
-	s := jsonScanner{b: body}
-	s.space()
-	if !s.eat('{') {
-		return 0, false
-	}
-	s.space()
-	if !s.eat('}') {
-		for {
-			s.space()
-			start := s.i
-			if !s.string() {
-				return 0, false
-			}
-			key := body[start:s.i]
-			s.space()
-			if !s.eat(':') {
-				return 0, false
-			}
-			s.space()
-			start = s.i
-			if !s.value(2) {
-				return 0, false
-			}
-			if isOutputKey(key) {
-				if n, isCount := tokenCount(body[start:s.i]); isCount {
-					output, ok = max(output, n), true
-				}
-			}
-			s.space()
-			if s.eat('}') {
-				break
-			}
-			if !s.eat(',') {
-				return 0, false
+	valid := objectMembers(body, func(m jsonMember) {
+		if isOutputName(keyName(body[m.key:m.value-m.colon], len("max_completion_tokens"))) {
+			if n, isCount := tokenCount(body[m.value:m.end]); isCount {
+				output, ok = max(output, n), true
 			}
 		}
-	}
-	s.space()
-	if s.i != len(body) {
+	})
+	if !valid {
 		return 0, false
 	}
 	return output, ok
 }
 
-// isOutputKey reports whether quoted, a valid JSON string, is the name of
-// a field giving the output tokens, escaped or not.
-func isOutputKey(quoted []byte) bool {
-	if bytes.IndexByte(quoted, '\\') < 0 {
-		return isOutputName(quoted[1 : len(quoted)-1])
-	}
-	if len(quoted) > 2+6*len("max_completion_tokens") { // longer than any of them with every byte \uXXXX
+// jsonMember is a top-level member of a JSON object, as offsets in its
+// body: the key, quoted as written, is body[key:value-colon], colon is the
+// bytes from the key's end to the value (the colon and the whitespace
+// around it), and the value is body[value:end].
+type jsonMember struct {
+	key, colon, value, end int
+}
+
+// objectMembers calls each with every top-level member of body, in order,
+// and reports whether body is a JSON object as encoding/json reads it;
+// each may already have been called when it is not (the members before the
+// error). It is requestedOutput's scan, shared: one pass, no allocation.
+func objectMembers(body []byte, each func(jsonMember)) bool {
+	s := jsonScanner{b: body}
+	s.space()
+	if !s.eat('{') {
 		return false
+	}
+	s.space()
+	if !s.eat('}') {
+		for {
+			s.space()
+			var m jsonMember
+			m.key = s.i
+			if !s.string() {
+				return false
+			}
+			keyEnd := s.i
+			s.space()
+			if !s.eat(':') {
+				return false
+			}
+			s.space()
+			m.value, m.colon = s.i, s.i-keyEnd
+			if !s.value(2) {
+				return false
+			}
+			m.end = s.i
+			each(m)
+			s.space()
+			if s.eat('}') {
+				break
+			}
+			if !s.eat(',') {
+				return false
+			}
+		}
+	}
+	s.space()
+	return s.i == len(body)
+}
+
+// keyName returns the name quoted, a valid JSON string, spells, escapes
+// decoded, or nil for an escaped one too long to spell a name of longest
+// bytes: a key is compared
+// byte for byte with the names the backends read, and an escaped one
+// (max\u005ftokens) is the name it decodes to.
+func keyName(quoted []byte, longest int) []byte {
+	if bytes.IndexByte(quoted, '\\') < 0 {
+		return quoted[1 : len(quoted)-1]
+	}
+	if len(quoted) > 2+6*longest { // longer than longest with every byte \uXXXX
+		return nil
 	}
 	var name string
 	json.Unmarshal(quoted, &name) // valid: cannot fail
-	return isOutputName([]byte(name))
+	return []byte(name)
 }
 
 func isOutputName(name []byte) bool {

@@ -17,13 +17,17 @@ import (
 // them, its output count may teach the learned estimate (see
 // tokenEstimate), and
 // the placeholders {http.inflight.usage.*} hold them for access logs.
+// When include_usage asked for the report, the stream is filtered back to
+// what the client asked for (see eventFilter), and the event it ended within
+// is passed on once next returned.
 func (h *Handler) serveReporting(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, a *admission) error {
 	if a.usage == nil {
 		a.usage = new(usageWriter) // kept with the pooled admission
 	}
 	uw := a.usage
-	uw.ResponseWriter = w
+	uw.ResponseWriter, uw.injected = w, a.tokens.injected
 	err := h.serveNext(uw, r, next, a)
+	uw.finish()
 	if u, ok := uw.usage(); ok {
 		h.gate.ReportUsage(&a.ticket, u, a.tokens.cost, a.tokens.teaches)
 		setUsage(r, u)

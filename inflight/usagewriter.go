@@ -17,11 +17,18 @@ import (
 // passed through unread, since inflating it would cost a decompressor per
 // response; LLM APIs answer uncompressed unless asked, and a proxy in front
 // of one should not ask.
+//
+// When the request's body was rewritten to ask for the usage report
+// (include_usage), an SSE response is filtered too, so that the client gets
+// the stream it asked for: see eventFilter.
 type usageWriter struct {
 	caddyhttp.ResponseWriterWrapper
-	scan    usageScanner
-	reading bool // decided at the first WriteHeader/Write: the body is read
-	decided bool
+	scan      usageScanner
+	events    eventFilter
+	injected  bool // set before the response: include_usage asked for the report
+	reading   bool // decided at the first WriteHeader/Write: the body is read
+	filtering bool // decided with reading: the body is an SSE stream to filter
+	decided   bool
 }
 
 // WriteHeader decides whether the body is read at the final status; a 1xx
@@ -33,10 +40,15 @@ func (u *usageWriter) WriteHeader(code int) {
 	u.ResponseWriter.WriteHeader(code)
 }
 
-// Write passes p on, then reads what was written.
+// Write passes p on, then reads what was written. When filtering, p is
+// read first, then passed on filtered as its events end.
 func (u *usageWriter) Write(p []byte) (int, error) {
 	if !u.decided {
 		u.decide(http.StatusOK)
+	}
+	if u.filtering {
+		u.scan.write(p)
+		return u.events.write(u.ResponseWriter.Write, p)
 	}
 	n, err := u.ResponseWriter.Write(p)
 	if u.reading {
@@ -59,13 +71,23 @@ func (u *usageWriter) ReadFrom(r io.Reader) (int64, error) {
 	return io.CopyBuffer(writeOnly{u}, r, *buf)
 }
 
-// Flush passes through. It sends the headers, so the body's reading is
-// decided here if not before.
+// Flush passes through: what it flushes is what was passed on, every
+// event that ended when filtering. It sends the headers, so the body's
+// reading is decided here if not before.
 func (u *usageWriter) Flush() {
 	if !u.decided {
 		u.decide(http.StatusOK)
 	}
 	_ = http.NewResponseController(u.ResponseWriter).Flush()
+}
+
+// finish passes on the event a filtered response ended within, once the
+// response's writer has returned. A write error is not returned: the
+// client left, and the response was answered already.
+func (u *usageWriter) finish() {
+	if u.filtering {
+		_ = u.events.finish(u.ResponseWriter.Write)
+	}
 }
 
 // usage returns the usage the body reported, and whether it is final (see
@@ -77,8 +99,9 @@ func (u *usageWriter) usage() (core.TokenUsage, bool) {
 // reset readies u for another response, keeping its scanner's buffer:
 // nothing of the last response stays reachable.
 func (u *usageWriter) reset() {
-	u.ResponseWriter, u.reading, u.decided = nil, false, false
+	u.ResponseWriter, u.injected, u.reading, u.filtering, u.decided = nil, false, false, false, false
 	u.scan.reset()
+	u.events.reset()
 }
 
 // decide settles whether the body is read, from the final status and the
@@ -88,6 +111,7 @@ func (u *usageWriter) decide(code int) {
 	h := u.Header()
 	u.reading = code >= 200 && code < 300 && usageMediaType(h.Get("Content-Type")) &&
 		(h.Get("Content-Encoding") == "" || strings.EqualFold(strings.TrimSpace(h.Get("Content-Encoding")), "identity"))
+	u.filtering = u.reading && u.injected && eventStream(h.Get("Content-Type"))
 }
 
 // usageMediaType reports whether a Content-Type is one usage is reported in:
@@ -96,6 +120,12 @@ func usageMediaType(contentType string) bool {
 	mt, _, _ := strings.Cut(contentType, ";")
 	mt = strings.TrimSpace(mt)
 	return strings.EqualFold(mt, "application/json") || strings.EqualFold(mt, "text/event-stream")
+}
+
+// eventStream reports whether a Content-Type is text/event-stream.
+func eventStream(contentType string) bool {
+	mt, _, _ := strings.Cut(contentType, ";")
+	return strings.EqualFold(strings.TrimSpace(mt), "text/event-stream")
 }
 
 // writeOnly hides usageWriter's ReadFrom from io.CopyBuffer, which would
