@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"maps"
 	"math"
 	"net/http"
@@ -169,12 +168,12 @@ func fleetShares(t *testing.T, c fleetSharesCase) {
 					if c.costs != nil {
 						header = append(header, "X-Cost", strconv.Itoa(c.costs[n%len(c.costs)]))
 					}
-					send := get
+					request := get
 					if c.used != nil {
 						header = append(header, "X-Used", strconv.Itoa(c.used[tn.name]))
-						send = postEmpty
+						request = postEmpty
 					}
-					if r := send(ctx, hc, nodes[inst].url, header...); r.status != 200 && ctx.Err() == nil {
+					if r := request(ctx, hc, nodes[inst].url, header...); r.status != 200 && ctx.Err() == nil {
 						t.Errorf("tenant %s at instance %d: status %d %v", tn.name, inst+1, r.status, r.err)
 						return
 					}
@@ -327,20 +326,7 @@ func TestFairFleetReportedTokensThroughCaddy(t *testing.T) {
 
 // postEmpty is get with a POST of an empty JSON object.
 func postEmpty(ctx context.Context, c *http.Client, url string, header ...string) result {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader("{}"))
-	if err != nil {
-		return result{err: err}
-	}
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		return result{err: err}
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	return result{status: resp.StatusCode, body: string(body), err: err}
+	return post(ctx, c, url, "{}", header...)
 }
 
 // TestFairFleetLightTenantBehindFlood: three Caddy instances sharing one

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -180,18 +181,11 @@ func TestFakeLLM(t *testing.T) {
 	content := strings.Repeat("x", prompt*4-2) // ceil(98/4) = 25
 	ask := func(body string) []byte {
 		t.Helper()
-		req, _ := http.NewRequest(http.MethodPost, "http://"+f.addr+"/v1/chat/completions", strings.NewReader(body))
-		req.Header.Set("X-Fake-Output", strconv.Itoa(output))
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
+		r := post(context.Background(), http.DefaultClient, "http://"+f.addr+"/v1/chat/completions", body, "X-Fake-Output", strconv.Itoa(output))
+		if r.err != nil || r.status != http.StatusOK {
+			t.Fatalf("%d %v: %s", r.status, r.err, r.body)
 		}
-		defer resp.Body.Close()
-		got, err := io.ReadAll(resp.Body)
-		if err != nil || resp.StatusCode != http.StatusOK {
-			t.Fatalf("%d %v: %s", resp.StatusCode, err, got)
-		}
-		return got
+		return []byte(r.body)
 	}
 	type usage struct {
 		PromptTokens     int `json:"prompt_tokens"`

@@ -181,7 +181,22 @@ type result struct {
 }
 
 func get(ctx context.Context, c *http.Client, url string, header ...string) result {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	return send(ctx, c, http.MethodGet, url, "", header...)
+}
+
+// post is get with a POST of body.
+func post(ctx context.Context, c *http.Client, url, body string, header ...string) result {
+	return send(ctx, c, http.MethodPost, url, body, header...)
+}
+
+// send sends a request of method with body (none if empty) and the header
+// fields given as name, value pairs, and reads its response whole.
+func send(ctx context.Context, c *http.Client, method, url, payload string, header ...string) result {
+	var r io.Reader
+	if payload != "" {
+		r = strings.NewReader(payload)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, r)
 	if err != nil {
 		return result{err: err}
 	}

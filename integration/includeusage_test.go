@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -102,21 +103,13 @@ func TestIncludeUsage(t *testing.T) {
 }
 `, port, zone, backend))
 
-	post := func(base, path, body, output string) string {
+	ask := func(base, path, body, output string) string {
 		t.Helper()
-		req, _ := http.NewRequest("POST", base+path, strings.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("X-Output", output)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
+		r := post(context.Background(), http.DefaultClient, base+path, body, "Content-Type", "application/json", "X-Output", output)
+		if r.err != nil || r.status != http.StatusOK {
+			t.Fatalf("%s: %d, %v: %s", path, r.status, r.err, r.body)
 		}
-		defer resp.Body.Close()
-		got, err := io.ReadAll(resp.Body)
-		if err != nil || resp.StatusCode != http.StatusOK {
-			t.Fatalf("%s: %d, %v: %s", path, resp.StatusCode, err, got)
-		}
-		return string(got)
+		return r.body
 	}
 	caddy, direct := fmt.Sprintf("http://127.0.0.1:%d", port), "http://"+backend
 
@@ -137,8 +130,8 @@ func TestIncludeUsage(t *testing.T) {
 		{"responses API", "/v1/responses", responses, "17", responses, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			want := post(direct, c.path, c.body, c.output) // what the client would get without Caddy
-			got := post(caddy, c.path, c.body, c.output)
+			want := ask(direct, c.path, c.body, c.output) // what the client would get without Caddy
+			got := ask(caddy, c.path, c.body, c.output)
 			if got != want {
 				t.Errorf("through Caddy the client got\n%s\nthe backend answers it directly with\n%s", got, want)
 			}
@@ -154,7 +147,7 @@ func TestIncludeUsage(t *testing.T) {
 			b.mu.Unlock()
 		})
 	}
-	if !strings.Contains(post(direct, "/v1/chat/completions", `{"stream_options":{"include_usage":true},`+stream[1:], "7"), `"usage":null`) {
+	if !strings.Contains(ask(direct, "/v1/chat/completions", `{"stream_options":{"include_usage":true},`+stream[1:], "7"), `"usage":null`) {
 		t.Fatal("the backend does not write usage:null when asked: the test tests nothing")
 	}
 

@@ -3,6 +3,7 @@ package integration
 import (
 	"bufio"
 	"compress/gzip"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -102,27 +103,20 @@ func TestTokenUsageReported(t *testing.T) {
 			load(t, config)
 			url := fmt.Sprintf("http://127.0.0.1:%d", port)
 			body := `{"model":"m","messages":[{"role":"user","content":"hi"}]}` // 57 bytes: 15 tokens
-			send := func(method, path, output string) {
+			ask := func(method, path, output string) {
 				t.Helper()
-				req, _ := http.NewRequest(method, url+path, strings.NewReader(body))
-				req.Header.Set("X-Output", output)
-				resp, err := http.DefaultClient.Do(req)
-				if err != nil {
-					if path == "/anthropic-cut" {
-						return // the stream broke, as the backend's did
-					}
-					t.Fatal(err)
+				r := send(context.Background(), http.DefaultClient, method, url+path, body, "X-Output", output)
+				if r.err != nil && path != "/anthropic-cut" { // that stream breaks, as the backend's did
+					t.Fatal(r.err)
 				}
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
 			}
-			post := func(path, output string) { t.Helper(); send("POST", path, output) }
+			post := func(path, output string) { t.Helper(); ask("POST", path, output) }
 			post("/openai", "46")
 			post("/openai-stream", "7")
 			post("/anthropic", "503")
 			post("/anthropic-stream", "15")
 			post("/anthropic-cut", "15")
-			send("GET", "/openai", "1") // as a file a client uploaded could read: no model's report
+			ask("GET", "/openai", "1") // as a file a client uploaded could read: no model's report
 			want := []map[string]string{
 				{"input": "1117", "output": "46", "cached": "1024", "cost": "2015"},
 				{"input": "20", "output": "7", "cached": "0", "cost": "2015"},
@@ -156,6 +150,11 @@ func TestTokenUsageReported(t *testing.T) {
 			for i := 1; i <= 96; i++ {
 				post("/openai", fmt.Sprint(i))
 			}
+			// The last report is counted as its handler returns, which may
+			// be just after its client read the answer: waited for.
+			eventually(t, "the 100th report counted", func() bool {
+				return metric(t, "caddy_inflight_usage_ratio_count", `zone="`+zone+`"`) == 100
+			})
 			if got := metric(t, "caddy_inflight_output_estimate_tokens", `zone="`+zone+`"`); got != 87 {
 				t.Errorf("output estimate after 100 reports: %v, want their 90th percentile, 87", got)
 			}
@@ -249,6 +248,11 @@ func TestTokenUsageCompressed(t *testing.T) {
 		if ce := resp.Header.Get("Content-Encoding"); ce != "gzip" {
 			t.Errorf("%s: Content-Encoding %q, want gzip for a client asking for it", c.path, ce)
 		}
+		// Counted as the handler returns, maybe just after the client
+		// read the answer, and before it gives its units back.
+		eventually(t, "the request gave its units back", func() bool {
+			return metric(t, "caddy_inflight_units", `zone="compressed"`, `limit="total"`) == 0
+		})
 		if got := metric(t, "caddy_inflight_reported_tokens_total", `zone="compressed"`, `kind="output"`); got != c.want {
 			t.Errorf("after %s: output tokens counted %v, want %v", c.path, got, c.want)
 		}

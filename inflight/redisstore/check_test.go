@@ -22,6 +22,16 @@ const secret = "s3cret-Pa55word"
 
 // silentRedis accepts connections and never answers.
 func silentRedis(t *testing.T) string {
+	return fakeRedis(t, func(c net.Conn) { t.Cleanup(func() { c.Close() }) })
+}
+
+// closingRedis accepts connections and closes them at once.
+func closingRedis(t *testing.T) string {
+	return fakeRedis(t, func(c net.Conn) { c.Close() })
+}
+
+// fakeRedis listens on a loopback port and hands each connection to serve.
+func fakeRedis(t *testing.T, serve func(net.Conn)) string {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -33,7 +43,7 @@ func silentRedis(t *testing.T) string {
 			if err != nil {
 				return
 			}
-			t.Cleanup(func() { c.Close() })
+			serve(c)
 		}
 	}()
 	return l.Addr().String()
@@ -97,25 +107,6 @@ func TestOutageLogNamesTheCause(t *testing.T) {
 	if len(got) != 1 || !strings.Contains(fmt.Sprint(got[0].ContextMap()["reason"]), "authentication failed: wrong username or password") {
 		t.Fatalf("outage log %v, want one naming the wrong password", got)
 	}
-}
-
-// closingRedis accepts connections and closes them at once.
-func closingRedis(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
-	return l.Addr().String()
 }
 
 // A dropped connection is named as seen, reset or EOF, not guessed at: in
