@@ -116,13 +116,42 @@ func (q *SharedQueue) Acquire(ctx context.Context, req *Request, opt WaitOptions
 // AcquireAlone admits req in the zone alone, as opt allows, while the
 // ledger cannot answer (a store that fails open). The ledger records what
 // was admitted, to enter it once it answers again.
+//
+// A request whose cost exceeds this instance's share of a cap (a cap
+// split by Divisor below the fleet's) is refused, Unavailable, not
+// clamped to the share and admitted alone: every instance admitting one
+// so would hold up to Divisor times a share's worth beyond its share.
+// Refused, the fleet's units stay within the sum of the shares while it
+// falls back; the cost is that such a request is refused for the outage.
 func (q *SharedQueue) AcquireAlone(ctx context.Context, req *Request, opt WaitOptions) Result {
+	if d, over := overShare(req, q.zone.hasTotal); over {
+		return Result{Outcome: Unavailable, Dim: d, Alone: true}
+	}
 	res := q.zone.Acquire(ctx, req, opt)
 	if res.Outcome == Admitted {
 		req.lease = q.ledger.Record(q.claimOf(req, false, nil))
 	}
 	res.Alone = true
 	return res
+}
+
+// overShare returns the first dimension (the total last) in which req's
+// cost exceeds this instance's share of a cap split below the fleet's.
+func overShare(req *Request, hasTotal bool) (int, bool) {
+	lim, cost := req.Limits, req.cost()
+	over := func(d int) bool {
+		share := lim.capOf(req, d, false)
+		return cost > share && share < lim.capOf(req, d, true)
+	}
+	for d, key := range req.Keys {
+		if key != "" && over(d) {
+			return d, true
+		}
+	}
+	if hasTotal && over(TotalDim) {
+		return TotalDim, true
+	}
+	return 0, false
 }
 
 // Release gives back the units req holds, in the zone at once and in the

@@ -539,3 +539,30 @@ func TestSharedQueueLevelsFromTheLedger(t *testing.T) {
 	q.Release(a)
 	q.Release(b)
 }
+
+// TestAcquireAloneRefusesCostsOverTheShare: while the ledger cannot
+// answer, a request costing more than this instance's share of a cap
+// split between 3 instances (a total of 6: 2 each) is refused, not
+// clamped to the share and admitted alone on every instance (9 of 6 units
+// on three); one within its share is admitted, and with the cap not split
+// a cost over it is still clamped and admitted alone, as with the ledger.
+func TestAcquireAloneRefusesCostsOverTheShare(t *testing.T) {
+	for _, tc := range []struct {
+		divisor, cost int64
+		want          Outcome
+	}{{3, 3, Unavailable}, {3, 2, Admitted}, {1, 9, Admitted}} {
+		l := newMemLedger(100, 100)
+		l.fail = true
+		zone := NewZone(1, true, nil)
+		q := NewSharedQueue(zone, l, time.Hour)
+		lim := &Limits{Max: []int64{100}, Total: 6, Divisor: tc.divisor}
+		r := &Request{Keys: []string{"k"}, Max: []int64{0}, Limits: lim, Cost: tc.cost}
+		res := q.AcquireAlone(context.Background(), r, WaitOptions{})
+		if res.Outcome != tc.want || (res.Outcome == Unavailable && res.Dim != TotalDim) {
+			t.Errorf("replicas %d, cost %d: outcome %v in dimension %d, want %v (the total's, if refused)", tc.divisor, tc.cost, res.Outcome, res.Dim, tc.want)
+		}
+		if res.Outcome == Admitted {
+			q.Release(r)
+		}
+	}
+}
