@@ -117,15 +117,17 @@ func (u *usageWriter) decide(code int) {
 // usageMediaType reports whether a Content-Type is one usage is reported in:
 // application/json or text/event-stream, whatever its parameters.
 func usageMediaType(contentType string) bool {
-	mt, _, _ := strings.Cut(contentType, ";")
-	mt = strings.TrimSpace(mt)
-	return strings.EqualFold(mt, "application/json") || strings.EqualFold(mt, "text/event-stream")
+	return isMediaType(contentType, "application/json") || eventStream(contentType)
 }
 
 // eventStream reports whether a Content-Type is text/event-stream.
-func eventStream(contentType string) bool {
-	mt, _, _ := strings.Cut(contentType, ";")
-	return strings.EqualFold(strings.TrimSpace(mt), "text/event-stream")
+func eventStream(contentType string) bool { return isMediaType(contentType, "text/event-stream") }
+
+// isMediaType reports whether contentType is of the media type mt, whatever
+// its parameters and case.
+func isMediaType(contentType, mt string) bool {
+	got, _, _ := strings.Cut(contentType, ";")
+	return strings.EqualFold(strings.TrimSpace(got), mt)
 }
 
 // writeOnly hides usageWriter's ReadFrom from io.CopyBuffer, which would
