@@ -72,7 +72,7 @@ func TestKeyWaitingIsCappedShownAsAskedAndGoneAtZero(t *testing.T) {
 // full is a ledger that refuses every request: its requests wait.
 type full struct{}
 
-func (full) Give(string)                  {}
+func (full) Give(string, bool)            {}
 func (full) Correct(int, string, float64) {}
 func (full) Record(limiter.Claim) string  { return "" }
 func (full) Idle()                        {}

@@ -15,8 +15,12 @@ type Ledger interface {
 	// what the first waits for is not taken by those behind it. An error
 	// means no answer: nothing was taken.
 	Take(claims []Claim) ([]Verdict, error)
-	// Give gives back what the claim admitted with lease took.
-	Give(lease string)
+	// Give gives back what the claim admitted with lease took. handOff
+	// says that the queue has waiters and makes a call for them at once
+	// (or, if none is left, says Idle): the ledger may leave the release
+	// to that call, so that a waiter it frees is admitted in the same
+	// round trip.
+	Give(lease string, handOff bool)
 	// Correct moves the tag of key (of dimension dim) on the ledger's fair
 	// clock by delta, the correction of a charge to what its grant held
 	// (see settle), with a later call: a correction lost to a failure

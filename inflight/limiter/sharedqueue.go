@@ -155,13 +155,21 @@ func overShare(req *Request, hasTotal bool) (int, bool) {
 }
 
 // Release gives back the units req holds, in the zone at once and in the
-// ledger (its Give). A second Release panics, before the ledger sees it.
+// ledger (its Give). If requests wait here, the call that tries them
+// starts now and carries the release: a hand-off costs the ledger one
+// round trip, not a release and then an admission. A second Release
+// panics, before the ledger sees it.
 func (q *SharedQueue) Release(req *Request) {
 	lease := req.lease
 	q.zone.Release(req)
 	req.lease = ""
-	if lease != "" {
-		q.ledger.Give(lease)
+	if lease == "" {
+		return
+	}
+	handOff := q.queued.Load() > 0
+	q.ledger.Give(lease, handOff)
+	if handOff {
+		go q.tryWaiters() // a call, or one more after the call under way: each ends in Idle
 	}
 }
 

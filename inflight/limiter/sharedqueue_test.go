@@ -29,7 +29,8 @@ type memLedger struct {
 	fail      bool
 	gate      chan struct{}
 	afterTake func()
-	levels    bool // its verdicts carry the units held (Verdict.Held)
+	levels    bool   // its verdicts carry the units held (Verdict.Held)
+	handOffs  []bool // what each Give was told
 }
 
 func newMemLedger(keyCap, totalCap int64) *memLedger {
@@ -113,9 +114,10 @@ func (l *memLedger) heldBy(c Claim) []int64 {
 
 func (l *memLedger) Correct(int, string, float64) {}
 
-func (l *memLedger) Give(lease string) {
+func (l *memLedger) Give(lease string, handOff bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.handOffs = append(l.handOffs, handOff)
 	c, ok := l.leases[lease]
 	if !ok {
 		panic("memLedger: a lease given back twice")
@@ -565,4 +567,50 @@ func TestAcquireAloneRefusesCostsOverTheShare(t *testing.T) {
 			q.Release(r)
 		}
 	}
+}
+
+// TestSharedQueueReleaseHandsOff: a release in a queue with waiters starts
+// the call that admits the waiter it frees, with no release notice and no
+// poll (an hour), and tells the ledger so (its Give may leave the release
+// to that call); one without waiters tells it there is no call to wait for.
+func TestSharedQueueReleaseHandsOff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		z := NewZone(1, true, nil)
+		l := newMemLedger(1, 100)
+		q := NewSharedQueue(z, l, time.Hour)
+		lim := &Limits{Max: []int64{1}, Total: 100}
+		holder := costly(lim, 1, "k")
+		if res, err := q.Acquire(context.Background(), holder, WaitOptions{}); err != nil || res.Outcome != Admitted {
+			t.Fatalf("holder: %v %v", res, err)
+		}
+		waiter := costly(lim, 1, "k")
+		done := make(chan Result)
+		go func() {
+			res, _ := q.Acquire(context.Background(), waiter, WaitOptions{Wait: time.Hour})
+			done <- res
+		}()
+		synctest.Wait()
+		l.mu.Lock()
+		takes := l.takes
+		l.mu.Unlock()
+		q.Release(holder)
+		synctest.Wait()
+		select {
+		case res := <-done:
+			if res.Outcome != Admitted {
+				t.Fatalf("waiter: outcome %d, want admitted", res.Outcome)
+			}
+		default:
+			t.Fatal("the waiter was not admitted after the release: it waits for a notice or a poll")
+		}
+		q.Release(waiter)
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if l.takes != takes+1 || len(l.handOffs) != 2 || !l.handOffs[0] || l.handOffs[1] {
+			t.Fatalf("%d calls after the release, Give told %v; want 1 call, [true false]", l.takes-takes, l.handOffs)
+		}
+		if l.total != 0 {
+			t.Fatalf("%d units left held", l.total)
+		}
+	})
 }

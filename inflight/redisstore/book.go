@@ -217,9 +217,9 @@ func (b *book) hold(member, tag string, sets []string, units int64) {
 }
 
 // release marks a lease's request as ended. The zone's call under way's
-// successor, or a removal of its own, removes it from Redis (see claim); a
-// ghost's removal is maintain's.
-func (b *book) release(member string) {
+// successor, or (if send) a removal of its own, removes it from Redis (see
+// claim); a ghost's removal is maintain's.
+func (b *book) release(member string, send bool) {
 	b.mu.Lock()
 	l := b.leases[member]
 	var z *redisZone
@@ -237,7 +237,7 @@ func (b *book) release(member string) {
 	case l == nil:
 	case ghost:
 		b.poke()
-	default:
+	case send:
 		z.send()
 	}
 }

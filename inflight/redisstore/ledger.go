@@ -80,8 +80,9 @@ func (z *redisZone) Idle() {
 }
 
 // Give has the lease of a request that ended removed from Redis, off the
-// response path (see send).
-func (z *redisZone) Give(lease string) { z.book.release(lease) }
+// response path: by the queue's call for its waiters in a hand-off, else
+// as send says.
+func (z *redisZone) Give(lease string, handOff bool) { z.book.release(lease, !handOff) }
 
 // send has the leases released in the zone removed, off the caller's
 // path: by the next call while calls follow one another (or alone once
