@@ -268,7 +268,7 @@ func (e *faultEnv) checkCycles(name string, cycles []cycle, bound time.Duration,
 		t.Errorf("capacity was lost (refusals with the backend below the caps) for %v after the fault, want at most %v", w.capacityLost, bound)
 	}
 	for i, m := range e.fleet {
-		down, up := m.logLines("redis store unreachable"), m.logLines("redis store reachable again")
+		down, up := m.outageLines()
 		switch {
 		case !outage && len(down) > 0:
 			t.Errorf("instance %d logged %d times that Redis was unreachable, though it always answered within timeout; first: %s", i, len(down), down[0])
@@ -286,10 +286,25 @@ func (e *faultEnv) checkCycles(name string, cycles []cycle, bound time.Duration,
 func (e *faultEnv) wantOutages(n int) {
 	e.t.Helper()
 	for i, m := range e.fleet {
-		down, up := m.logLines("redis store unreachable"), m.logLines("redis store reachable again")
+		down, up := m.outageLines()
 		if len(down) != n || len(up) != n {
 			e.t.Errorf("instance %d logged %d outages as %d × unreachable and %d × reachable again, want %d each; unreachable: %s", i, n, len(down), len(up), n, down)
 		}
+	}
+}
+
+// outageLines returns m's lines that say an outage started and that one
+// ended, once every outage logged as started is logged as over, or after
+// a second and a half: the closing line comes once Redis has answered for
+// a second (outageQuiet).
+func (m *fleetMember) outageLines() (down, up []string) {
+	deadline := time.Now().Add(storeBackOff + 500*time.Millisecond)
+	for {
+		down, up = m.logLines("redis store unreachable"), m.logLines("redis store reachable again")
+		if len(up) >= len(down) || time.Now().After(deadline) {
+			return down, up
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

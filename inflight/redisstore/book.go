@@ -48,7 +48,6 @@ const scriptChunk = 512
 type book struct {
 	id       string
 	options  *redis.UniversalOptions
-	logger   *zap.Logger
 	lease    time.Duration
 	timeout  time.Duration
 	prefix   string
@@ -61,11 +60,8 @@ type book struct {
 	leases map[string]*lease            // held, by member: renewed
 	ended  map[string]map[string]*lease // released or ghosts, by zone tag and member: to remove
 	zones  map[string]*redisZone
-	// explained holds the operations whose failure was logged in the
-	// current outage: each counted failure is explained by a log line.
-	explained map[string]bool
-	clocks    map[string]*redisClock // by zone tag: see clock.go
-	asking    sync.Mutex             // held while Redis is asked a zone's clock
+	clocks map[string]*redisClock // by zone tag: see clock.go
+	asking sync.Mutex             // held while Redis is asked a zone's clock
 	// client is nil while the book is closed. It is opened and closed
 	// under mu, and closed only while active is 0: a goroutine between
 	// enter (or tryEnter) and exit uses it without the lock.
@@ -75,7 +71,8 @@ type book struct {
 
 	downUntil atomic.Int64 // unix nanos until which Redis is not tried; 0 once it answered
 	probing   atomic.Bool  // the prober runs (see probe.go)
-	outage    atomic.Bool
+	outage    atomic.Bool  // from a failure until Redis answers
+	outageLog outageLog    // what the log says of outages (debounced)
 	answered  atomic.Int64 // unix nanos of Redis's latest answer
 	renewNow  chan struct{}
 	work      chan struct{}
@@ -133,7 +130,6 @@ func newBook(s *Store, id string) *book {
 	b := &book{
 		id:        id,
 		options:   s.redisOptions(),
-		logger:    s.logger,
 		lease:     time.Duration(s.Lease),
 		timeout:   timeout,
 		prefix:    s.KeyPrefix,
@@ -143,9 +139,9 @@ func newBook(s *Store, id string) *book {
 		ended:     map[string]map[string]*lease{},
 		zones:     map[string]*redisZone{},
 		clocks:    map[string]*redisClock{},
-		explained: map[string]bool{},
 		work:      make(chan struct{}, 1),
 		renewNow:  make(chan struct{}, 1),
+		outageLog: outageLog{logger: s.logger, quiet: outageQuiet},
 	}
 	b.open()
 	return b
@@ -681,7 +677,7 @@ func (b *book) observe(op string, zones []string, start time.Time, err error) {
 			b.downUntil.Store(0)
 		}
 		if b.outage.CompareAndSwap(true, false) {
-			b.logger.Info("redis store reachable again")
+			b.outageLog.up()
 			select {
 			case b.renewNow <- struct{}{}:
 			default:
@@ -689,39 +685,14 @@ func (b *book) observe(op string, zones []string, start time.Time, err error) {
 		}
 		return
 	}
-	b.downUntil.Store(time.Now().Add(time.Second).UnixNano())
+	b.downUntil.Store(time.Now().Add(backOff).UnixNano())
 	b.probe()
-	if start.UnixNano() < b.answered.Load() {
-		// Sent before Redis last answered: the tail of an outage just over
-		// (or a wait for a connection), not a new outage to log. Redis is
-		// still left alone until it answers again.
-		b.explain(op, zones, err)
-		return
-	}
-	if b.outage.CompareAndSwap(false, true) {
-		b.mu.Lock()
-		clear(b.explained)
-		b.explained[op] = true
-		b.mu.Unlock()
-		b.logger.Error("redis store unreachable", zap.String("op", op), zap.Strings("zones", zones),
-			zap.String("reason", cause(err, b.timeout)), zap.Error(err))
-		return
-	}
-	b.explain(op, zones, err)
-}
-
-// explain logs the first failure of op in an outage that another
-// operation's failure started, so that every failure counted in the
-// metrics has a line that says why.
-func (b *book) explain(op string, zones []string, err error) {
-	b.mu.Lock()
-	done := b.explained[op]
-	b.explained[op] = true
-	b.mu.Unlock()
-	if !done {
-		b.logger.Warn("redis store operation failed", zap.String("op", op), zap.Strings("zones", zones),
-			zap.String("reason", cause(err, b.timeout)), zap.Error(err))
-	}
+	// A call sent before Redis last answered is the tail of an outage just
+	// over (or a wait for a connection), not a new one; Redis is still
+	// left alone until it answers again.
+	starts := start.UnixNano() >= b.answered.Load() && b.outage.CompareAndSwap(false, true)
+	b.outageLog.failed(op, starts, zap.String("op", op), zap.Strings("zones", zones),
+		zap.String("reason", cause(err, b.timeout)), zap.Error(err))
 }
 
 func randomID() string {

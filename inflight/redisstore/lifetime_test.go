@@ -45,7 +45,7 @@ func maintained(t *testing.T, b *book) {
 // observeLogs sends b's log lines to the returned recorder.
 func observeLogs(b *book) *observer.ObservedLogs {
 	core, logs := observer.New(zap.InfoLevel)
-	b.logger = zap.New(core)
+	b.outageLog.logger = zap.New(core)
 	return logs
 }
 

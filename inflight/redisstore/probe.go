@@ -16,6 +16,10 @@ import (
 // probeEvery; one that does not answer, one PING in flight at a time.
 const probeEvery = 10 * time.Millisecond
 
+// backOff is how long Redis is left alone after a failure, unless the
+// prober has an answer first.
+const backOff = time.Second
+
 // probe starts the prober if it is not running.
 func (b *book) probe() {
 	if b.probing.CompareAndSwap(false, true) {

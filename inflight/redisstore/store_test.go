@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
+	"github.com/caddy-inflight/caddy-inflight/inflight/storestatus"
 )
 
 // mustAdmit acquires req without waiting, and fails the test unless it is
@@ -292,14 +293,16 @@ func TestZoneThatCameBackCountsLocally(t *testing.T) {
 	}
 }
 
-// An outage is logged once when it starts and once when it ends; clients
-// that cancel log nothing (not "unreachable" each time).
+// An outage is logged once when it starts and once when it ends, a
+// second (outageQuiet) after Redis answered, however the connections flap
+// within it; clients that cancel log nothing (not "unreachable" each
+// time).
 func TestOutageLoggedOnceEachWay(t *testing.T) {
 	addr, _ := startRedis(t)
 	p := newFaultProxy(t, addr)
 	s := newStore(t, store(p.addr, func(s *Store) { s.Timeout = caddy.Duration(200 * time.Millisecond) }))
 	core, logs := observer.New(zap.InfoLevel)
-	s.book.logger = zap.New(core)
+	s.book.outageLog.logger = zap.New(core)
 	limits := &limiter.Limits{Max: []int64{100}}
 	z, _ := zoneOf(s, "log", limits)
 	for range 5 {
@@ -318,10 +321,25 @@ func TestOutageLoggedOnceEachWay(t *testing.T) {
 		s.book.downUntil.Store(0) // try Redis again at once, as a second later
 		z.Acquire(context.Background(), request(limits, "k"), limiter.WaitOptions{})
 	}
+	for range 2 { // answers, then fails again within the second: a flap
+		p.setDown(false)
+		s.book.downUntil.Store(0)
+		for range 3 {
+			z.Acquire(context.Background(), request(limits, "k"), limiter.WaitOptions{})
+		}
+		p.setDown(true)
+		s.book.downUntil.Store(0)
+		z.Acquire(context.Background(), request(limits, "k"), limiter.WaitOptions{})
+	}
 	p.setDown(false)
 	s.book.downUntil.Store(0)
-	for range 3 {
-		z.Acquire(context.Background(), request(limits, "k"), limiter.WaitOptions{})
+	mustAdmit(t, z, request(limits, "k"), "once Redis answers")
+	if h := z.(storestatus.Reporter).Health(); !h.Reachable {
+		t.Fatalf("health %+v once Redis answered, want reachable at once (only the log waits)", h)
+	}
+	eventually(t, "the outage logged as over", func() bool { return logs.FilterMessage("redis store reachable again").Len() > 0 })
+	if f := logs.FilterMessage("redis store reachable again").All()[0].ContextMap()["flaps"]; f != int64(2) {
+		t.Errorf("the closing line counts %v flaps, want 2", f)
 	}
 	got := []string{}
 	explained := map[any]int{}

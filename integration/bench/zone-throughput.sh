@@ -5,8 +5,10 @@
 #   ./zone-throughput.sh [caddy-binary]   (default: builds examples/caddy)
 #
 # One Caddy, a `respond` route behind `inflight 1000000` (one key: wrk's
-# address; then with `fair client` too), a loopback redis-server on a port
-# of its own, and wrk -c16
+# address; then with `fair client` too), then behind a limit on a header
+# that wrk sets to one of 64 keys, request by request (keys64.lua; the
+# only limit), a
+# loopback redis-server on a port of its own, and wrk -c16
 # (DURATION, default 5s). Everything listens on 127.0.0.1 and is stopped on
 # exit. Other work on the machine skews the figures: compare runs made
 # back to back.
@@ -43,10 +45,12 @@ redis_cpu() {
 	redis-cli -p "$redis_port" info cpu | tr -d '\r' | awk -F: '/^used_cpu_(user|sys):/ { s += $2 } END { print s }'
 }
 
-# run NAME STORE: one Caddy with STORE (empty: in process) under wrk; prints
-# requests/s, and with a store the Redis figures.
+# run NAME STORE [LIMIT [WRK-SCRIPT]]: one Caddy with STORE (empty: in
+# process) under wrk; prints requests/s, and with a store the Redis figures.
 run() {
-	local name=$1 store=$2
+	local name=$1 store=$2 limit=${3:-} script=() head="inflight 1000000"
+	[[ -n $limit ]] && head="inflight"
+	[[ -n ${4:-} ]] && script=(-s "$4")
 	cat >"$tmp/Caddyfile" <<CADDY
 {
 	admin off
@@ -56,7 +60,8 @@ run() {
 	}
 }
 http://127.0.0.1:$http_port {
-	inflight 1000000 {
+	$head {
+		$limit
 		$store
 	}
 	respond "ok"
@@ -66,11 +71,11 @@ CADDY
 	local pid=$!
 	pids+=($pid)
 	until curl -fs "http://127.0.0.1:$http_port/" >/dev/null; do sleep 0.1; done
-	wrk -t2 -c16 -d1s "http://127.0.0.1:$http_port/" >/dev/null # warm-up
+	wrk -t2 -c16 -d1s "${script[@]}" "http://127.0.0.1:$http_port/" >/dev/null # warm-up
 	redis-cli -p "$redis_port" config resetstat >/dev/null
 	local out rps cpu0 cpu1
 	cpu0=$(redis_cpu)
-	out=$(wrk -t2 -c16 -d"$duration" "http://127.0.0.1:$http_port/")
+	out=$(wrk -t2 -c16 -d"$duration" "${script[@]}" "http://127.0.0.1:$http_port/")
 	cpu1=$(redis_cpu)
 	rps=$(awk '/^Requests\/sec/ {print $2}' <<<"$out")
 	local requests
@@ -99,3 +104,9 @@ run redis-fair "wait 5s
 		store redis {
 			address 127.0.0.1:$redis_port
 		}"
+# 64 keys, the only limit.
+keys64="limit key {header.X-Key} 1000000"
+run in-process-keys64 "" "$keys64" keys64.lua
+run redis-keys64 "store redis {
+			address 127.0.0.1:$redis_port
+		}" "$keys64" keys64.lua
