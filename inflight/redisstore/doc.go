@@ -62,7 +62,11 @@
 //     (lease + timeout), so such a ghost holds a slot for at most one
 //     renewal interval after it appears, plus the removal's round trip
 //     (timeout at most), whatever the stall's length. So are, once
-//     released, the leases a failed renewal wrote.
+//     released, the leases a failed renewal wrote. An admission whose
+//     connection broke under it (a reset, EOF) is first sent again, once,
+//     with the same arguments: its call's key (KEYS[5]) keeps the reply
+//     until the deadline, so a script that ran answers again what it did
+//     and its leases are held, and one that did not runs now or is late.
 //   - Renewal and the Redis side of release run in goroutines of their
 //     own, so a slow renewal does not hold releases back. A lease released
 //     while a renewal that wrote it was under way is removed once more

@@ -59,8 +59,14 @@ end
 // waits, its key is listed under the set that refused it. Admitted, its
 // key is charged and unlisted.
 //
+// A call can be sent again with the same keys and arguments when its
+// reply was lost (see admit): KEYS[5], the call's own key, keeps the
+// reply until the call's deadline, and a call that finds it answers it
+// again (with the time now) and does nothing else, so it is not applied
+// twice.
+//
 // KEYS[1]: the zone's waiting set; KEYS[2] to KEYS[4]: its fair clock
-// (see fairLua); the rest: the sorted sets. ARGV: the deadline (µs), the
+// (see fairLua); KEYS[5]: the call's key; the rest: the sorted sets. ARGV: the deadline (µs), the
 // lease (ms), how long a waiting listing lasts (ms), the instance, the
 // channel, the number of groups of leases to remove, then per group
 // (leases of one set and of the same units, one ZREM) the set's index in
@@ -76,7 +82,14 @@ end
 // The members admitted go into each set in one ZADD.
 var admitScript = redis.NewScript(countersLua + fairLua + `
 local t = redis.call('TIME')
-if tonumber(t[1]) * 1000000 + tonumber(t[2]) > tonumber(ARGV[1]) then
+local answered = redis.call('GET', KEYS[5])
+if answered then
+	local out = {tonumber(t[1]), tonumber(t[2])}
+	for v in string.gmatch(answered, '%S+') do out[#out + 1] = tonumber(v) end
+	return out
+end
+local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+if us > tonumber(ARGV[1]) then
 	return redis.error_reply('LATE ' .. t[1] .. ' ' .. t[2])
 end
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -198,6 +211,7 @@ if waits then
 	redis.call('PEXPIRE', KEYS[1], listing)
 end
 if fair then fair.close() end
+redis.call('SET', KEYS[5], table.concat(out, ' ', 3), 'PX', math.floor((tonumber(ARGV[1]) - us) / 1000) + 1)
 return out
 `)
 

@@ -148,7 +148,7 @@ func (z *redisZone) admit(in []limiter.Claim) ([]limiter.Verdict, error) {
 	if len(claims) == 0 {
 		op = "release"
 	}
-	keys := []string{z.tag + ":waiting", z.tag + ":fair", z.tag + ":fair:t", z.tag + ":fair:x"}
+	keys := []string{z.tag + ":waiting", z.tag + ":fair", z.tag + ":fair:t", z.tag + ":fair:x", z.tag + ":call:" + z.book.member(0)}
 	index := map[string]int{}
 	keyIndex := func(set string) int {
 		if _, ok := index[set]; !ok {
@@ -192,6 +192,13 @@ func (z *redisZone) admit(in []limiter.Claim) ([]limiter.Verdict, error) {
 	}
 	sentAt := localMicros()
 	reply, err := admitScript.Run(ctx, z.book.client, keys, args...).Int64Slice()
+	if staleConnection(err) {
+		// The connection broke under the call (a reset, Redis closing it):
+		// the script may have run. Sent again on another connection, it
+		// answers what it did, or runs now, or is too late to.
+		sentAt = localMicros()
+		reply, err = admitScript.Run(ctx, z.book.client, keys, args...).Int64Slice()
+	}
 	z.book.learnClock(z.tag, reply, err, sentAt)
 	z.book.settle(z.tag, endedIDs, err == nil)
 	if err != nil {
