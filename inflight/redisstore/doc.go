@@ -64,9 +64,10 @@
 //     (timeout at most), whatever the stall's length. So are, once
 //     released, the leases a failed renewal wrote. An admission whose
 //     connection broke under it (a reset, EOF) is first sent again, once,
-//     with the same arguments: its call's key (KEYS[5]) keeps the reply
-//     until the deadline, so a script that ran answers again what it did
-//     and its leases are held, and one that did not runs now or is late.
+//     marked so: a request whose member the first call wrote is admitted
+//     with that lease, nothing written or charged twice, and the others
+//     are decided then (or the call is late), so a lost reply leaves no
+//     ghost when Redis answers the second time.
 //   - Renewal and the Redis side of release run in goroutines of their
 //     own, so a slow renewal does not hold releases back. A lease released
 //     while a renewal that wrote it was under way is removed once more

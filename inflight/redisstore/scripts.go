@@ -59,16 +59,18 @@ end
 // waits, its key is listed under the set that refused it. Admitted, its
 // key is charged and unlisted.
 //
-// A call can be sent again with the same keys and arguments when its
-// reply was lost (see admit): KEYS[5], the call's own key, keeps the
-// reply until the call's deadline, and a call that finds it answers it
-// again (with the time now) and does nothing else, so it is not applied
-// twice.
+// A call can be sent again, once, with the same arguments but again set,
+// when its connection broke under it (see admit): it may have run. Sent
+// again, a request whose member is in its first set was admitted by the
+// call it repeats: it is admitted again with nothing written or charged
+// (its lease is the one that call wrote). The removals are idempotent.
+// Others are decided afresh.
 //
 // KEYS[1]: the zone's waiting set; KEYS[2] to KEYS[4]: its fair clock
-// (see fairLua); KEYS[5]: the call's key; the rest: the sorted sets. ARGV: the deadline (µs), the
+// (see fairLua); the rest: the sorted sets. ARGV: the deadline (µs), the
 // lease (ms), how long a waiting listing lasts (ms), the instance, the
-// channel, the number of groups of leases to remove, then per group
+// channel, again (1 if the call is sent again), the number of groups of
+// leases to remove, then per group
 // (leases of one set and of the same units, one ZREM) the set's index in
 // KEYS, the units, the number of members and the members; then how long a
 // fair listing lasts (ms), how long the fair clock outlives its last call
@@ -82,21 +84,14 @@ end
 // The members admitted go into each set in one ZADD.
 var admitScript = redis.NewScript(countersLua + fairLua + `
 local t = redis.call('TIME')
-local answered = redis.call('GET', KEYS[5])
-if answered then
-	local out = {tonumber(t[1]), tonumber(t[2])}
-	for v in string.gmatch(answered, '%S+') do out[#out + 1] = tonumber(v) end
-	return out
-end
-local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-if us > tonumber(ARGV[1]) then
+if tonumber(t[1]) * 1000000 + tonumber(t[2]) > tonumber(ARGV[1]) then
 	return redis.error_reply('LATE ' .. t[1] .. ' ' .. t[2])
 end
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local lease, listing, instance, channel = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
+local lease, listing, instance, channel, again = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6] == '1'
 local expiry, ttl = now + lease, 2 * lease
-local pos, removed, freed = 7, 0, {}
-for i = 1, tonumber(ARGV[6]) do
+local pos, removed, freed = 8, 0, {}
+for i = 1, tonumber(ARGV[7]) do
 	local key, units, count = KEYS[tonumber(ARGV[pos])], tonumber(ARGV[pos + 1]), tonumber(ARGV[pos + 2])
 	local n = 0
 	for lo = pos + 3, pos + 2 + count, 512 do -- unpack is bounded by Lua's stack
@@ -150,8 +145,12 @@ for r = 1, n do
 	local fk, weight, work, more = ARGV[pos + 4], tonumber(ARGV[pos + 5]), tonumber(ARGV[pos + 6]), ARGV[pos + 7] == '1'
 	pos = pos + 8
 	local first, full, start = pos, 0, nil
+	local had = again and count > 0 and redis.call('ZSCORE', KEYS[tonumber(ARGV[pos])], member)
 	for j = 1, count do
-		if full == 0 then
+		if had then
+			local key = KEYS[tonumber(ARGV[pos])]
+			if not held[key] then heldIn(key) end
+		elseif full == 0 then
 			local key, max = KEYS[tonumber(ARGV[pos])], tonumber(ARGV[pos + 1])
 			if reserved[key] or (held[key] or heldIn(key)) + units > max and heal(key) + units > max then
 				full = j
@@ -166,7 +165,7 @@ for r = 1, n do
 			sets[j] = string.sub(set, -#fk - 1) ~= ':' .. fk and set
 		end
 	end
-	if full == 0 and fk ~= '' and not fair.idle then
+	if full == 0 and fk ~= '' and not fair.idle and not had then
 		start, listed = fair.start(fk), fair.listed(fk)
 		for j = 1, count do
 			if sets[j] and fair.before(sets[j], fk, listed or start) then
@@ -182,7 +181,8 @@ for r = 1, n do
 			if j == full or ARGV[p + 2] == '1' then reserved[KEYS[tonumber(ARGV[p])]] = true end
 		end
 	end
-	if full == 0 then
+	if had then -- held already, by the lease the call it repeats wrote
+	elseif full == 0 then
 		if start then fair.charge(fk, start, weight, work, listed and sets, more) end
 		for p = first, pos - 1, 3 do
 			local key = KEYS[tonumber(ARGV[p])]
@@ -211,7 +211,6 @@ if waits then
 	redis.call('PEXPIRE', KEYS[1], listing)
 end
 if fair then fair.close() end
-redis.call('SET', KEYS[5], table.concat(out, ' ', 3), 'PX', math.floor((tonumber(ARGV[1]) - us) / 1000) + 1)
 return out
 `)
 

@@ -148,7 +148,7 @@ func (z *redisZone) admit(in []limiter.Claim) ([]limiter.Verdict, error) {
 	if len(claims) == 0 {
 		op = "release"
 	}
-	keys := []string{z.tag + ":waiting", z.tag + ":fair", z.tag + ":fair:t", z.tag + ":fair:x", z.tag + ":call:" + z.book.member(0)}
+	keys := []string{z.tag + ":waiting", z.tag + ":fair", z.tag + ":fair:t", z.tag + ":fair:x"}
 	index := map[string]int{}
 	keyIndex := func(set string) int {
 		if _, ok := index[set]; !ok {
@@ -168,7 +168,7 @@ func (z *redisZone) admit(in []limiter.Claim) ([]limiter.Verdict, error) {
 		return z.failed(op, nil, start, err)
 	}
 	groups := ended.groups()
-	args := []any{deadline, z.book.lease.Milliseconds(), listing.Milliseconds(), z.book.instance, z.tag + ":released", len(groups)}
+	args := []any{deadline, z.book.lease.Milliseconds(), listing.Milliseconds(), z.book.instance, z.tag + ":released", 0, len(groups)}
 	for _, g := range groups {
 		args = append(append(args, keyIndex(g.set), g.units, len(g.members)), g.members...)
 	}
@@ -195,7 +195,10 @@ func (z *redisZone) admit(in []limiter.Claim) ([]limiter.Verdict, error) {
 	if staleConnection(err) {
 		// The connection broke under the call (a reset, Redis closing it):
 		// the script may have run. Sent again on another connection, it
-		// answers what it did, or runs now, or is too late to.
+		// admits again what it admitted (see admitScript), or decides now,
+		// or is too late to. A correction of the fair clock it carried
+		// may be applied twice: a grant's ordering, as when one is lost.
+		args[5] = 1
 		sentAt = localMicros()
 		reply, err = admitScript.Run(ctx, z.book.client, keys, args...).Int64Slice()
 	}
