@@ -72,10 +72,13 @@ type book struct {
 	downUntil atomic.Int64 // unix nanos until which Redis is not tried; 0 once it answered
 	probing   atomic.Bool  // the prober runs (see probe.go)
 	outage    atomic.Bool  // from a failure until Redis answers
+	rejoining atomic.Bool  // from the end of an outage until every lease is written back
 	outageLog outageLog    // what the log says of outages (debounced)
 	answered  atomic.Int64 // unix nanos of Redis's latest answer
 	renewNow  chan struct{}
 	work      chan struct{}
+	// renewGate, if set (by tests), holds every renewal until it is closed.
+	renewGate atomic.Pointer[chan struct{}]
 }
 
 // lease is one member this instance put, or will put, in a zone's sets.
@@ -422,7 +425,9 @@ func (b *book) renewLoop(stop chan struct{}) {
 		if !b.tryEnter() {
 			return
 		}
-		b.renew()
+		if b.renew() && again {
+			b.rejoining.Store(false)
+		}
 		if again {
 			b.removeReleased(true)
 		}
@@ -451,7 +456,10 @@ func (b *book) closeIfUnused() bool {
 
 // renew writes every lease held with a new expiry, one script per zone (a
 // cluster slot) and chunk, in one pipeline.
-func (b *book) renew() {
+func (b *book) renew() bool {
+	if g := b.renewGate.Load(); g != nil {
+		<-*g
+	}
 	byZone := map[string]*entries{}
 	renewed := map[string]*lease{}
 	b.mu.Lock()
@@ -468,7 +476,7 @@ func (b *book) renew() {
 	}
 	b.mu.Unlock()
 	if len(byZone) == 0 {
-		return
+		return true
 	}
 	type script struct {
 		tag string
@@ -501,6 +509,7 @@ func (b *book) renew() {
 		b.learnClock(s.tag, reply, err, sent)
 	}
 	b.removeAgain(renewed, !ok)
+	return ok
 }
 
 // removeAgain files for removal, once more, the leases released while a
@@ -656,9 +665,12 @@ func (b *book) listen(client redis.UniversalClient, stop chan struct{}) {
 
 // available reports whether Redis is worth trying: after a failure it is
 // left alone for a second, so requests do not each wait out a timeout,
-// or until the prober (probe.go) has an answer, if sooner.
+// or until the prober (probe.go) has an answer, if sooner; then until
+// every lease is written back (rejoining), so that Redis, which may have
+// lost them (a restart, a failover), counts what this instance holds
+// before it admits more.
 func (b *book) available() bool {
-	return time.Now().UnixNano() >= b.downUntil.Load()
+	return !b.rejoining.Load() && time.Now().UnixNano() >= b.downUntil.Load()
 }
 
 // observe records an operation's latency and outcome in the metrics of
@@ -677,6 +689,7 @@ func (b *book) observe(op string, zones []string, start time.Time, err error) {
 			b.downUntil.Store(0)
 		}
 		if b.outage.CompareAndSwap(true, false) {
+			b.rejoining.Store(true)
 			b.outageLog.up()
 			select {
 			case b.renewNow <- struct{}{}:

@@ -31,7 +31,8 @@ type outageLog struct {
 	began     time.Time       // the first failure of the open outage
 	answered  time.Time       // its latest recovery
 	flaps     int             // failures after a recovery within it
-	closing   *time.Timer
+	closing   *time.Timer     // logs it as over after quiet, unless stopped
+	gen       int             // counts the timers set, so a stale one logs nothing
 }
 
 // failed logs a failure of op: as the start of an outage, if starts says
@@ -41,8 +42,9 @@ type outageLog struct {
 func (o *outageLog) failed(op string, starts bool, fields ...zap.Field) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if starts && o.closing != nil && o.closing.Stop() {
-		o.closing = nil
+	if starts && o.closing != nil {
+		o.closing.Stop()
+		o.closing, o.gen = nil, o.gen+1
 		o.flaps++
 	}
 	if starts && !o.open {
@@ -69,17 +71,17 @@ func (o *outageLog) up() {
 	if o.closing != nil {
 		o.closing.Stop()
 	}
-	var t *time.Timer
-	t = time.AfterFunc(o.quiet, func() { o.close(t) })
-	o.closing = t
+	o.gen++
+	gen := o.gen
+	o.closing = time.AfterFunc(o.quiet, func() { o.close(gen) })
 }
 
-// close logs the outage that t was to end as over, unless a failure or a
-// later recovery took t's place.
-func (o *outageLog) close(t *time.Timer) {
+// close logs the open outage as over, if the timer of generation gen is
+// still the one set: no failure or later recovery came since.
+func (o *outageLog) close(gen int) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.closing != t {
+	if o.closing == nil || o.gen != gen {
 		return
 	}
 	o.open, o.closing = false, nil
