@@ -69,12 +69,13 @@ type book struct {
 	active int           // requests in Acquire, dispatches and renewals under way
 	stop   chan struct{} // closed with the client
 
-	downUntil atomic.Int64 // unix nanos until which Redis is not tried; 0 once it answered
-	probing   atomic.Bool  // the prober runs (see probe.go)
-	outage    atomic.Bool  // from a failure until Redis answers
-	rejoining atomic.Bool  // from the end of an outage until every lease is written back
-	outageLog outageLog    // what the log says of outages (debounced)
-	answered  atomic.Int64 // unix nanos of Redis's latest answer
+	downUntil atomic.Int64                  // unix nanos until which Redis is not tried; 0 once it answered
+	probing   atomic.Bool                   // the prober runs (see probe.go)
+	outage    atomic.Bool                   // from a failure until Redis answers
+	rejoining atomic.Bool                   // from the end of an outage until every lease is written back
+	back      atomic.Pointer[chan struct{}] // see whenBack
+	outageLog outageLog                     // what the log says of outages (debounced)
+	answered  atomic.Int64                  // unix nanos of Redis's latest answer
 	renewNow  chan struct{}
 	work      chan struct{}
 	// renewGate, if set (by tests), holds every renewal until it is closed.
@@ -427,6 +428,7 @@ func (b *book) renewLoop(stop chan struct{}) {
 		}
 		if b.renew() && again {
 			b.rejoining.Store(false)
+			b.signalBack()
 		}
 		if again {
 			b.removeReleased(true)
@@ -673,6 +675,31 @@ func (b *book) available() bool {
 	return !b.rejoining.Load() && time.Now().UnixNano() >= b.downUntil.Load()
 }
 
+// whenBack returns a channel closed once Redis is available again, for a
+// request that waits alone meanwhile (see fallback).
+func (b *book) whenBack() <-chan struct{} {
+	for {
+		p := b.back.Load()
+		if p == nil {
+			ch := make(chan struct{})
+			if !b.back.CompareAndSwap(nil, &ch) {
+				continue
+			}
+			p = &ch
+		}
+		b.signalBack() // it may be back already
+		return *p
+	}
+}
+
+// signalBack closes the channel whenBack gave, if Redis is available. It
+// runs after every answer: one atomic load while nobody waits alone.
+func (b *book) signalBack() {
+	if p := b.back.Load(); p != nil && b.available() && b.back.CompareAndSwap(p, nil) {
+		close(*p)
+	}
+}
+
 // observe records an operation's latency and outcome in the metrics of
 // each zone it served, and logs when Redis becomes unreachable and when it
 // is reachable again; then every lease is written back at once, whatever
@@ -685,17 +712,21 @@ func (b *book) observe(op string, zones []string, start time.Time, err error) {
 	}
 	if !failed {
 		b.answered.Store(time.Now().UnixNano())
+		ended := b.outage.CompareAndSwap(true, false)
+		if ended {
+			b.rejoining.Store(true) // before downUntil: no request slips in between
+		}
 		if b.downUntil.Load() != 0 {
 			b.downUntil.Store(0)
 		}
-		if b.outage.CompareAndSwap(true, false) {
-			b.rejoining.Store(true)
+		if ended {
 			b.outageLog.up()
 			select {
 			case b.renewNow <- struct{}{}:
 			default:
 			}
 		}
+		b.signalBack()
 		return
 	}
 	b.downUntil.Store(time.Now().Add(backOff).UnixNano())

@@ -214,6 +214,52 @@ func TestRejoinWritesLeasesBackFirst(t *testing.T) {
 	}
 }
 
+// TestWaiterAloneMovesToRedisWhenItAnswers: a request that waits alone
+// while Redis is away (on_error open) goes on waiting through Redis once
+// Redis answers: a slot freed locally then does not admit it on top of
+// what Redis counts for the fleet (here another instance's lease, which
+// fills the cap until it expires); it is admitted once Redis has room.
+func TestWaiterAloneMovesToRedisWhenItAnswers(t *testing.T) {
+	addr, cli := startRedis(t)
+	p := newFaultProxy(t, addr)
+	s := newStore(t, store(p.addr, func(s *Store) { s.Timeout = caddy.Duration(200 * time.Millisecond) }))
+	limits := &limiter.Limits{Max: []int64{1}}
+	z, local := zoneOf(s, "alone", limits)
+	warm := request(limits, "warm") // the zone learns Redis's clock
+	mustAdmit(t, z, warm, "warm-up")
+	z.Release(warm)
+	set := z.(*redisZone).tag + ":" + z.(*redisZone).fairKey(0, "k")
+	ctx := context.Background()
+	expires := time.Now().Add(1500 * time.Millisecond)
+	cli.ZAdd(ctx, set, redis.Z{Score: float64(expires.UnixMilli()), Member: "other:1:1"}) // another instance's lease
+	cli.Set(ctx, set+":u", 1, time.Minute)
+	p.setDown(true)
+	holder := request(limits, "k")
+	mustAdmit(t, z, holder, "acquire while Redis is down (on_error open)")
+	queued := make(chan struct{}, 2)
+	got := make(chan limiter.Result, 1)
+	go func() {
+		got <- z.Acquire(ctx, request(limits, "k"), limiter.WaitOptions{Wait: 10 * time.Second, Queued: func() { queued <- struct{}{} }})
+	}()
+	<-queued
+	p.setDown(false)
+	eventually(t, "the waiter moved to Redis", func() bool { return local.WaitingOutside() == 1 })
+	z.Release(holder) // room locally, none in Redis: the other lease fills it
+	select {
+	case r := <-got:
+		t.Fatalf("the waiter ended (%v, alone %v) while Redis's cap was full, want it waiting through Redis", r.Outcome, r.Alone)
+	case <-time.After(time.Until(expires) - 300*time.Millisecond):
+	}
+	r := <-got
+	if r.Outcome != limiter.Admitted || r.Alone {
+		t.Fatalf("once Redis had room: %v (alone %v), want admitted through Redis", r.Outcome, r.Alone)
+	}
+	if len(queued) != 0 {
+		t.Fatal("queued announced twice, want once though it waited alone and then through Redis")
+	}
+	t.Logf("admitted %v after the other lease expired", time.Since(expires).Round(time.Millisecond))
+}
+
 // A newcomer does not overtake this instance's waiters.
 func TestNewcomerDoesNotOvertakeWaiter(t *testing.T) {
 	addr, cli := startRedis(t)

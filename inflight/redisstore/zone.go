@@ -67,12 +67,45 @@ func (z *redisZone) Release(req *limiter.Request) { z.queue.Release(req) }
 
 // fallback applies on_error: refuse, or count and enforce locally. A
 // request admitted locally gets a lease (Record) that renewal enters into
-// Redis once it answers again.
+// Redis once it answers again. One that waits alone goes on waiting
+// through Redis once Redis is available again: admitted alone then, it
+// would hold a slot on top of what Redis counts for the fleet.
 func (z *redisZone) fallback(ctx context.Context, req *limiter.Request, opt limiter.WaitOptions) limiter.Result {
 	if z.book.closed {
 		return limiter.Result{Outcome: limiter.Unavailable, Dim: firstDim(req)}
 	}
-	return z.queue.AcquireAlone(ctx, req, opt)
+	if opt.Wait <= 0 {
+		return z.queue.AcquireAlone(ctx, req, opt)
+	}
+	alone, stop := context.WithCancel(ctx)
+	defer stop()
+	back := z.book.whenBack()
+	go func() {
+		select {
+		case <-back:
+			stop()
+		case <-alone.Done():
+		}
+	}()
+	if queued := opt.Queued; queued != nil { // once, though it may queue twice
+		opt.Queued = func() {
+			if queued != nil {
+				queued()
+				queued = nil
+			}
+		}
+	}
+	res := z.queue.AcquireAlone(alone, req, opt)
+	if res.Outcome != limiter.Aborted || ctx.Err() != nil || res.Waited >= opt.Wait {
+		return res
+	}
+	opt.Wait -= res.Waited
+	again, err := z.queue.Acquire(ctx, req, opt)
+	if err != nil { // Redis failed again: wait alone for the rest
+		again = z.queue.AcquireAlone(ctx, req, opt)
+	}
+	again.Waited += res.Waited
+	return again
 }
 
 // sets returns the sorted sets of a claim's dimensions (the total last)
