@@ -83,8 +83,11 @@ func TestStallLongerThanLeaseLeavesNoGhost(t *testing.T) {
 // renewal has failed (no reply within timeout), then ends the request and
 // waits until its lease is gone from Redis. The renewal is sent while
 // Redis's clock is behind what the book learned by skew. It returns the
-// store, a client and the function that lets the renewal reach Redis.
-func heldRenewalAfterRelease(t *testing.T, lease, timeout, skew time.Duration) (*Store, *redis.Client, func()) {
+// store, a client, the function that lets the renewal reach Redis, and
+// whether the renewal carried the skew: a reply to a script sent before
+// the hold (a renewal on the book's own tick) that arrives first sets the
+// book's clock back to Redis's.
+func heldRenewalAfterRelease(t *testing.T, lease, timeout, skew time.Duration) (*Store, *redis.Client, func(), bool) {
 	t.Helper()
 	addr, cli := startRedis(t)
 	p := newFaultProxy(t, addr)
@@ -96,6 +99,8 @@ func heldRenewalAfterRelease(t *testing.T, lease, timeout, skew time.Duration) (
 	mustAdmit(t, z, req, "acquire")
 
 	b := s.book
+	stop, flush := p.holdRequests()
+	skewed := map[*redisClock]int64{}
 	b.mu.Lock()
 	if len(b.clocks) == 0 {
 		b.mu.Unlock()
@@ -103,11 +108,17 @@ func heldRenewalAfterRelease(t *testing.T, lease, timeout, skew time.Duration) (
 	}
 	for _, c := range b.clocks {
 		c.lo += skew.Microseconds()
+		skewed[c] = c.lo
 	}
 	b.mu.Unlock()
-	stop, flush := p.holdRequests()
 	b.renew() // no reply within timeout: its script waits in the network
 	stop()
+	carried := true
+	b.mu.Lock()
+	for c, lo := range skewed {
+		carried = carried && c.lo >= lo
+	}
+	b.mu.Unlock()
 	b.downUntil.Store(0) // the renewal's failure does not keep the release from Redis
 	z.Release(req)
 	// A renewal on the book's own tick may still write the lease back, and
@@ -120,14 +131,14 @@ func heldRenewalAfterRelease(t *testing.T, lease, timeout, skew time.Duration) (
 	})
 	maintained(t, b)
 	eventually(t, "the released lease removed", func() bool { return members(t, cli, "t") == 0 })
-	return s, cli, flush
+	return s, cli, flush, carried
 }
 
 // A renewal whose reply never comes may still reach Redis later (its
 // bytes late in the network), after its request ended and the lease was
 // removed: past its deadline, it writes nothing.
 func TestLateRenewalWritesNothing(t *testing.T) {
-	_, cli, flush := heldRenewalAfterRelease(t, 3*time.Second, 300*time.Millisecond, 0)
+	_, cli, flush, _ := heldRenewalAfterRelease(t, 3*time.Second, 300*time.Millisecond, 0)
 	refused := refusedLate(t, cli)
 	flush()
 	ranLate(t, cli, refused)
@@ -145,20 +156,78 @@ func TestLateRenewalWritesNothing(t *testing.T) {
 // lease waits a whole interval.
 func TestLateRenewalLeavesNoLease(t *testing.T) {
 	const lease, timeout = 3 * time.Second, 300 * time.Millisecond
-	_, cli, flush := heldRenewalAfterRelease(t, lease, timeout, time.Minute)
+	var cli *redis.Client
+	var flush func()
+	for attempt := 1; ; attempt++ {
+		var carried bool
+		if _, cli, flush, carried = heldRenewalAfterRelease(t, lease, timeout, time.Minute); carried {
+			break
+		}
+		flush()
+		if attempt == 3 {
+			t.Fatal("in 3 attempts, a reply set the book's clock back before the held renewal took its deadline")
+		}
+	}
+	events := leaseEvents(t, cli, "t")
 	// Every tick sends the ghost's removal again until it would have
 	// expired (lease + timeout after the release): one script each.
 	scripts := func() int64 { return commandStats(t, cli)["eval"].calls }
 	before := scripts()
 	eventually(t, "a tick sent the ghost's removal again", func() bool { return scripts() > before })
+	refused := refusedLate(t, cli)
 	flush()
-	flushed := time.Now()
-	eventually(t, "the late renewal wrote the lease back", func() bool { return members(t, cli, "t") > 0 })
-	eventually(t, "the lease the late renewal wrote removed", func() bool { return members(t, cli, "t") == 0 })
-	took := time.Since(flushed)
+	written := events.next(t, "the late renewal writes the lease back", "zadd")
+	if late := refusedLate(t, cli); late > refused {
+		t.Fatalf("the held renewal was refused as late (%d)", late-refused)
+	}
+	removed := events.next(t, "the lease the late renewal wrote removed", "zrem")
+	took := removed.Sub(written)
 	t.Logf("the lease a late renewal wrote back stayed %v", took.Round(time.Millisecond))
 	if took > lease/3+timeout {
 		t.Fatalf("the lease a late renewal wrote back stayed %v, want at most one renewal interval (lease/3, %v) plus the removal's round trip (timeout, %v)",
 			took.Round(time.Millisecond), lease/3, timeout)
+	}
+	if n := members(t, cli, "t"); n != 0 {
+		t.Fatalf("%d leases left after the ghost's removal", n)
+	}
+}
+
+// leaseChanges are the changes Redis announces to the lease sets under a
+// prefix (keyspace notifications), in the order Redis made them: a lease
+// that lives shorter than any poll is seen too, and its lifetime is the
+// time between its announcements.
+type leaseChanges struct {
+	sub *redis.PubSub
+	ch  <-chan *redis.Message
+}
+
+func leaseEvents(t *testing.T, cli *redis.Client, prefix string) *leaseChanges {
+	t.Helper()
+	ctx := context.Background()
+	if err := cli.ConfigSet(ctx, "notify-keyspace-events", "Kz").Err(); err != nil {
+		t.Fatal(err)
+	}
+	sub := cli.PSubscribe(ctx, "__keyspace@0__:"+prefix+":*")
+	t.Cleanup(func() { sub.Close() })
+	if _, err := sub.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return &leaseChanges{sub, sub.Channel()}
+}
+
+// next waits for the next change op to a lease set and returns when it
+// was announced.
+func (l *leaseChanges) next(t *testing.T, what, op string) time.Time {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		select {
+		case m := <-l.ch:
+			if m.Payload == op && isLeaseSet(m.Channel) {
+				return time.Now()
+			}
+		case <-timeout:
+			t.Fatalf("%s: not after 10s", what)
+		}
 	}
 }
