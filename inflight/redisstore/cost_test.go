@@ -337,7 +337,7 @@ func TestBatchedVerdictsAreExact(t *testing.T) {
 }
 
 // A set's counter that outlived its members (evicted apart from them, or
-// deleted by hand) is reset when it refuses a request, and one missing
+// deleted by hand) holds nothing: the next admission into the set writes it anew; one missing
 // beside members is counted again from them.
 func TestCountersHealThemselves(t *testing.T) {
 	addr, cli := startRedis(t)

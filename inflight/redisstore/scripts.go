@@ -19,9 +19,12 @@ import (
 // the set's hash tag), which every script keeps exact: it gains a
 // member's units when ZADD adds the member, and loses them when ZREM or
 // the expiry removes it (giveBack); it lives as long as its set (the same
-// PEXPIRE) and is deleted at 0. A counter that is missing while its set is
-// not empty (evicted apart from it) is counted again from the members; one
-// that is not 0 while its set is empty is reset when it refuses a request.
+// PEXPIRE) and is deleted at 0. A set is counted first (ZCARD): an empty
+// one holds nothing, whatever a counter left beside it says (one that
+// outlived its members), and the units then added are written over that
+// counter; a counter that is missing while its set is not empty (evicted
+// apart from it) is counted again from the members. So an admission into
+// an empty set reads one key and writes two, with no counter read.
 const countersLua = `
 local function giveBack(key, units)
 	local c = key .. ':u'
@@ -106,33 +109,33 @@ if removed > 0 and redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf') > 0 then
 	redis.call('PUBLISH', channel, '1')
 end
 -- held: the units in each set, once its expired members are given back.
-local held, healed, added, members, reserved = {}, {}, {}, {}, {}
+-- fresh: the sets that were empty when read; what their counter says is
+-- stale (it outlived its members), and the units added are written anew.
+local held, fresh, added, members, reserved = {}, {}, {}, {}, {}
 local function heldIn(key)
-	local expired = redis.call('ZRANGEBYSCORE', key, '-inf', now)
-	if #expired > 0 then
-		local units = 0
-		for _, m in ipairs(expired) do units = units + unitsOf(m) end
-		redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
-		giveBack(key, units)
+	local count = redis.call('ZCARD', key)
+	if count > 0 then
+		local expired = redis.call('ZRANGEBYSCORE', key, '-inf', now)
+		if #expired > 0 then
+			local units = 0
+			for _, m in ipairs(expired) do units = units + unitsOf(m) end
+			redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+			giveBack(key, units)
+			count = count - #expired
+		end
 	end
-	local n = tonumber(redis.call('GET', key .. ':u') or '0')
-	if n == 0 and redis.call('ZCARD', key) > 0 then
-		for _, m in ipairs(redis.call('ZRANGE', key, 0, -1)) do n = n + unitsOf(m) end
-		redis.call('SET', key .. ':u', n, 'PX', ttl)
+	local n = 0
+	if count == 0 then
+		fresh[key] = true
+	else
+		n = tonumber(redis.call('GET', key .. ':u') or '0')
+		if n == 0 then
+			for _, m in ipairs(redis.call('ZRANGE', key, 0, -1)) do n = n + unitsOf(m) end
+			redis.call('SET', key .. ':u', n, 'PX', ttl)
+		end
 	end
 	held[key] = n
 	return n
-end
--- heal resets a counter whose set is empty (the members this script adds
--- go in at its end).
-local function heal(key)
-	local before = held[key] - (added[key] or 0)
-	if not healed[key] and before > 0 and redis.call('ZCARD', key) == 0 then
-		redis.call('DEL', key .. ':u')
-		held[key] = held[key] - before
-	end
-	healed[key] = true
-	return held[key]
 end
 local fair = nil -- a call with no fair request and no correction leaves the clock alone
 if tonumber(ARGV[pos + 3]) + tonumber(ARGV[pos + 4]) > 0 then fair = fairClock(now, ARGV, pos, instance) end
@@ -152,7 +155,7 @@ for r = 1, n do
 			if not held[key] then heldIn(key) end
 		elseif full == 0 then
 			local key, max = KEYS[tonumber(ARGV[pos])], tonumber(ARGV[pos + 1])
-			if reserved[key] or (held[key] or heldIn(key)) + units > max and heal(key) + units > max then
+			if reserved[key] or (held[key] or heldIn(key)) + units > max then
 				full = j
 			end
 		end
@@ -202,9 +205,13 @@ for i = 1, #levels do out[n + 2 + i] = levels[i] end
 for key, units in pairs(added) do
 	local m = members[key]
 	for lo = 1, #m, 512 do redis.call('ZADD', key, unpack(m, lo, math.min(lo + 511, #m))) end
-	redis.call('INCRBY', key .. ':u', units)
 	redis.call('PEXPIRE', key, ttl)
-	redis.call('PEXPIRE', key .. ':u', ttl)
+	if fresh[key] then
+		redis.call('SET', key .. ':u', units, 'PX', ttl)
+	else
+		redis.call('INCRBY', key .. ':u', units)
+		redis.call('PEXPIRE', key .. ':u', ttl)
+	end
 end
 if waits then
 	redis.call('ZADD', KEYS[1], now + listing, instance)
