@@ -33,11 +33,12 @@ var books = struct {
 }{m: map[string]*book{}}
 
 // keySchema names the layout of a zone's keys (leases carrying their
-// units, a units counter beside each set), after the key prefix: instances
-// that count otherwise (before 2026-12) use other keys, so a fleet halfway
+// units, each set keeping their units beyond one in itself), after the key
+// prefix: instances that count otherwise (a counter beside each set, u1,
+// until 2026-12-03; none before) use other keys, so a fleet halfway
 // through an upgrade counts in two groups rather than misreading each
 // other's sets.
-const keySchema = "u1"
+const keySchema = "u2"
 
 // scriptChunk bounds the leases one renewal or release script handles, so
 // that no script holds Redis for long.

@@ -3,8 +3,6 @@ package redisstore
 import (
 	"context"
 	"fmt"
-	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,31 +22,34 @@ func costly(limits *limiter.Limits, key string, cost int64) *limiter.Request {
 	return req
 }
 
-// unitCounters returns the units counters under the store's prefix, by
-// key, as Redis holds them.
-func unitCounters(t testing.TB, cli *redis.Client, prefix string) map[string]int64 {
+// unitsBySet returns the units each lease set under the store's prefix
+// holds, as Redis counts them (see countersLua): its leases plus the units
+// they carry beyond one. A set's count with no lease left is an entry too.
+func unitsBySet(t testing.TB, cli *redis.Client, prefix string) map[string]int64 {
 	t.Helper()
 	ctx := context.Background()
-	keys, err := cli.Keys(ctx, prefix+":*:u").Result()
+	keys, err := cli.Keys(ctx, prefix+":*").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
 	out := map[string]int64{}
 	for _, k := range keys {
-		v, err := cli.Get(ctx, k).Result()
-		if err == redis.Nil {
+		if cli.Type(ctx, k).Val() != "zset" || !isLeaseSet(k) {
 			continue
 		}
-		n, _ := strconv.ParseInt(v, 10, 64)
+		n := cli.ZCard(ctx, k).Val()
+		if extra, err := cli.ZScore(ctx, k, countMember).Result(); err == nil {
+			n += -int64(extra) - 1
+		}
 		out[k] = n
 	}
 	return out
 }
 
-// nothingLeft reports whether Redis holds no lease and no units counter
-// under prefix: every unit given back.
+// nothingLeft reports whether Redis holds no lease set under prefix (no
+// lease, no count): every unit given back.
 func nothingLeft(t testing.TB, cli *redis.Client, prefix string) bool {
-	return members(t, cli, prefix) == 0 && len(unitCounters(t, cli, prefix)) == 0
+	return len(unitsBySet(t, cli, prefix)) == 0
 }
 
 // secondInstance returns a store with options of its own: another book,
@@ -117,7 +118,7 @@ func TestCostAboveCapAdmittedAlone(t *testing.T) {
 	if n := local.Held(limiter.TotalDim); n != 3 {
 		t.Fatalf("local total %d, want 3", n)
 	}
-	if got := unitCounters(t, cli, "t"); len(got) != 2 || sum(got) != 6 {
+	if got := unitsBySet(t, cli, "t"); len(got) != 2 || sum(got) != 6 {
 		t.Fatalf("units in Redis %v, want 3 in the key's set and 3 in the total", got)
 	}
 	res := z.Acquire(context.Background(), request(limits, "other"), limiter.WaitOptions{})
@@ -190,7 +191,7 @@ func TestUnitCountersBackAtZero(t *testing.T) {
 		z, _ := zoneOf(secondInstance(t, addr), "expiry", limits)
 		next := costly(limits, "k", 2)
 		mustAdmit(t, z, next, "after the crashed lease expired")
-		if got := sum(unitCounters(t, cli, "t")); got != 4 {
+		if got := sum(unitsBySet(t, cli, "t")); got != 4 {
 			t.Fatalf("units in Redis %d, want 4 (2 in the key, 2 in the total): the expired 3 given back", got)
 		}
 		z.Release(next)
@@ -204,11 +205,11 @@ func TestUnitCountersBackAtZero(t *testing.T) {
 		mustAdmit(t, z, req, "acquire")
 		cli.FlushAll(ctx)
 		s.book.renew()
-		if got := unitCounters(t, cli, "t"); len(got) != 2 || sum(got) != 10 {
+		if got := unitsBySet(t, cli, "t"); len(got) != 2 || sum(got) != 10 {
 			t.Fatalf("units after renewal re-created the lease %v, want 5 in each set", got)
 		}
 		s.book.renew() // renewing what is there counts nothing twice
-		if got := sum(unitCounters(t, cli, "t")); got != 10 {
+		if got := sum(unitsBySet(t, cli, "t")); got != 10 {
 			t.Fatalf("units after a second renewal %d, want 10", got)
 		}
 		z.Release(req)
@@ -239,7 +240,7 @@ func TestUnitCountersBackAtZero(t *testing.T) {
 		s.book.downUntil.Store(0)
 		eventually(t, "renewal entered the local admission's units", func() bool {
 			s.book.renew()
-			return sum(unitCounters(t, cli, "t")) == 12
+			return sum(unitsBySet(t, cli, "t")) == 12
 		})
 		z.Release(req)
 		eventually(t, "every unit given back", func() bool { return nothingLeft(t, cli, "t") })
@@ -336,64 +337,96 @@ func TestBatchedVerdictsAreExact(t *testing.T) {
 	eventually(t, "every unit given back", func() bool { return nothingLeft(t, cli, "t") })
 }
 
-// A set's counter that outlived its members (evicted apart from them, or
-// deleted by hand) holds nothing: the next admission into the set writes it anew; one missing
-// beside members is counted again from them.
-func TestCountersHealThemselves(t *testing.T) {
+// A set counts its units exactly: one per lease plus what its leases carry
+// beyond one. An expired lease's units come back when the next admission
+// removes it, and a release gives back only a lease it removed: one
+// removed already (expired, or removed by another script) gives nothing
+// back twice.
+func TestSetCountsItsUnitsExactly(t *testing.T) {
 	addr, cli := startRedis(t)
 	ctx := context.Background()
 	s := newStore(t, store(addr, nil))
-	limits := &limiter.Limits{Max: []int64{4}}
-	z, _ := zoneOf(s, "heal", limits)
-	req := costly(limits, "k", 3)
-	mustAdmit(t, z, req, "acquire")
-	var set, counter string
-	for k := range unitCounters(t, cli, "t") {
-		counter, set = k, strings.TrimSuffix(k, ":u")
+	limits := &limiter.Limits{Max: []int64{6}}
+	z, _ := zoneOf(s, "exact", limits)
+	a, b := costly(limits, "k", 3), costly(limits, "k", 2)
+	mustAdmit(t, z, a, "3 units")
+	mustAdmit(t, z, b, "2 units")
+	var set string
+	for k := range unitsBySet(t, cli, "t") {
+		set = k
 	}
-	cli.Del(ctx, counter) // lost: the member's 3 units are counted again
+	units := func(want int64, after string) {
+		t.Helper()
+		if got := unitsBySet(t, cli, "t")[set]; got != want {
+			t.Fatalf("after %s, the set counts %d units, want %d", after, got, want)
+		}
+	}
+	units(5, "admitting 3 and 2")
 	if res := z.Acquire(ctx, costly(limits, "k", 2), limiter.WaitOptions{}); res.Outcome != limiter.Full {
-		t.Fatalf("2 more units beside 3 whose counter was lost: %v, want full", res.Outcome)
+		t.Fatalf("2 units beside 5 under a cap of 6: %v, want full", res.Outcome)
 	}
-	cli.Del(ctx, set) // the members gone, the counter left
-	cli.Set(ctx, counter, 3, time.Minute)
-	mustAdmit(t, z, costly(limits, "k", 4), "4 units in a set that is empty")
-	if got := unitCounters(t, cli, "t")[counter]; got != 4 {
-		t.Fatalf("counter %d, want 4", got)
+
+	// Another instance's lease of 3 units, expired: the next admission
+	// removes it and its units.
+	cli.ZAdd(ctx, set, redis.Z{Score: 1, Member: "other:1:3"})
+	cli.ZIncrBy(ctx, set, -2, countMember)
+	units(8, "an expired lease of 3 added by hand")
+	one := costly(limits, "k", 1)
+	mustAdmit(t, z, one, "1 unit beside 5 and an expired lease")
+	units(6, "the expired lease removed")
+	z.Release(one)
+	eventually(t, "the release sent", func() bool { return unitsBySet(t, cli, "t")[set] == 5 })
+
+	// a's lease removed by another script (as an expiry scan would): its
+	// release gives back nothing more.
+	var member string
+	for _, m := range cli.ZRange(ctx, set, 0, -1).Val() {
+		if strings.HasSuffix(m, ":3") && !strings.HasPrefix(m, "other:") {
+			member = m
+		}
 	}
-	z.Release(req) // its member is gone: gives back nothing in Redis
+	cli.ZRem(ctx, set, member)
+	cli.ZIncrBy(ctx, set, 2, countMember)
+	units(2, "a's lease removed by hand")
+	z.Release(a)
 	eventually(t, "the release sent", func() bool {
 		s.book.mu.Lock()
 		defer s.book.mu.Unlock()
 		return len(s.book.ended) == 0
 	})
-	if got := unitCounters(t, cli, "t")[counter]; got != 4 {
-		t.Fatalf("counter %d after releasing a lease Redis lost, want 4", got)
+	units(2, "releasing a lease removed already")
+	z.Release(b)
+	eventually(t, "every lease and unit given back", func() bool { return nothingLeft(t, cli, "t") })
+	if n, _ := cli.Exists(ctx, set).Result(); n != 0 {
+		t.Fatalf("the set is still there once its leases are gone")
 	}
 }
 
-// TestOldLayoutKeysAreNotRead: an instance from before leases carried
-// their units (keys without the layout's name) fills its sets; this one
-// counts in its own keys, so neither misreads the other's members during a
-// rolling upgrade.
+// TestOldLayoutKeysAreNotRead: instances that count otherwise (from before
+// leases carried their units: keys without the layout's name; or with a
+// counter beside each set: u1) fill their sets; this one counts in its own
+// keys, so none misreads another's members during a rolling upgrade.
 func TestOldLayoutKeysAreNotRead(t *testing.T) {
 	addr, cli := startRedis(t)
+	ctx := context.Background()
 	s := newStore(t, store(addr, nil))
 	limits := &limiter.Limits{Max: []int64{2}}
 	z, _ := zoneOf(s, "upgrade", limits)
 	first := request(limits, "k")
 	mustAdmit(t, z, first, "first")
-	keys, err := cli.Keys(context.Background(), "t:"+keySchema+":*:client:*").Result()
-	keys = slices.DeleteFunc(keys, func(k string) bool { return strings.HasSuffix(k, ":u") }) // its counter
+	keys, err := cli.Keys(ctx, "t:"+keySchema+":*:client:*").Result()
 	if err != nil || len(keys) != 1 {
 		t.Fatalf("keys of the layout %s: %v %v, want one set", keySchema, keys, err)
 	}
-	old := strings.Replace(keys[0], ":"+keySchema+":", ":", 1)
-	for i := range 5 {
-		cli.ZAdd(context.Background(), old, redis.Z{Score: float64(time.Now().Add(time.Hour).UnixMilli()), Member: fmt.Sprint("old:", i)})
+	for _, layout := range []string{":", ":u1:"} {
+		old := strings.Replace(keys[0], ":"+keySchema+":", layout, 1)
+		for i := range 5 {
+			cli.ZAdd(ctx, old, redis.Z{Score: float64(time.Now().Add(time.Hour).UnixMilli()), Member: fmt.Sprint("old:", i, ":1")})
+		}
+		cli.Set(ctx, old+":u", 5, time.Hour)
 	}
 	second := request(limits, "k")
-	mustAdmit(t, z, second, "second, beside an old instance's full set")
+	mustAdmit(t, z, second, "second, beside old instances' full sets")
 	z.Release(first)
 	z.Release(second)
 }
@@ -486,7 +519,7 @@ func TestReleaseGivesBackItsUnitsOnce(t *testing.T) {
 	mustAdmit(t, z, b, "3 units beside them")
 	z.Release(a)
 	eventually(t, "the release of 2 units sent", func() bool { return members(t, cli, "t") == 1 })
-	if got := unitCounters(t, cli, "t"); len(got) != 1 || sum(got) != 3 {
+	if got := unitsBySet(t, cli, "t"); len(got) != 1 || sum(got) != 3 {
 		t.Fatalf("units counters %v after releasing 2 of 5 units, want one of 3", got)
 	}
 	next := costly(limits, "k", 3)

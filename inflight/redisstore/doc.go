@@ -4,7 +4,8 @@
 //
 // Each request held is a lease: a member of a sorted set per key (and one
 // for the zone's total), scored by its expiry on Redis's own clock, named
-// after the units it holds; each set has a counter of its units. Admission
+// after the units it holds; a set keeps in itself the units its leases
+// hold beyond one each (see scripts.go). Admission
 // is one script, atomic, for a batch of requests: drop expired leases,
 // check that each set has room for the request's units, add the lease to
 // all of a request's sets or to none. A zone makes one such call at a time:
@@ -35,17 +36,16 @@
 //     units, so every release, renewal and removal gives back or enters
 //     exactly those. A waiter's grant passes its units to the request the
 //     caller releases.
-//   - A set's counter ("<set>:u") is the sum of its members' units: every
-//     script that adds a member (admission, or renewal re-creating one
-//     Redis lost) adds its units in the same script, and every removal
-//     (release, ghost removal, the admission's removal of expired members,
-//     which reads their units first) subtracts them only for a member it
-//     did remove, so a lease removed twice, or removed after it expired, is
-//     subtracted once; a late script writes nothing past its deadline, or
-//     writes member and units together. A counter expires with its set
-//     (the same PEXPIRE) and is deleted at 0; one missing beside members is
-//     counted again from them, one left beside an empty set is reset when
-//     it refuses a request.
+//   - A set's units are its leases, one each, plus the units they carry
+//     beyond one, kept as minus the score of the set's member "~u" (absent
+//     at 0): every script that adds a lease (admission, or renewal
+//     re-creating one Redis lost) adds its units beyond one in the same
+//     script, and every removal (release, ghost removal, the admission's
+//     removal of expired leases, which reads their units first) takes them
+//     away only for a lease it did remove, so a lease removed twice, or
+//     removed after it expired, is taken away once; a late script writes
+//     nothing past its deadline, or writes lease and units together. The
+//     count lives in its set, so they expire and are evicted together.
 //   - A book records a lease only once Redis granted it, or once the
 //     local zone admitted its request while Redis was unreachable (on_error
 //     open). Until its request ends, renewal writes every recorded lease

@@ -48,7 +48,7 @@ func TestRejoinsWhenRedisAnswers(t *testing.T) {
 	}
 }
 
-// lostReply starts an admission of key k in z whose script runs in Redis
+// lostReply starts an admission of 2 units of key k in z whose script runs in Redis
 // but whose reply is lost to a reset; if down, Redis also refuses new
 // connections from then on. It returns the admission's outcome.
 func lostReply(t *testing.T, z limiter.Store, limits *limiter.Limits, proxy *faultProxy, cli *redis.Client, down bool) limiter.Outcome {
@@ -61,7 +61,7 @@ func lostReply(t *testing.T, z limiter.Store, limits *limiter.Limits, proxy *fau
 	eventually(t, "the warm-up's lease removed", func() bool { return members(t, cli, "t") == 0 })
 	proxy.setStall(true)
 	done := make(chan limiter.Outcome, 1)
-	go func() { done <- z.Acquire(context.Background(), request(limits, "k"), limiter.WaitOptions{}).Outcome }()
+	go func() { done <- z.Acquire(context.Background(), costly(limits, "k", 2), limiter.WaitOptions{}).Outcome }()
 	eventually(t, "the admission's script ran in Redis", func() bool { return members(t, cli, "t") == 1 })
 	if down {
 		proxy.setDown(true)
@@ -88,8 +88,8 @@ func TestLostReplyIsRecovered(t *testing.T) {
 	if got := lostReply(t, z, limits, proxy, cli, false); got != limiter.Admitted {
 		t.Fatalf("an admission whose reply was lost to a reset: %v, want admitted (sent again, it finds its reply)", got)
 	}
-	if n, units := members(t, cli, "t"), unitsIn(unitCounters(t, cli, "t")); n != 1 || units != 1 {
-		t.Fatalf("%d leases and %d units in Redis, want the one lease the script wrote, counted once", n, units)
+	if n, units := members(t, cli, "t"), sum(unitsBySet(t, cli, "t")); n != 1 || units != 2 {
+		t.Fatalf("%d leases and %d units in Redis, want the one lease the script wrote, its 2 units counted once", n, units)
 	}
 	s.book.mu.Lock()
 	held := len(s.book.leases)
@@ -139,13 +139,4 @@ func TestLostReplyLeavesNoLeaseUnderResets(t *testing.T) {
 	if took > lease/3+timeout {
 		t.Fatalf("the lease of a lost reply stayed %v under resets, want at most one renewal interval (%v) plus the removal's round trip (%v)", took.Round(time.Millisecond), lease/3, timeout)
 	}
-}
-
-// unitsIn sums counters.
-func unitsIn(counters map[string]int64) int64 {
-	var n int64
-	for _, u := range counters {
-		n += u
-	}
-	return n
 }

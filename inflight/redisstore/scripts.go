@@ -13,22 +13,23 @@ import (
 // "LATE <seconds> <microseconds>". Otherwise their reply starts with
 // Redis's TIME (seconds, microseconds).
 
-// A lease's member is "<instance>:<sequence>:<units>": a set's expired
-// members are given back by their units, read from their names. Each set
-// has a counter of the units its members hold, "<set>:u" (the same slot:
-// the set's hash tag), which every script keeps exact: it gains a
-// member's units when ZADD adds the member, and loses them when ZREM or
-// the expiry removes it (giveBack); it lives as long as its set (the same
-// PEXPIRE) and is deleted at 0. A set is counted first (ZCARD): an empty
-// one holds nothing, whatever a counter left beside it says (one that
-// outlived its members), and the units then added are written over that
-// counter; a counter that is missing while its set is not empty (evicted
-// apart from it) is counted again from the members. So an admission into
-// an empty set reads one key and writes two, with no counter read.
+// A lease's member is "<instance>:<sequence>:<units>", its score its
+// expiry (Redis time, ms): a set's expired members are given back by
+// their units, read from their names. A set holds one unit per lease,
+// plus what its leases carry beyond one, kept in the set itself: the
+// member "~u", whose score is minus those units, is there only while they
+// are not 0 (no instance's name starts with "~"). So a set and its count
+// live, expire and are evicted together, a set of leases of one unit has
+// no count to keep, and an admission into an empty set reads one key and
+// writes it (ZCARD, ZADD, PEXPIRE); its release is one ZREM. Leases'
+// scores are above 0 and the count's below, so expiry scans read (0, now].
+const countMember = "~u"
+
 const countersLua = `
-local function giveBack(key, units)
-	local c = key .. ':u'
-	if units > 0 and redis.call('DECRBY', c, units) <= 0 then redis.call('DEL', c) end
+local countMember = '` + countMember + `'
+-- giveBack takes from key's count the units beyond one of members that left.
+local function giveBack(key, extra)
+	if extra > 0 and tonumber(redis.call('ZINCRBY', key, extra, countMember)) >= 0 then redis.call('ZREM', key, countMember) end
 end
 local function unitsOf(member)
 	return tonumber(string.match(member, ':(%d+)$')) or 1
@@ -38,7 +39,7 @@ end
 // admitScript first removes leases of this instance that ended (announcing
 // it if anyone waits), then admits, in order, each of a batch of requests
 // whose units fit in every one of its sorted sets (the units held, from
-// the set's counter, plus the request's, at most the set's max): all of
+// the set's count, plus the request's, at most the set's max): all of
 // its sets or none. It answers, after the time, per request the 1-based
 // position among its sets of the one that was full, or 0 when it was
 // admitted; then, per request and per set of it, the units the set holds
@@ -101,7 +102,7 @@ for i = 1, tonumber(ARGV[7]) do
 		n = n + redis.call('ZREM', key, unpack(ARGV, lo, math.min(lo + 511, pos + 2 + count)))
 	end
 	removed = removed + n
-	freed[key] = (freed[key] or 0) + n * units
+	freed[key] = (freed[key] or 0) + n * (units - 1)
 	pos = pos + 3 + count
 end
 for key, units in pairs(freed) do giveBack(key, units) end
@@ -109,30 +110,23 @@ if removed > 0 and redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf') > 0 then
 	redis.call('PUBLISH', channel, '1')
 end
 -- held: the units in each set, once its expired members are given back.
--- fresh: the sets that were empty when read; what their counter says is
--- stale (it outlived its members), and the units added are written anew.
-local held, fresh, added, members, reserved = {}, {}, {}, {}, {}
+local held, added, members, reserved = {}, {}, {}, {}
 local function heldIn(key)
 	local count = redis.call('ZCARD', key)
 	if count > 0 then
-		local expired = redis.call('ZRANGEBYSCORE', key, '-inf', now)
+		local expired = redis.call('ZRANGEBYSCORE', key, '(0', now)
 		if #expired > 0 then
-			local units = 0
-			for _, m in ipairs(expired) do units = units + unitsOf(m) end
-			redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
-			giveBack(key, units)
-			count = count - #expired
+			local extra = 0
+			for _, m in ipairs(expired) do extra = extra + unitsOf(m) - 1 end
+			redis.call('ZREMRANGEBYSCORE', key, '(0', now)
+			giveBack(key, extra)
+			count = redis.call('ZCARD', key)
 		end
 	end
-	local n = 0
-	if count == 0 then
-		fresh[key] = true
-	else
-		n = tonumber(redis.call('GET', key .. ':u') or '0')
-		if n == 0 then
-			for _, m in ipairs(redis.call('ZRANGE', key, 0, -1)) do n = n + unitsOf(m) end
-			redis.call('SET', key .. ':u', n, 'PX', ttl)
-		end
+	local n = count
+	if count > 0 then
+		local score = tonumber(redis.call('ZSCORE', key, countMember))
+		if score then n = count - 1 - score end
 	end
 	held[key] = n
 	return n
@@ -205,13 +199,8 @@ for i = 1, #levels do out[n + 2 + i] = levels[i] end
 for key, units in pairs(added) do
 	local m = members[key]
 	for lo = 1, #m, 512 do redis.call('ZADD', key, unpack(m, lo, math.min(lo + 511, #m))) end
+	if units > #m / 2 then redis.call('ZINCRBY', key, #m / 2 - units, countMember) end
 	redis.call('PEXPIRE', key, ttl)
-	if fresh[key] then
-		redis.call('SET', key .. ':u', units, 'PX', ttl)
-	else
-		redis.call('INCRBY', key .. ':u', units)
-		redis.call('PEXPIRE', key .. ':u', ttl)
-	end
 end
 if waits then
 	redis.call('ZADD', KEYS[1], now + listing, instance)
@@ -265,7 +254,7 @@ local removed, freed = 0, {}
 for i = 2, #KEYS do
 	if redis.call('ZREM', KEYS[i], ARGV[2 * i - 2]) == 1 then
 		removed = removed + 1
-		freed[KEYS[i]] = (freed[KEYS[i]] or 0) + tonumber(ARGV[2 * i - 1])
+		freed[KEYS[i]] = (freed[KEYS[i]] or 0) + tonumber(ARGV[2 * i - 1]) - 1
 	end
 end
 for key, units in pairs(freed) do giveBack(key, units) end
@@ -281,7 +270,7 @@ return removed
 //
 // KEYS: sets, one per lease. ARGV: the deadline (µs), the lease (ms), then
 // per lease its member and its units.
-var renewScript = redis.NewScript(`
+var renewScript = redis.NewScript(countersLua + `
 local t = redis.call('TIME')
 if tonumber(t[1]) * 1000000 + tonumber(t[2]) > tonumber(ARGV[1]) then
 	return redis.error_reply('LATE ' .. t[1] .. ' ' .. t[2])
@@ -292,14 +281,12 @@ local created, touched = 0, {}
 for i, key in ipairs(KEYS) do
 	if redis.call('ZADD', key, expiry, ARGV[2 * i + 1]) == 1 then
 		created = created + 1
-		redis.call('INCRBY', key .. ':u', ARGV[2 * i + 2])
+		local extra = tonumber(ARGV[2 * i + 2]) - 1
+		if extra > 0 then redis.call('ZINCRBY', key, -extra, countMember) end
 	end
 	touched[key] = true
 end
-for key in pairs(touched) do
-	redis.call('PEXPIRE', key, 2 * lease)
-	redis.call('PEXPIRE', key .. ':u', 2 * lease)
-end
+for key in pairs(touched) do redis.call('PEXPIRE', key, 2 * lease) end
 return {tonumber(t[1]), tonumber(t[2]), created}
 `)
 
