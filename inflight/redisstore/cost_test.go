@@ -38,8 +38,8 @@ func unitsBySet(t testing.TB, cli *redis.Client, prefix string) map[string]int64
 			continue
 		}
 		n := cli.ZCard(ctx, k).Val()
-		if extra, err := cli.ZScore(ctx, k, countMember).Result(); err == nil {
-			n += -int64(extra) - 1
+		if score, err := cli.ZScore(ctx, k, countMember).Result(); err == nil {
+			n += -int64(score) - 1 // the count is no lease; its score is minus the units beyond one
 		}
 		out[k] = n
 	}

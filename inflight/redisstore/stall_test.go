@@ -196,10 +196,7 @@ func TestLateRenewalLeavesNoLease(t *testing.T) {
 // prefix (keyspace notifications), in the order Redis made them: a lease
 // that lives shorter than any poll is seen too, and its lifetime is the
 // time between its announcements.
-type leaseChanges struct {
-	sub *redis.PubSub
-	ch  <-chan *redis.Message
-}
+type leaseChanges struct{ ch <-chan *redis.Message }
 
 func leaseEvents(t *testing.T, cli *redis.Client, prefix string) *leaseChanges {
 	t.Helper()
@@ -212,7 +209,7 @@ func leaseEvents(t *testing.T, cli *redis.Client, prefix string) *leaseChanges {
 	if _, err := sub.Receive(ctx); err != nil {
 		t.Fatal(err)
 	}
-	return &leaseChanges{sub, sub.Channel()}
+	return &leaseChanges{sub.Channel()}
 }
 
 // next waits for the next change op to a lease set and returns when it
