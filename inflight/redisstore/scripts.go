@@ -87,46 +87,47 @@ end
 // in KEYS, its max and 1 if the request holds it.
 // The members admitted go into each set in one ZADD.
 var admitScript = redis.NewScript(countersLua + fairLua + `
-local t = redis.call('TIME')
+local call, tonumber = redis.call, tonumber
+local t = call('TIME')
 if tonumber(t[1]) * 1000000 + tonumber(t[2]) > tonumber(ARGV[1]) then
 	return redis.error_reply('LATE ' .. t[1] .. ' ' .. t[2])
 end
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease, listing, instance, channel, again = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6] == '1'
-local expiry, ttl = now + lease, 2 * lease
+-- Numbers given to redis.call are formatted by Redis, each time: those
+-- sent per request are formatted once here.
+local nowS, expiry, ttl = string.format('%d', now), string.format('%d', now + lease), string.format('%d', 2 * lease)
 local pos, removed, freed = 8, 0, {}
 for i = 1, tonumber(ARGV[7]) do
 	local key, units, count = KEYS[tonumber(ARGV[pos])], tonumber(ARGV[pos + 1]), tonumber(ARGV[pos + 2])
 	local n = 0
 	for lo = pos + 3, pos + 2 + count, 512 do -- unpack is bounded by Lua's stack
-		n = n + redis.call('ZREM', key, unpack(ARGV, lo, math.min(lo + 511, pos + 2 + count)))
+		n = n + call('ZREM', key, unpack(ARGV, lo, math.min(lo + 511, pos + 2 + count)))
 	end
 	removed = removed + n
-	freed[key] = (freed[key] or 0) + n * (units - 1)
+	if units > 1 then freed[key] = (freed[key] or 0) + n * (units - 1) end
 	pos = pos + 3 + count
 end
 for key, units in pairs(freed) do giveBack(key, units) end
-if removed > 0 and redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf') > 0 then
-	redis.call('PUBLISH', channel, '1')
+if removed > 0 and call('ZCOUNT', KEYS[1], '(' .. nowS, '+inf') > 0 then
+	call('PUBLISH', channel, '1')
 end
--- held: the units in each set, once its expired members are given back.
-local held, added, members, reserved = {}, {}, {}, {}
+-- held: the units in each set, once its expired members are given back:
+-- its members, less the count's, plus the units the count keeps (minus
+-- its score; it sorts first).
+local held, members, reserved = {}, {}, {}
 local function heldIn(key)
-	local count = redis.call('ZCARD', key)
-	if count > 0 then
-		local expired = redis.call('ZRANGEBYSCORE', key, '(0', now)
-		if #expired > 0 then
-			local extra = 0
-			for _, m in ipairs(expired) do extra = extra + unitsOf(m) - 1 end
-			redis.call('ZREMRANGEBYSCORE', key, '(0', now)
-			giveBack(key, extra)
-			count = redis.call('ZCARD', key)
+	local n = call('ZCARD', key)
+	if n > 0 then
+		local low = call('ZRANGEBYSCORE', key, '-inf', nowS, 'WITHSCORES')
+		local first, extra = 1, 0
+		if low[1] == countMember then first, n = 3, n - 1 - tonumber(low[2]) end
+		if #low >= first then
+			for i = first, #low, 2 do extra = extra + unitsOf(low[i]) end
+			call('ZREMRANGEBYSCORE', key, '(0', nowS)
+			giveBack(key, extra - (#low - first + 1) / 2)
+			n = n - extra
 		end
-	end
-	local n = count
-	if count > 0 then
-		local score = tonumber(redis.call('ZSCORE', key, countMember))
-		if score then n = count - 1 - score end
 	end
 	held[key] = n
 	return n
@@ -136,75 +137,76 @@ if tonumber(ARGV[pos + 3]) + tonumber(ARGV[pos + 4]) > 0 then fair = fairClock(n
 pos = pos + 5 + 2 * tonumber(ARGV[pos + 4])
 local n = tonumber(ARGV[pos])
 pos = pos + 1
-local out, waits, levels = {tonumber(t[1]), tonumber(t[2])}, false, {}
+-- sets: the sets of the request at hand, read once.
+local out, waits, level, sets = {tonumber(t[1]), tonumber(t[2])}, false, n + 2, {}
+for r = 1, n do out[r + 2] = 0 end
 for r = 1, n do
-	local member, willWait, units, count = ARGV[pos], ARGV[pos + 1] == '1', tonumber(ARGV[pos + 2]), tonumber(ARGV[pos + 3])
-	local fk, weight, work, more = ARGV[pos + 4], tonumber(ARGV[pos + 5]), tonumber(ARGV[pos + 6]), ARGV[pos + 7] == '1'
-	pos = pos + 8
-	local first, full, start = pos, 0, nil
-	local had = again and count > 0 and redis.call('ZSCORE', KEYS[tonumber(ARGV[pos])], member)
+	local member, willWait, units, count, fk = ARGV[pos], ARGV[pos + 1] == '1', tonumber(ARGV[pos + 2]), tonumber(ARGV[pos + 3]), ARGV[pos + 4]
+	local first = pos + 8
+	pos = first + 3 * count
+	for j = 1, count do sets[j] = KEYS[tonumber(ARGV[first + 3 * j - 3])] end
+	local full, start = 0, nil
+	local had = again and count > 0 and call('ZSCORE', sets[1], member)
 	for j = 1, count do
+		local key = sets[j]
 		if had then
-			local key = KEYS[tonumber(ARGV[pos])]
 			if not held[key] then heldIn(key) end
-		elseif full == 0 then
-			local key, max = KEYS[tonumber(ARGV[pos])], tonumber(ARGV[pos + 1])
-			if reserved[key] or (held[key] or heldIn(key)) + units > max then
-				full = j
-			end
+		elseif reserved[key] or (held[key] or heldIn(key)) + units > tonumber(ARGV[first + 3 * j - 2]) then
+			full = j
+			break
 		end
-		pos = pos + 3
 	end
-	local byClock, listed, sets = false, nil, {}
+	local byClock, listed, contended = false, nil, nil
 	if fk ~= '' then -- the key's own set is left out: no other key contends there
-		for j = 1, count do
-			local set = KEYS[tonumber(ARGV[first + 3 * (j - 1)])]
-			sets[j] = string.sub(set, -#fk - 1) ~= ':' .. fk and set
-		end
+		contended = {}
+		for j = 1, count do contended[j] = string.sub(sets[j], -#fk - 1) ~= ':' .. fk and sets[j] end
 	end
 	if full == 0 and fk ~= '' and not fair.idle and not had then
 		start, listed = fair.start(fk), fair.listed(fk)
 		for j = 1, count do
-			if sets[j] and fair.before(sets[j], fk, listed or start) then
+			if contended[j] and fair.before(contended[j], fk, listed or start) then
 				full, byClock = j, true
 				break
 			end
 		end
 	end
-	if full > 0 and willWait and fk ~= '' and sets[full] then fair.list(sets[full], fk) end
+	if full > 0 and willWait and fk ~= '' and contended[full] then fair.list(contended[full], fk) end
 	if full > 0 and willWait and not byClock then
 		for j = 1, count do
-			local p = first + 3 * (j - 1)
-			if j == full or ARGV[p + 2] == '1' then reserved[KEYS[tonumber(ARGV[p])]] = true end
+			if j == full or ARGV[first + 3 * j - 1] == '1' then reserved[sets[j]] = true end
 		end
 	end
 	if had then -- held already, by the lease the call it repeats wrote
 	elseif full == 0 then
-		if start then fair.charge(fk, start, weight, work, listed and sets, more) end
-		for p = first, pos - 1, 3 do
-			local key = KEYS[tonumber(ARGV[p])]
+		if start then fair.charge(fk, start, tonumber(ARGV[first - 3]), tonumber(ARGV[first - 2]), listed and contended, ARGV[first - 1] == '1') end
+		for j = 1, count do
+			local key = sets[j]
 			held[key] = held[key] + units
-			if not added[key] then added[key], members[key] = 0, {} end
-			added[key] = added[key] + units
 			local m = members[key]
+			if not m then m = {0}; members[key] = m end
+			m[1] = m[1] + units
 			m[#m + 1], m[#m + 2] = expiry, member
 		end
 	elseif willWait then
 		waits = true
 	end
 	out[r + 2] = full
-	for p = first, pos - 1, 3 do levels[#levels + 1] = held[KEYS[tonumber(ARGV[p])]] or -1 end
+	for j = 1, count do
+		level = level + 1
+		out[level] = held[sets[j]] or -1
+	end
 end
-for i = 1, #levels do out[n + 2 + i] = levels[i] end
-for key, units in pairs(added) do
-	local m = members[key]
-	for lo = 1, #m, 512 do redis.call('ZADD', key, unpack(m, lo, math.min(lo + 511, #m))) end
-	if units > #m / 2 then redis.call('ZINCRBY', key, #m / 2 - units, countMember) end
-	redis.call('PEXPIRE', key, ttl)
+-- members[key]: the units admitted into key, then its new leases' scores
+-- and members.
+for key, m in pairs(members) do
+	for lo = 2, #m, 512 do call('ZADD', key, unpack(m, lo, math.min(lo + 511, #m))) end
+	local leases = (#m - 1) / 2
+	if m[1] > leases then call('ZINCRBY', key, leases - m[1], countMember) end
+	call('PEXPIRE', key, ttl)
 end
 if waits then
-	redis.call('ZADD', KEYS[1], now + listing, instance)
-	redis.call('PEXPIRE', KEYS[1], listing)
+	call('ZADD', KEYS[1], now + listing, instance)
+	call('PEXPIRE', KEYS[1], listing)
 end
 if fair then fair.close() end
 return out

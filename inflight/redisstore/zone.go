@@ -201,11 +201,19 @@ func (z *redisZone) admit(in []limiter.Claim) ([]limiter.Verdict, error) {
 		return z.failed(op, nil, start, err)
 	}
 	groups := ended.groups()
-	args := []any{deadline, z.book.lease.Milliseconds(), listing.Milliseconds(), z.book.instance, z.tag + ":released", 0, len(groups)}
+	fixes := z.takeFixes()
+	size := 13 + 2*len(fixes) // the fixed arguments, and the corrections
+	for _, g := range groups {
+		size += 3 + len(g.members)
+	}
+	for _, c := range claims {
+		size += 8 + 3*len(c.sets)
+	}
+	args := make([]any, 0, size)
+	args = append(args, deadline, z.book.lease.Milliseconds(), listing.Milliseconds(), z.book.instance, z.tag+":released", 0, len(groups))
 	for _, g := range groups {
 		args = append(append(args, keyIndex(g.set), g.units, len(g.members)), g.members...)
 	}
-	fixes := z.takeFixes()
 	waiting, fair := fairOf(in)
 	args = append(args, fairListing.Milliseconds(), fairClockLife.Milliseconds(), waiting, fair, len(fixes))
 	for k, delta := range fixes {
