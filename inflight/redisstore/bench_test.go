@@ -66,16 +66,18 @@ func BenchmarkReleaseWithRedisDelayed(b *testing.B) {
 // BenchmarkRedisCPUPerAdmission admits and releases from 16 goroutines
 // through one zone, and reports what Redis spent on each request, from
 // INFO commandstats: the scripts' calls and time (µs, the commands they
-// ran included) and the ZREMs. plain: no fair; fair: fair over the one
-// key, none waiting; fair-contended: fair over 4 keys sharing a total of
-// 8, half of the requests waiting.
+// ran included) and the ZREMs. plain: no fair; keys64: each request on
+// the next of 64 keys (most find their set empty: zone-throughput.sh's
+// 64-key run); fair: fair over the one key, none waiting; fair-contended:
+// fair over 4 keys sharing a total of 8, half of the requests waiting.
 func BenchmarkRedisCPUPerAdmission(b *testing.B) {
 	for _, bc := range []struct {
 		name  string
 		fair  bool
 		keys  int
+		each  bool // a key for each request, not each goroutine
 		total int64
-	}{{"plain", false, 1, 1 << 30}, {"fair", true, 1, 1 << 30}, {"fair-contended", true, 4, 8}} {
+	}{{"plain", false, 1, false, 1 << 30}, {"keys64", false, 64, true, 1 << 30}, {"fair", true, 1, false, 1 << 30}, {"fair-contended", true, 4, false, 8}} {
 		b.Run(bc.name, func(b *testing.B) {
 			addr, cli := startRedis(b)
 			s := newStore(b, store(addr, nil))
@@ -88,6 +90,9 @@ func BenchmarkRedisCPUPerAdmission(b *testing.B) {
 				req := request(limits, fmt.Sprint("k", next.Add(1)%int64(bc.keys)))
 				opt := limiter.WaitOptions{Wait: time.Minute, Fair: bc.fair}
 				for pb.Next() {
+					if bc.each {
+						req = request(limits, fmt.Sprint("k", next.Add(1)%int64(bc.keys)))
+					}
 					if res := z.Acquire(context.Background(), req, opt); res.Outcome != limiter.Admitted {
 						b.Fatalf("acquire: %v", res.Outcome)
 					}
