@@ -247,6 +247,60 @@ func TestUnitCountersBackAtZero(t *testing.T) {
 	})
 }
 
+// What Redis runs for a request of one unit, as docs/fleet.md counts it:
+// into an empty set, ZCARD, ZADD and PEXPIRE, then its release's ZREM;
+// into a set with members, the set is read in two commands (ZCARD, then
+// its count and expired members in one ZRANGEBYSCORE), never a ZSCORE.
+// Requests go one at a time, each released before the next: every call
+// carries one admission, every release one removal.
+func TestCommandsPerAdmission(t *testing.T) {
+	for _, busy := range []bool{false, true} {
+		t.Run(fmt.Sprint("set with members=", busy), func(t *testing.T) {
+			addr, cli := startRedis(t)
+			// No renewal within the test: its commands are not the requests'.
+			s := newStore(t, store(addr, func(s *Store) { s.Lease = caddy.Duration(time.Minute) }))
+			limits := &limiter.Limits{Max: []int64{1 << 30}}
+			z, _ := zoneOf(s, "commands", limits)
+			warmUp(t, z, limits, cli)
+			held := request(limits, "busy")
+			if busy {
+				mustAdmit(t, z, held, "the lease that keeps the set busy")
+			}
+			cli.ConfigResetStat(context.Background())
+			const n = 20
+			for i := range n {
+				key := fmt.Sprint("empty", i)
+				if busy {
+					key = "busy"
+				}
+				req := request(limits, key)
+				mustAdmit(t, z, req, key)
+				z.Release(req)
+				// Waiting on the book, not on Redis (the counts are Redis's
+				// own): removed alone, the lease is not also carried by
+				// the next admission, as it is while its removal is under way.
+				eventually(t, "the release removed", func() bool {
+					s.book.mu.Lock()
+					defer s.book.mu.Unlock()
+					return len(s.book.ended) == 0
+				})
+			}
+			stats := commandStats(t, cli)
+			t.Logf("%d requests: ZCARD %d, ZRANGEBYSCORE %d, ZADD %d, PEXPIRE %d, ZREM %d", n,
+				stats["zcard"].calls, stats["zrangebyscore"].calls, stats["zadd"].calls, stats["pexpire"].calls, stats["zrem"].calls)
+			for cmd, most := range map[string]int64{"zcard": n, "zadd": n, "pexpire": n, "zrem": n, "zrangebyscore": int64(n * flag(busy)),
+				"zscore": 0, "zincrby": 0, "zremrangebyscore": 0} {
+				if got := stats[cmd].calls; got > most {
+					t.Errorf("%s: %d calls for %d requests, want at most %d", cmd, got, n, most)
+				}
+			}
+			if busy {
+				z.Release(held)
+			}
+		})
+	}
+}
+
 // Each ended lease is removed by one script: under concurrency the ZREMs
 // are at most one per lease and set, not one per admission for every lease
 // not yet confirmed removed. And admissions that arrive while a call is under way go in one script.
