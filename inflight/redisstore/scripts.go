@@ -22,7 +22,9 @@ import (
 // live, expire and are evicted together, a set of leases of one unit has
 // no count to keep, and an admission into an empty set reads one key and
 // writes it (ZCARD, ZADD, PEXPIRE); its release is one ZREM. Leases'
-// scores are above 0 and the count's below, so expiry scans read (0, now].
+// scores are above 0 and the count's below, so one range, (-inf, now],
+// reads a set's count and its expired leases together, and (0, now]
+// removes the expired leases alone.
 const countMember = "~u"
 
 const countersLua = `
