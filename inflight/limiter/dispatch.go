@@ -1,66 +1,134 @@
 package limiter
 
-import "time"
+import (
+	"container/heap"
+	"slices"
+	"time"
+)
 
-// dispatch serves the blockers a release or a change of caps gave room in
-// (z.freed), in turn, all at one time (the queue order changes with time).
-// mu must be held.
-func (z *Zone) dispatch() {
+// dispatch hands the room of the constraints in z.freed (given back by a
+// release, no longer held for a head, or under changed caps) to the
+// waiters listed under them: always the first of them in the queue order
+// that fits, beyond the head's reservation (see reservation), until none
+// fits, all at one time (the queue order changes with time). mu must be
+// held. It returns the head's reservation once done, for a newcomer's
+// try.
+//
+// A waiter not listed under a freed constraint cannot fit: each waiting
+// flow is listed under a constraint that refused it, or, refused by a
+// shared one (the total, a key bound), under that and under each of its
+// own keys, which is where room comes back from (see file). A flow tried
+// and refused is parked until the dispatch ends: the room it was refused
+// by only shrinks as others are admitted. Only a change of head gives
+// back held room; the flows are then tried again.
+//
+// Each try admits a waiter or parks a flow, so a dispatch costs O(log
+// flows) per waiter it admits and per flow it passes over, not the number
+// of waiters.
+func (z *Zone) dispatch() reservation {
 	now := z.clock.Now()
-	for i := 0; i < len(z.freed); i++ {
-		z.serve(z.freed[i], now)
+	r := z.reserve(now)
+	if len(z.freed) == 0 {
+		return r
 	}
-	z.freed = z.freed[:0]
-}
-
-// serve admits the flows listed under b while the best of them fits, and
-// holds b's room for the best when it does not.
-//
-// The best flow is tried: admitted, one waiter is granted its units (the
-// flow, if it has more, may be best again); refused, the flow is listed
-// under the blocker that refused it and serving stops: b's room stays held
-// for it. A flow keeps every listing until it is admitted or gone, and a
-// blocker's room is held for the best flow listed under it: any other try
-// that needs the blocker, a newcomer's or a flow's that is not better, is
-// refused there (see holds). A flow refused by another's hold makes that
-// blocker served next (its best may fit now), each time by a strictly
-// better flow, so a dispatch ends.
-//
-// So no waiter is passed for ever, however many caps it needs: let F be
-// the best flow waiting. Every blocker F is listed under has F as its best,
-// so no other request takes room there, and serving it tries F first: its
-// count only falls. F is listed under each blocker that refuses it, and
-// its units are clamped to each cap (see units): once the requests holding
-// its blockers have given back enough, within one service time of the
-// last blocker it was refused by, F fits. Only a flow that becomes better
-// than F (a higher class before F has aged, or a fair share due) is served
-// before it, and the queue order bounds those (see Place.Before, fair.go).
-// The price: a blocker held for a flow that waits for another does not
-// serve the flows behind it meanwhile.
-//
-// Each try admits a waiter or ends the serving: a release costs
-// O(log flows) per waiter it admits, not the number of waiters.
-func (z *Zone) serve(b blocker, now time.Time) {
+	z.epoch++
+	z.freed = compactBlockers(z.freed)
 	for {
-		fl := z.filingOf(b)
-		if fl == nil {
-			return
+		f := z.nextToTry(now)
+		if f == nil {
+			break
 		}
-		f := z.first(fl, now)
-		r := reservation{f: f, now: now}
+		r.f = f
 		o, d := z.tryAcquire(f.head.req, &r)
 		if o != Admitted {
+			f.tried = z.epoch
 			z.file(f, o, d)
-			if r.byHold {
-				z.freed = append(z.freed, z.blockerOf(f.head.req, o, d))
-			}
-			return
+			continue
 		}
 		if f.fair {
 			z.chargeGrant(f.head)
 		}
 		z.grant(f.head)
+		head := z.head
+		if r = z.reserve(now); z.head != head {
+			z.unpark() // the old head's room is no longer held
+			z.epoch++
+			z.freed = compactBlockers(z.freed)
+		}
 	}
+	z.unpark()
+	z.freed = z.freed[:0]
+	r.f = nil
+	return r
+}
+
+// nextToTry returns the first flow in the queue order at now listed under
+// a freed constraint and not tried since the head last changed, parking
+// the tried ones it meets.
+func (z *Zone) nextToTry(now time.Time) *flow {
+	var best *flow
+	for _, b := range z.freed {
+		fl := z.filingOf(b)
+		if fl == nil {
+			continue
+		}
+		if f := z.firstUntried(fl, now); f != nil && (best == nil || z.before(f, best, now)) {
+			best = f
+		}
+	}
+	return best
+}
+
+// firstUntried returns the first flow of fl not tried since the head last
+// changed, parking those that were.
+func (q *queue) firstUntried(fl *filing, now time.Time) *flow {
+	var best *flow
+	for _, l := range fl.lanes {
+		for e := q.top(l); e != nil; e = q.top(l) {
+			if e.f.tried != q.epoch {
+				if best == nil || q.before(e.f, best, now) {
+					best = e.f
+				}
+				break
+			}
+			heap.Pop(l)
+			e.parked = true
+			q.parked = append(q.parked, e)
+		}
+	}
+	return best
+}
+
+// unpark puts the parked listings back in their lanes, but those unlisted
+// meanwhile.
+func (q *queue) unpark() {
+	for _, e := range q.parked {
+		if e.parked {
+			e.parked = false
+			heap.Push(e.lane, e)
+		}
+	}
+	clear(q.parked)
+	q.parked = q.parked[:0]
+}
+
+// compactBlockers sorts bs and drops repeats.
+func compactBlockers(bs []blocker) []blocker {
+	slices.SortFunc(bs, func(a, b blocker) int {
+		switch {
+		case a.total != b.total:
+			if a.total {
+				return -1
+			}
+			return 1
+		case a.key < b.key:
+			return -1
+		case a.key > b.key:
+			return 1
+		}
+		return 0
+	})
+	return slices.Compact(bs)
 }
 
 // grant hands w the units it was just admitted to, and wakes it.
@@ -69,35 +137,4 @@ func (q *queue) grant(w *waiter) {
 	q.pending.Add(-1)
 	w.granted = true
 	close(w.ready)
-}
-
-// reservation says whose try it is, for the holds on blockers' room (nil:
-// none, for a try without mu): a blocker with flows listed under it
-// refuses a newcomer (f nil), and a flow that is not its best at now.
-type reservation struct {
-	f      *flow
-	now    time.Time
-	byHold bool // set when a hold refused the try
-}
-
-// reservedAll respects every blocker's waiters: a newcomer's try while
-// requests wait.
-var reservedAll = &reservation{}
-
-// holds reports whether b's room is held against r's try: some flow is
-// listed under b and r is no flow, or one that is not b's best at r.now.
-func (q *queue) holds(r *reservation, b blocker) bool {
-	fl := q.filingOf(b)
-	if fl == nil {
-		return false
-	}
-	held := r.f == nil
-	if !held {
-		best := q.first(fl, r.now)
-		held = best != r.f && q.before(best, r.f, r.now)
-	}
-	if held && r.f != nil {
-		r.byHold = true
-	}
-	return held
 }

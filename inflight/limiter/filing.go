@@ -7,9 +7,10 @@ import (
 
 // A filing is the flows listed under one blocker, kept in order so that a
 // release serves the best of them without looking at the rest: a release
-// costs O(log flows listed there), however many wait. A flow is listed
-// under every blocker that refused it since it started waiting (see
-// serve), so it can be in several filings at once, once in each.
+// costs O(log flows listed there), however many wait. A flow can be in
+// several filings at once, once in each (see file); every waiting flow is
+// also in the queue's line, the filing of the whole queue order, whose
+// first is the head (see reservation).
 //
 // The queue order (see Place.Before and Zone.before) changes with time
 // between waiters of different weights (a score ages by its weight), so no
@@ -33,13 +34,12 @@ type filing struct {
 
 // listing is a flow's entry in the filing of one blocker.
 type listing struct {
-	f     *flow
-	b     blocker
-	dim   int  // the dimension refused (TotalDim: the total)
-	keys  bool // refused by the dimension's key bound, not a count
-	lane  *lane
-	idx   int
-	place float64 // fair: the key's tag when listed
+	f      *flow
+	b      blocker
+	lane   *lane
+	idx    int
+	place  float64 // fair: the key's tag when listed
+	parked bool    // out of its lane until the dispatch ends (see dispatch)
 }
 
 // lane is a binary heap of listings in a fixed order.
@@ -98,10 +98,29 @@ func (q *queue) filingOf(b blocker) *filing {
 	return q.blocked[b.key]
 }
 
-// file lists f under what refused its head: outcome o on dimension d
-// (see blockerOf), unless it is listed there already.
+// file lists f under what refused its head: outcome o on dimension d.
+// Refused by one of its own keys, it is listed there alone: it needs no
+// shared room before that key frees. Refused by a shared constraint (the
+// total, a key bound), it is listed there and under each of its own keys:
+// the room it needs can come back at any of them. Either way each waiting
+// flow is listed where room it needs comes back (see dispatch).
 func (q *queue) file(f *flow, o Outcome, d int) {
-	b := q.blockerOf(f.head.req, o, d)
+	b := q.blockerOf(f, o, d)
+	if o == Full && d != TotalDim {
+		q.unlistBut(f, b)
+		q.list(f, b)
+		return
+	}
+	q.list(f, b)
+	for k := range f.hashes {
+		if f.keyed(k) {
+			q.list(f, keyBlocker(k, f.hashes[k]))
+		}
+	}
+}
+
+// list lists f under b, unless it is listed there already.
+func (q *queue) list(f *flow, b blocker) {
 	for _, e := range f.listed {
 		if e.b == b {
 			return
@@ -116,76 +135,110 @@ func (q *queue) file(f *flow, o Outcome, d int) {
 			q.blocked[b.key] = fl
 		}
 	}
-	e := &listing{f: f, b: b, dim: d, keys: o == KeysFull, lane: fl.laneFor(f)}
+	f.listed = append(f.listed, q.enter(fl, f, b))
+}
+
+// enter puts f in fl's lane for it, listed as b.
+func (q *queue) enter(fl *filing, f *flow, b blocker) *listing {
+	e := &listing{f: f, b: b, lane: fl.laneFor(f)}
 	if f.fair {
 		e.place = q.vclock.place(f.fairKey)
 	}
-	f.listed = append(f.listed, e)
 	heap.Push(e.lane, e)
 	fl.n++
+	return e
 }
 
-// unlist takes f from every filing it is listed in, and appends to freed
-// the blockers whose room it held.
+// unlistBut takes f from every filing it is listed in but b's.
+func (q *queue) unlistBut(f *flow, b blocker) {
+	kept := f.listed[:0]
+	for _, e := range f.listed {
+		if e.b == b {
+			kept = append(kept, e)
+			continue
+		}
+		q.leaveFiling(e)
+	}
+	clear(f.listed[len(kept):])
+	f.listed = kept
+}
+
+// unlist takes f from every filing it is listed in, and from the line.
 func (q *queue) unlist(f *flow) {
 	for _, e := range f.listed {
-		heap.Remove(e.lane, e.idx)
-		fl := q.filingOf(e.b)
-		if fl.n--; fl.n == 0 {
-			if e.b.total {
-				q.onTotal = nil
-			} else {
-				delete(q.blocked, e.b.key)
-			}
-		}
-		q.freed = append(q.freed, e.b)
+		q.leaveFiling(e)
 	}
 	f.listed = nil
+	q.leave(&q.line, f.order)
+	f.order = nil
 }
 
-// held returns the dimensions (TotalDim: the total) whose counts refused
-// f, for a ledger to hold their room (see Claim.Hold).
-func (f *flow) held() []int {
-	var dims []int
-	for _, e := range f.listed {
-		if !e.keys {
-			dims = append(dims, e.dim)
+// leaveFiling takes e from its blocker's filing, dropping the filing once
+// empty.
+func (q *queue) leaveFiling(e *listing) {
+	fl := q.filingOf(e.b)
+	q.leave(fl, e)
+	if fl.n == 0 {
+		if e.b.total {
+			q.onTotal = nil
+		} else {
+			delete(q.blocked, e.b.key)
 		}
 	}
-	return dims
+}
+
+// leave takes e out of fl; a parked e stays out.
+func (q *queue) leave(fl *filing, e *listing) {
+	if e.parked {
+		e.parked = false
+	} else {
+		heap.Remove(e.lane, e.idx)
+	}
+	fl.n--
+}
+
+// fix moves e within its lane after its place or its flow's head changed.
+func fix(e *listing) {
+	if !e.parked {
+		heap.Fix(e.lane, e.idx)
+	}
 }
 
 // headLeft keeps f's places after its head left it (a waiter that gave
 // up): its next waiter arrived later.
 func (q *queue) headLeft(f *flow) {
 	for _, e := range f.listed {
-		heap.Fix(e.lane, e.idx)
+		fix(e)
 	}
+	fix(f.order)
 }
 
 // first returns the best flow listed in fl at time now.
 func (q *queue) first(fl *filing, now time.Time) *flow {
 	var best *flow
 	for _, l := range fl.lanes {
-		if len(l.items) == 0 {
-			continue
-		}
-		for l.fair { // bring stale places up to date; they only grow
-			e := l.items[0]
-			p := q.vclock.place(e.f.fairKey)
-			if p <= e.place {
-				break
-			}
-			e.place = p
-			heap.Fix(l, 0)
-		}
-		if f := l.items[0].f; best == nil || q.before(f, best, now) {
-			best = f
+		if e := q.top(l); e != nil && (best == nil || q.before(e.f, best, now)) {
+			best = e.f
 		}
 	}
 	return best
 }
 
-// filed reports whether any flow is listed under b: its room is held (see
-// serve).
-func (q *queue) filed(b blocker) bool { return q.filingOf(b) != nil }
+// top returns l's first listing, nil if none, once its place is current:
+// a fair place can be stale, too early, as its key's tag only grows
+// between corrections down (see moveBack).
+func (q *queue) top(l *lane) *listing {
+	for len(l.items) > 0 {
+		e := l.items[0]
+		if !l.fair {
+			return e
+		}
+		p := q.vclock.place(e.f.fairKey)
+		if p <= e.place {
+			return e
+		}
+		e.place = p
+		heap.Fix(l, 0)
+	}
+	return nil
+}

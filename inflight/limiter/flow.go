@@ -1,7 +1,6 @@
 package limiter
 
 import (
-	"container/heap"
 	"hash/maphash"
 	"math"
 	"slices"
@@ -23,10 +22,30 @@ type flow struct {
 	fairKey    uint64  // fair: its key in dimension keyDim, mixed as a blocker
 	head, tail *waiter // arrival order
 	n          int
+	// hashes are its keys' hashes per dimension, valid where keyed.
+	hashes []uint64
+	has    []bool
 
-	// listed are the flow's entries in the filings of the blockers that
-	// refused it since it started waiting: it holds their room (see serve).
+	// listed are its entries in the filings of the constraints where room
+	// it needs comes back (see file), and order its entry in the line.
 	listed []*listing
+	order  *listing
+	// tried is the dispatch epoch in which it was last tried and refused.
+	tried uint64
+	// refused lists the dimensions (TotalDim: the total) whose counts
+	// refused it since it started waiting, for a ledger's holds (see
+	// Claim.Hold).
+	refused []int
+}
+
+// keyed reports whether f has a key in dimension d.
+func (f *flow) keyed(d int) bool { return f.has[d] }
+
+// refusedBy records that dimension d's count refused f.
+func (f *flow) refusedBy(d int) {
+	if !slices.Contains(f.refused, d) {
+		f.refused = append(f.refused, d)
+	}
 }
 
 // keyFlows are the fair flows waiting with one key: what moves back when
@@ -56,29 +75,35 @@ func keysBlocker(d int) blocker {
 	return blocker{key: uint64(d+1)*0xc2b2ae3d27d4eb4f ^ 1<<63}
 }
 
-// flows indexes a zone's waiters: by flow, and each flow by the blocker it
-// is filed under. Guarded by the queue's mu.
+// flows indexes a zone's waiters: by flow, each flow by the constraints
+// where room it needs comes back (see file), and all in the queue order
+// (the line). Guarded by the queue's mu.
 type flows struct {
 	byID    map[uint64]*flow
 	blocked map[uint64]*filing // non-total blocker -> the flows filed under it
 	onTotal *filing            // the flows filed under the total
+	line    filing             // every flow
 	// perKey counts waiters per key of their KeyDim, for MaxWaitingPerKey.
 	perKey map[uint64]int
-	// freed are the blockers a release gave room in, for dispatch to serve.
+	// freed are the constraints whose room came back, for dispatch.
 	freed []blocker
+	// parked are listings taken out of their lanes by the dispatch under
+	// way, and epoch counts the dispatch's changes of head (see dispatch).
+	parked []*listing
+	epoch  uint64
 	// Fair sharing's virtual time (see fair.go).
 	vclock virtualClock
 }
 
-// blockerOf returns what refused req: outcome o on dimension d.
-func (q *queue) blockerOf(req *Request, o Outcome, d int) blocker {
+// blockerOf returns what refused f: outcome o on dimension d.
+func (q *queue) blockerOf(f *flow, o Outcome, d int) blocker {
 	switch {
 	case d == TotalDim:
 		return blocker{total: true}
 	case o == KeysFull:
 		return keysBlocker(d)
 	}
-	return keyBlocker(d, maphash.String(q.seed, req.Keys[d]))
+	return keyBlocker(d, f.hashes[d])
 }
 
 // classWeight is a waiter's share when no weight is given.
@@ -93,10 +118,10 @@ func Share(w float64, c Class) float64 {
 	return classWeight(c)
 }
 
-// enqueue queues req, refused with outcome o by dimension d, as a waiter
-// counted under perKey (0: not counted), in its flow, making the flow if
-// it is new, and lists the flow under what refused req.
-func (q *queue) enqueue(req *Request, opt WaitOptions, perKey uint64, o Outcome, d int) *waiter {
+// enqueue queues req as a waiter counted under perKey (0: not counted),
+// in its flow, making the flow if it is new, in the line. The caller
+// files the flow under what refused req.
+func (q *queue) enqueue(req *Request, opt WaitOptions, perKey uint64) *waiter {
 	q.seq++
 	w := &waiter{Place: Place{Class: opt.Class, Arrived: q.clock.Now(), Seq: q.seq}, req: req, ready: make(chan struct{}), perKey: perKey}
 	q.queued.Add(1)
@@ -106,7 +131,12 @@ func (q *queue) enqueue(req *Request, opt WaitOptions, perKey uint64, o Outcome,
 	for f = q.byID[id]; f != nil && !f.holds(w.req, opt.Class, wt, opt.Fair, opt.KeyDim); f = f.collide {
 	}
 	if f == nil {
-		f = &flow{id: id, class: opt.Class, weight: wt, fair: opt.Fair, keyDim: opt.KeyDim}
+		f = &flow{id: id, class: opt.Class, weight: wt, fair: opt.Fair, keyDim: opt.KeyDim, hashes: make([]uint64, len(req.Keys)), has: make([]bool, len(req.Keys))}
+		for d, key := range req.Keys {
+			if key != "" {
+				f.hashes[d], f.has[d] = maphash.String(q.seed, key), true
+			}
+		}
 		if q.byID == nil {
 			q.byID, q.blocked, q.perKey = map[uint64]*flow{}, map[uint64]*filing{}, map[uint64]int{}
 		}
@@ -125,16 +155,16 @@ func (q *queue) enqueue(req *Request, opt WaitOptions, perKey uint64, o Outcome,
 		f.tail.next = w
 	}
 	f.tail = w
-	f.n++
-	q.file(f, o, d)
+	if f.n++; f.n == 1 {
+		f.order = q.enter(&q.line, f, blocker{})
+	}
 	if w.perKey != 0 {
 		q.perKey[w.perKey]++
 	}
 	return w
 }
 
-// dequeue takes w out of its flow, and drops the flow once empty: the
-// blockers whose room it held go to freed, for dispatch to serve.
+// dequeue takes w out of its flow, and drops the flow once empty.
 func (q *queue) dequeue(w *waiter) {
 	f := w.flow
 	wasHead := f.head == w
@@ -210,11 +240,17 @@ func (q *queue) moveBack(key uint64) {
 	p := q.vclock.place(key)
 	for _, f := range kf.flows {
 		for _, e := range f.listed {
-			if e.lane.fair && e.place > p {
-				e.place = p
-				heap.Fix(e.lane, e.idx)
-			}
+			moveForward(e, p)
 		}
+		moveForward(f.order, p)
+	}
+}
+
+// moveForward brings e's place back to p if it is later, in a fair lane.
+func moveForward(e *listing, p float64) {
+	if e.lane.fair && e.place > p {
+		e.place = p
+		fix(e)
 	}
 }
 

@@ -172,7 +172,7 @@ func TestHeldRoomGoesToWhoeverBecameBest(t *testing.T) {
 	mustAdmit(t, z, onY)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	opt := WaitOptions{Wait: time.Hour}
+	opt := WaitOptions{Wait: time.Hour, Class: Normal}
 	f := enqueue(t, ctx, z, "F", req(lim, "x", "y"), opt) // refused by x
 	z.Release(onX)                                        // F is refused by y now, and holds x
 	clock.Advance(60 * time.Second)

@@ -234,7 +234,7 @@ func (z *Zone) Acquire(ctx context.Context, req *Request, opt WaitOptions) Resul
 
 	z.mu.Lock()
 	z.pending.Add(1)
-	o, d := z.tryAcquire(req, reservedAll)
+	o, d := z.tryNewcomer(req)
 	if o == Admitted {
 		z.pending.Add(-1)
 		z.mu.Unlock()
@@ -254,7 +254,13 @@ func (z *Zone) Acquire(ctx context.Context, req *Request, opt WaitOptions) Resul
 		z.mu.Unlock()
 		return Result{Outcome: Timeout, Dim: d}
 	}
-	w := z.enqueue(req, opt, perKey, o, d)
+	w := z.enqueue(req, opt, perKey)
+	z.file(w.flow, o, d)
+	z.dispatch() // it may be the head now, and fit in the room held for the old one
+	if w.granted {
+		z.mu.Unlock()
+		return Result{Outcome: Admitted}
+	}
 	z.mu.Unlock()
 	if opt.Queued != nil {
 		opt.Queued()
@@ -274,16 +280,9 @@ func (z *Zone) Acquire(ctx context.Context, req *Request, opt WaitOptions) Resul
 		}
 		return Result{Outcome: Admitted, Waited: waited}
 	}
-	z.dequeue(w) // the room held for its flow, if it was the last, is free
+	z.dequeue(w)
 	z.pending.Add(-1)
-	o, d = Full, 0
-	if outcome == Timeout {
-		o, d = z.tryAcquire(req, reservedAll)
-	}
-	z.dispatch()
+	z.dispatch() // if it was the head, the room it held is free
 	z.mu.Unlock()
-	if o == Admitted {
-		return Result{Outcome: Admitted, Waited: waited}
-	}
 	return Result{Outcome: outcome, Dim: d, Waited: waited}
 }

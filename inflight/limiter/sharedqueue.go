@@ -265,7 +265,8 @@ func (q *SharedQueue) wait(ctx context.Context, req *Request, opt WaitOptions, d
 		return Result{Outcome: QueueFull, Dim: dim, Levels: levels}
 	}
 	own := &Request{Keys: slices.Clone(req.Keys), Max: slices.Clone(req.Max), Limits: req.Limits, Cost: req.Cost}
-	w := q.enqueue(own, opt, perKey, Full, dim)
+	w := q.enqueue(own, opt, perKey)
+	w.flow.refusedBy(dim)
 	w.levels = levels
 	if q.queued.Load() == 1 {
 		q.zone.listShared(q, true)
@@ -301,7 +302,6 @@ func (q *SharedQueue) wait(ctx context.Context, req *Request, opt WaitOptions, d
 // leave takes w out of the queue. mu must be held.
 func (q *SharedQueue) leave(w *waiter) {
 	q.dequeue(w)
-	q.freed = q.freed[:0] // every call tries every waiter: nothing to serve
 	w.left = true
 	q.zone.doneWaitingOutside()
 	if q.queued.Load() == 0 {
@@ -338,7 +338,7 @@ func (q *SharedQueue) call(batch []*newcomerCall) {
 	waiters := q.order(q.clock.Now())
 	tries := make([]try, 0, len(waiters)+len(batch))
 	for _, w := range waiters {
-		t := try{req: w.req, claim: q.claimOf(w.req, true, w.flow.held())}
+		t := try{req: w.req, claim: q.claimOf(w.req, true, w.flow.refused)}
 		if f := w.flow; f.fair {
 			q.fairClaim(&t, f.keyDim, f.fairKey, f.weight)
 		}
@@ -375,7 +375,7 @@ func (q *SharedQueue) call(batch []*newcomerCall) {
 		}
 		if t.verdict.Outcome != Admitted {
 			if t.verdict.Outcome == Full && !w.left { // it holds that room from now on
-				q.file(w.flow, Full, t.verdict.Dim)
+				w.flow.refusedBy(t.verdict.Dim)
 			}
 			continue
 		}

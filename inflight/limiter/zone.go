@@ -204,6 +204,11 @@ type Zone struct {
 	// waiters whose own Limits were retired by a reload use them instead.
 	latest atomic.Pointer[Limits]
 
+	// head is the waiter whose room is held (see reservation), and fresh
+	// its reservation's scratch. Guarded by mu.
+	head  *flow
+	fresh []bool
+
 	// outside counts the requests waiting in shared queues (see
 	// waitOutside), and shared lists the queues that have any.
 	outside atomic.Int64
@@ -295,9 +300,17 @@ func (z *Zone) tryNow(req *Request) (Outcome, int) {
 	if z.pending.Load() > 0 {
 		z.mu.Lock() // slots are given back under mu: waiters go first
 		defer z.mu.Unlock()
-		return z.tryAcquire(req, reservedAll)
+		return z.tryNewcomer(req)
 	}
 	return z.tryAcquire(req, nil)
+}
+
+// tryNewcomer tries req, which does not wait, beyond the head's
+// reservation at now, after the waiters the head's change lets in. mu
+// must be held.
+func (z *Zone) tryNewcomer(req *Request) (Outcome, int) {
+	r := z.dispatch()
+	return z.tryAcquire(req, &r)
 }
 
 // hold counts units of req in every dimension without checking any cap:
@@ -449,8 +462,10 @@ func (z *Zone) Keys(d int) int {
 
 // tryAcquire checks every dimension of req under its shard lock and, if all
 // fit, takes req's units in each. It returns Admitted, or Full or KeysFull
-// with the refusing dimension. With r (mu held), a blocker whose room is
-// held for the flows filed under it refuses as if full.
+// with the refusing dimension: a key's count (its own caps) is checked
+// before the shared constraints (key bounds, then the total), so a request
+// refused by a shared one has room in all its keys. With r (mu held), the
+// head's reservation refuses as if full (see reservation).
 func (z *Zone) tryAcquire(req *Request, r *reservation) (Outcome, int) {
 	lim := z.limitsFor(req)
 	units := int64(1) // every cap is at least 1
@@ -470,6 +485,7 @@ func (z *Zone) tryAcquire(req *Request, r *reservation) (Outcome, int) {
 		if key != "" {
 			sl.shard, sl.hash = z.shardFor(d, key)
 			sl.shard.mu.Lock()
+			sl.count = sl.shard.count(sl.hash)
 		}
 		locked = append(locked, sl)
 	}
@@ -481,24 +497,39 @@ func (z *Zone) tryAcquire(req *Request, r *reservation) (Outcome, int) {
 		if sl.shard == nil {
 			continue
 		}
-		n := sl.shard.count(sl.hash)
-		if n+units > capFor(lim, req, d) || r != nil && z.holds(r, keyBlocker(d, sl.hash)) {
+		held := int64(0)
+		if r.holdsKey(d, sl.hash) {
+			held = r.units
+		}
+		if sl.count+units+held > capFor(lim, req, d) {
 			outcome, refusedBy = Full, d
 			break
 		}
-		if n == 0 && lim.MaxKeys > 0 {
-			if !counted {
-				z.newKeys.Lock()
-				counted = true
-			}
-			if z.keys[d].n.Load() >= lim.MaxKeys || r != nil && z.holds(r, keysBlocker(d)) {
-				outcome, refusedBy = KeysFull, d
-				break
-			}
+	}
+	for d, sl := range locked {
+		if outcome != Admitted || sl.shard == nil || sl.count > 0 || lim.MaxKeys == 0 {
+			continue
+		}
+		if !counted {
+			z.newKeys.Lock()
+			counted = true
+		}
+		held := int64(0)
+		if r.holdsNewKey(d, sl.hash) {
+			held = 1
+		}
+		if z.keys[d].n.Load()+held >= lim.MaxKeys {
+			outcome, refusedBy = KeysFull, d
 		}
 	}
-	if outcome == Admitted && z.hasTotal && (r != nil && z.holds(r, blocker{total: true}) || !z.takeTotal(totalCap(lim), units)) {
-		outcome, refusedBy = Full, TotalDim
+	if outcome == Admitted && z.hasTotal {
+		held := int64(0)
+		if r.holdsTotal() {
+			held = r.units
+		}
+		if !z.takeTotal(totalCap(lim), units+held, units) {
+			outcome, refusedBy = Full, TotalDim
+		}
 	}
 	admit := outcome == Admitted
 	countKeys := admit && z.counting.Load()
@@ -551,12 +582,12 @@ func (z *Zone) startCounting() {
 	}
 }
 
-// takeTotal raises the total by a request of units if they fit under max
-// (0: no max).
-func (z *Zone) takeTotal(max, units int64) bool {
+// takeTotal raises the total by a request of units if need units (its
+// own and those held for the head) fit under max (0: no max).
+func (z *Zone) takeTotal(max, need, units int64) bool {
 	for {
 		w := z.total.Load()
-		if max > 0 && w&MaxCost+units > max {
+		if max > 0 && w&MaxCost+need > max {
 			return false
 		}
 		if z.total.CompareAndSwap(w, w+units+oneReq) {
@@ -582,10 +613,11 @@ func (z *Zone) limitsFor(req *Request) *Limits {
 // capFor is the cap this instance enforces in dimension d for req.
 func capFor(lim *Limits, req *Request, d int) int64 { return lim.capOf(req, d, false) }
 
-// slot is a key's shard and hash, for one admission.
+// slot is a key's shard, hash and units in flight, for one admission.
 type slot struct {
 	shard *shard
 	hash  uint64
+	count int64
 }
 
 // shardFor returns the shard of key in dimension d and the key's hash, which
