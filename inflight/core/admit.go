@@ -180,7 +180,7 @@ func (g *Gate) report(t *Ticket, res limiter.Result, reason string) string {
 		}
 		ce.Write(zap.String("zone", g.label), zap.String("limit", name), zap.String("key", shown), zap.String("reason", reason))
 	}
-	if g.events.ShouldEmit(RefusedEvent) {
+	if g.events != nil && g.events.ShouldEmit(RefusedEvent) { // nil: a gate made without Caddy, in tests
 		hashed := ""
 		if key != "" {
 			hashed = redact(key)
@@ -195,7 +195,7 @@ func (g *Gate) report(t *Ticket, res limiter.Result, reason string) string {
 func (g *Gate) Release(t *Ticket) {
 	g.store.Release(&t.Req)
 	if g.countGrants {
-		g.zone.grants.add(time.Now())
+		g.zone.grants.add(g.zone.Clock().Now())
 	}
 	if g.cfg.PerKeyMetrics {
 		g.zone.series.release(g, t)

@@ -122,7 +122,7 @@ func (g *Gate) deadlineOpt(opt *limiter.WaitOptions, left time.Duration) {
 	if g.early && opt.Wait > 0 {
 		allowed := opt.Wait
 		opt.Refuse = func(queued int64) bool {
-			exp, ok := g.zone.grants.expectedWait(queued, time.Now())
+			exp, ok := g.zone.grants.expectedWait(queued, g.zone.Clock().Now())
 			return ok && exp > allowed+allowed/4
 		}
 	}

@@ -16,7 +16,7 @@ func newTicket(dims int) *Ticket {
 
 // testGate joins a gate to the zone named label without a Caddy context,
 // as Join does: cfg's defaults, its compiled limits and the zone's metrics.
-// Its units are not refused: it has no events app to report to.
+// It has no events app: its refusals emit no event.
 func testGate(t *testing.T, label string, cfg *Config) *Gate {
 	t.Helper()
 	return testGateOn(t, label, cfg, Edge{})
@@ -24,6 +24,15 @@ func testGate(t *testing.T, label string, cfg *Config) *Gate {
 
 // testGateOn is testGate for the edge edge.
 func testGateOn(t *testing.T, label string, cfg *Config, edge Edge) *Gate {
+	t.Helper()
+	g := joinTestGate(t, label, cfg, edge)
+	t.Cleanup(func() { g.Leave() })
+	return g
+}
+
+// joinTestGate is testGateOn for a gate its caller leaves (Leave), as a
+// reload leaves the old handler's.
+func joinTestGate(t *testing.T, label string, cfg *Config, edge Edge) *Gate {
 	t.Helper()
 	cfg.setDefaults()
 	if err := cfg.check(false); err != nil {
@@ -44,7 +53,6 @@ func testGateOn(t *testing.T, label string, cfg *Config, edge Edge) *Gate {
 	g.initMetrics()
 	g.zone.view.Store(g.view())
 	g.zone.Adopt(g.limits)
-	t.Cleanup(func() { g.Leave() })
 	return g
 }
 

@@ -32,7 +32,7 @@ type retrySchedule struct {
 // began). The gate counts the zone's releases only if its edge asked
 // (Edge.RetryHints).
 func (g *Gate) RetryHint(ceiling time.Duration) (time.Duration, bool) {
-	now := time.Now()
+	now := g.zone.Clock().Now()
 	r, ok := g.zone.grants.rate(now)
 	if !ok || r <= 0 {
 		return 0, false

@@ -19,7 +19,7 @@ import (
 // shared one (the total, a key bound), under that and under each of its
 // own keys, which is where room comes back from (see file). A flow tried
 // and refused is parked until the dispatch ends: the room it was refused
-// by only shrinks as others are admitted. Only a change of head gives
+// by only shrinks as others are admitted. Only a change of holder gives
 // back held room; the flows are then tried again.
 //
 // Each try admits a waiter or parks a flow, so a dispatch costs O(log
@@ -38,27 +38,27 @@ func (z *Zone) dispatch() reservation {
 		if f == nil {
 			break
 		}
-		r.f = f
-		o, d := z.tryAcquire(f.head.req, &r)
-		if o != Admitted {
+		o, d := z.tryAcquire(f.head.req, r.against(&z.queue, f, now))
+		if o == Admitted {
+			if f.fair {
+				z.chargeGrant(f.head)
+			}
+			z.grant(f.head)
+		} else {
 			f.tried = z.epoch
 			z.file(f, o, d)
-			continue
 		}
-		if f.fair {
-			z.chargeGrant(f.head)
-		}
-		z.grant(f.head)
-		head := z.head
-		if r = z.reserve(now); z.head != head {
-			z.unpark() // the old head's room is no longer held
+		// A grant, or a refusal that found a flow's keys with room, may
+		// change the holders; room they no longer hold goes to freed.
+		head, sharer := z.head, z.sharer
+		if r = z.reserve(now); z.head != head || z.sharer != sharer {
+			z.unpark()
 			z.epoch++
 			z.freed = compactBlockers(z.freed)
 		}
 	}
 	z.unpark()
 	z.freed = z.freed[:0]
-	r.f = nil
 	return r
 }
 

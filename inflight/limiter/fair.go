@@ -341,17 +341,14 @@ func (q *queue) next(f *flow) candidate {
 }
 
 // before reports whether a goes before b at time now. Fair flows sharing a
-// dimension go by their keys' tags; ties, and flows not comparable so, go
-// by the queue order, with a fair flow's score using its own weight.
+// dimension go by their keys' tags, ties by arrival: the order a fair lane
+// keeps (see filing). Flows not comparable so go by the queue order.
 func (a candidate) before(b candidate, now time.Time) bool {
 	if !a.f.fair || !b.f.fair || a.f.keyDim != b.f.keyDim {
 		return a.w.Before(b.w.Place, now)
 	}
 	if a.tag != b.tag {
 		return a.tag < b.tag
-	}
-	if sa, sb := score(a.f.weight, a.w.Arrived, now), score(b.f.weight, b.w.Arrived, now); sa != sb {
-		return sa > sb
 	}
 	return a.w.Seq < b.w.Seq
 }

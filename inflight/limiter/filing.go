@@ -109,7 +109,14 @@ func (q *queue) file(f *flow, o Outcome, d int) {
 	if o == Full && d != TotalDim {
 		q.unlistBut(f, b)
 		q.list(f, b)
+		if f.eligible != nil {
+			q.leave(&q.eligible, f.eligible)
+			f.eligible = nil
+		}
 		return
+	}
+	if f.eligible == nil {
+		f.eligible = q.enter(&q.eligible, f, blocker{})
 	}
 	q.list(f, b)
 	for k := range f.hashes {
@@ -171,6 +178,10 @@ func (q *queue) unlist(f *flow) {
 	f.listed = nil
 	q.leave(&q.line, f.order)
 	f.order = nil
+	if f.eligible != nil {
+		q.leave(&q.eligible, f.eligible)
+		f.eligible = nil
+	}
 }
 
 // leaveFiling takes e from its blocker's filing, dropping the filing once
@@ -211,6 +222,9 @@ func (q *queue) headLeft(f *flow) {
 		fix(e)
 	}
 	fix(f.order)
+	if f.eligible != nil {
+		fix(f.eligible)
+	}
 }
 
 // first returns the best flow listed in fl at time now.

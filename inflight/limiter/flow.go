@@ -27,9 +27,12 @@ type flow struct {
 	has    []bool
 
 	// listed are its entries in the filings of the constraints where room
-	// it needs comes back (see file), and order its entry in the line.
-	listed []*listing
-	order  *listing
+	// it needs comes back (see file), order its entry in the line, and
+	// eligible its entry among the flows whose keys had room when last
+	// tried, if it is (see reservation).
+	listed   []*listing
+	order    *listing
+	eligible *listing
 	// tried is the dispatch epoch in which it was last tried and refused.
 	tried uint64
 	// refused lists the dimensions (TotalDim: the total) whose counts
@@ -83,6 +86,9 @@ type flows struct {
 	blocked map[uint64]*filing // non-total blocker -> the flows filed under it
 	onTotal *filing            // the flows filed under the total
 	line    filing             // every flow
+	// eligible are the flows last refused by a shared constraint: their
+	// keys had room (see reservation).
+	eligible filing
 	// perKey counts waiters per key of their KeyDim, for MaxWaitingPerKey.
 	perKey map[uint64]int
 	// freed are the constraints whose room came back, for dispatch.
@@ -243,6 +249,9 @@ func (q *queue) moveBack(key uint64) {
 			moveForward(e, p)
 		}
 		moveForward(f.order, p)
+		if f.eligible != nil {
+			moveForward(f.eligible, p)
+		}
 	}
 }
 
@@ -309,13 +318,12 @@ func boolBit(b bool) uint8 {
 
 // perKeyRoom returns the per-key waiting count req would join, and whether
 // it is at opt.MaxWaitingPerKey with others more waiting elsewhere. 0: req
-// is not counted (no bound, or no key in the dimension).
+// is not counted (no key in the dimension). Waiters are counted with or
+// without a bound, so that one set by a reload counts those already
+// waiting.
 func (q *queue) perKeyRoom(req *Request, opt WaitOptions, others int) (uint64, bool) {
-	if opt.MaxWaitingPerKey <= 0 {
-		return 0, false
-	}
 	k := q.keyOf(req, opt.KeyDim)
-	return k, k != 0 && q.perKey[k]+others >= opt.MaxWaitingPerKey
+	return k, k != 0 && opt.MaxWaitingPerKey > 0 && q.perKey[k]+others >= opt.MaxWaitingPerKey
 }
 
 // keyOf identifies req's key in dimension d across the zone (never 0); 0

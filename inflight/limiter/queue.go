@@ -255,7 +255,9 @@ func (z *Zone) Acquire(ctx context.Context, req *Request, opt WaitOptions) Resul
 		return Result{Outcome: Timeout, Dim: d}
 	}
 	w := z.enqueue(req, opt, perKey)
-	z.file(w.flow, o, d)
+	if w.flow.head == w { // a flow is filed by its head's refusals
+		z.file(w.flow, o, d)
+	}
 	z.dispatch() // it may be the head now, and fit in the room held for the old one
 	if w.granted {
 		z.mu.Unlock()

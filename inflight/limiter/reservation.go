@@ -2,100 +2,163 @@ package limiter
 
 import "time"
 
-// Room is held for one waiter only: the head, the first in the queue
-// order at the zone's latest event (an arrival, a release, a waiter
-// leaving, a change of caps). The head holds at most its own units
-// (one key, under a key bound) in each constraint it needs:
-//   - in each of its own keys (a key of a limit it has a key in) always,
-//   - in the shared constraints (the total, a limit's key bound for a key
-//     not yet in flight) only while all its own keys have room for it.
+// While requests wait, room is held for two of them at most, as the queue
+// order stands at the zone's latest event (an arrival, a release, a
+// waiter leaving, a change of caps):
+//   - the head, the first waiter, holds its own units in each of its own
+//     keys (the key it has in each limit);
+//   - the first waiter whose own keys all have room for it (beyond the
+//     head's hold) holds its own units in the shared constraints: the
+//     total, and one key of each key bound its new keys need.
 //
-// Everyone else, waiter or newcomer, is admitted whenever it fits in the
-// room beyond that: a freed unit goes to the first waiter in the queue
-// order that fits, and room sits idle only as the head's reservation.
+// A hold refuses the waiters after its holder in the queue order, and
+// newcomers, where they would leave the holder less than its units; it
+// never refuses a waiter before it. Everyone else is admitted whenever it
+// fits in the room beyond: a freed unit goes to the first waiter in the
+// queue order that fits, and room sits idle only as these holds.
 //
-// Why the head's keys first: a head whose own key is full (a tenant at
-// its cap) cannot use the total's room until one of its own requests
-// ends, and that end frees a unit of the total anyway; holding the total
-// for it meanwhile would leave the backend idle (with fair sharing the
-// capped key is always first in the order). Why its keys at all: a big
-// request that needs several caps would otherwise be passed by small
-// ones in each of them, one at a time, for ever.
+// Why the shared constraints go to a waiter whose keys have room: a head
+// whose own key is full (a tenant at its cap) cannot use the total's room
+// until one of its own requests ends, and that end frees a unit of the
+// total anyway; holding the total for it meanwhile leaves the backend
+// idle (with fair sharing the capped key is always first in the order),
+// and lets small requests behind it pass big ones. Why the head holds its
+// keys at all: a big request that needs several caps would otherwise be
+// passed by small ones in each of them, one at a time, for ever.
 //
 // So no waiter is passed for ever, however many caps it needs: let H be
-// the head. Nothing else takes the room H holds: in each constraint H
-// needs, the units in flight only fall (while H does not fit there) or
-// stay where H fits (once it does), and each of them is within its cap
-// (see units). So once the requests holding H's constraints have given
-// back enough, H fits, and is admitted at the release that makes it fit.
-// Only a waiter that becomes better than H passes it, which the queue
-// order bounds (aging, fair tags).
+// the head. Nothing after H takes the room H needs: in each of H's keys
+// the units in flight only fall (while H does not fit there) or stay
+// where H fits (once it does); once its keys have room, H is the first
+// waiter whose keys do, and holds the total and its key bounds alike.
+// Each cap is at least H's units (see units), so once the requests
+// holding H's constraints have given back enough, H fits, and is admitted
+// at the release that makes it fit. Only a waiter that becomes better
+// than H passes it, which the queue order bounds (aging, fair tags).
 //
-// The bound on idle room: the units of one request, the head's, in each
-// constraint it needs, for as long as it is the head and does not fit:
-// until the requests holding the rest of its units end.
+// The bound on idle room: the head's units in each of its keys, and the
+// shared holder's units in the total (one key in a key bound), each for as
+// long as its holder waits and does not fit there: until the requests
+// holding the rest of its units end.
 
-// reservation is the head's hold on its constraints, as a try under mu
-// sees it: f is the flow trying (nil for a newcomer), which the hold does
-// not refuse if it is the head's own.
+// reservation is the holds as a try under mu sees them: f is the flow
+// trying (nil for a newcomer), set by against.
 type reservation struct {
-	head  *flow // nil: nobody waits
-	units int64 // the head's units
-	// shared says the head's own keys have room for it: it holds the
-	// total and the key bounds of its new keys too.
-	shared bool
-	fresh  []bool // per dimension: the head's key there is not in flight
-	f      *flow
+	head      *flow // nil: nobody waits
+	headUnits int64
+	// shared holds the total and the key bounds of its new keys (fresh
+	// per limit); nil: no waiter's keys have room.
+	shared      *flow
+	sharedUnits int64
+	fresh       []bool
+
+	f           *flow
+	sharedFirst bool // shared goes before f
 }
 
-// holdsKey reports whether r holds room in dimension d's key hash
-// against the try.
-func (r *reservation) holdsKey(d int, hash uint64) bool {
-	return r.against() && r.head.keyed(d) && r.head.hashes[d] == hash
-}
-
-// holdsNewKey reports whether r holds a key of dimension d's key bound
-// against a try whose key there (hash) is not in flight.
-func (r *reservation) holdsNewKey(d int, hash uint64) bool {
-	return r.against() && r.shared && r.fresh[d] && r.head.hashes[d] != hash
-}
-
-// holdsTotal reports whether r holds room in the total against the try.
-func (r *reservation) holdsTotal() bool { return r.against() && r.shared }
-
-// against reports whether r holds anything against its try.
-func (r *reservation) against() bool { return r != nil && r.head != nil && r.f != r.head }
-
-// reserve makes the first flow in the queue order at now the head, and
-// returns its reservation. If the head changed, the constraints the old
-// one held go to freed: their room is no longer held. mu must be held.
-func (z *Zone) reserve(now time.Time) reservation {
-	head := z.first(&z.line, now)
-	if head != z.head {
-		if old := z.head; old != nil {
-			z.freed = old.blockers(z.freed)
-		}
-		z.head = head
-	}
-	if head == nil {
-		return reservation{}
-	}
-	req := head.head.req
-	lim := z.limitsFor(req)
-	r := reservation{head: head, units: z.units(lim, req), shared: true, fresh: z.fresh[:0]}
-	for d := range req.Keys {
-		fresh := false
-		if head.keyed(d) {
-			n := z.countOf(d, head.hashes[d])
-			fresh = n == 0
-			if n+r.units > capFor(lim, req, d) {
-				r.shared = false
-			}
-		}
-		r.fresh = append(r.fresh, fresh)
-	}
-	z.fresh = r.fresh
+// against readies r for a try by f (nil: a newcomer) at now.
+func (r *reservation) against(q *queue, f *flow, now time.Time) *reservation {
+	r.f = f
+	r.sharedFirst = r.shared != nil && r.shared != f && (f == nil || q.before(r.shared, f, now))
 	return r
+}
+
+// holdsKey returns the units r holds in dimension d's key hash against
+// its try.
+func (r *reservation) holdsKey(d int, hash uint64) int64 {
+	if r == nil || r.head == nil || r.f == r.head || !r.head.keyed(d) || r.head.hashes[d] != hash {
+		return 0
+	}
+	return r.headUnits
+}
+
+// holdsNewKey returns the keys r holds in dimension d's key bound against
+// a try whose key there (hash) is not in flight.
+func (r *reservation) holdsNewKey(d int, hash uint64) int64 {
+	if r == nil || !r.sharedFirst || !r.fresh[d] || r.shared.hashes[d] == hash {
+		return 0
+	}
+	return 1
+}
+
+// holdsTotal returns the units r holds in the total against its try.
+func (r *reservation) holdsTotal() int64 {
+	if r == nil || !r.sharedFirst {
+		return 0
+	}
+	return r.sharedUnits
+}
+
+// reserve finds the holders at now and returns their reservation. A
+// holder that changed gives back the room it held: its constraints go to
+// freed. mu must be held.
+func (z *Zone) reserve(now time.Time) reservation {
+	var r reservation
+	if r.head = z.first(&z.line, now); r.head != nil {
+		r.headUnits = z.unitsOf(r.head)
+		r.shared = z.firstWithRoom(&r, now)
+	}
+	if r.shared != nil {
+		r.sharedUnits = z.unitsOf(r.shared)
+		r.fresh = z.fresh[:0]
+		for d := range r.shared.hashes {
+			r.fresh = append(r.fresh, r.shared.keyed(d) && z.countOf(d, r.shared.hashes[d]) == 0)
+		}
+		z.fresh = r.fresh
+	}
+	if r.head != z.head {
+		if z.head != nil {
+			z.freed = z.head.keyBlockers(z.freed)
+		}
+		z.head = r.head
+	}
+	if r.shared != z.sharer {
+		if z.sharer != nil {
+			z.freed = z.sharer.sharedBlockers(z.freed)
+		}
+		z.sharer = r.shared
+	}
+	return r
+}
+
+// firstWithRoom returns the first waiter, in the queue order at now,
+// whose own keys have room for it beyond r's head's hold. It looks among
+// the flows last refused by a shared constraint (eligible); one whose
+// keys no longer have room is filed under its key instead. mu must be
+// held.
+func (z *Zone) firstWithRoom(r *reservation, now time.Time) *flow {
+	for {
+		f := z.first(&z.eligible, now)
+		if f == nil {
+			return nil
+		}
+		r.against(&z.queue, f, now)
+		d, ok := z.keysFit(f, r)
+		if ok {
+			return f
+		}
+		z.file(f, Full, d)
+	}
+}
+
+// keysFit reports whether f's head fits in each of its keys beyond r's
+// hold, and if not, the first dimension it does not fit in.
+func (z *Zone) keysFit(f *flow, r *reservation) (int, bool) {
+	req := f.head.req
+	lim := z.limitsFor(req)
+	units := z.unitsOf(f)
+	for d := range f.hashes {
+		if f.keyed(d) && z.countOf(d, f.hashes[d])+units+r.holdsKey(d, f.hashes[d]) > capFor(lim, req, d) {
+			return d, false
+		}
+	}
+	return 0, true
+}
+
+// unitsOf returns the units of f's head under the limits that apply to it.
+func (z *Zone) unitsOf(f *flow) int64 {
+	req := f.head.req
+	return z.units(z.limitsFor(req), req)
 }
 
 // countOf returns the units in flight of dimension d's key hash.
@@ -106,12 +169,22 @@ func (z *Zone) countOf(d int, hash uint64) int64 {
 	return s.count(hash)
 }
 
-// blockers appends the constraints f needs, whose room it holds as the
-// head: its keys, their key bounds and the total.
-func (f *flow) blockers(out []blocker) []blocker {
+// keyBlockers appends f's keys, whose room it holds as the head.
+func (f *flow) keyBlockers(out []blocker) []blocker {
 	for d := range f.hashes {
 		if f.keyed(d) {
-			out = append(out, keyBlocker(d, f.hashes[d]), keysBlocker(d))
+			out = append(out, keyBlocker(d, f.hashes[d]))
+		}
+	}
+	return out
+}
+
+// sharedBlockers appends the total and f's key bounds, whose room it
+// holds as the first waiter with room in its keys.
+func (f *flow) sharedBlockers(out []blocker) []blocker {
+	for d := range f.hashes {
+		if f.keyed(d) {
+			out = append(out, keysBlocker(d))
 		}
 	}
 	return append(out, blocker{total: true})

@@ -204,10 +204,10 @@ type Zone struct {
 	// waiters whose own Limits were retired by a reload use them instead.
 	latest atomic.Pointer[Limits]
 
-	// head is the waiter whose room is held (see reservation), and fresh
-	// its reservation's scratch. Guarded by mu.
-	head  *flow
-	fresh []bool
+	// head and sharer are the waiters whose room is held (see
+	// reservation), and fresh their reservation's scratch. Guarded by mu.
+	head, sharer *flow
+	fresh        []bool
 
 	// outside counts the requests waiting in shared queues (see
 	// waitOutside), and shared lists the queues that have any.
@@ -242,6 +242,10 @@ func NewZone(dims int, hasTotal bool, clock Clock) *Zone {
 	z.clock, z.seed = clock, maphash.MakeSeed()
 	return z
 }
+
+// Clock returns the zone's time source, for what reads time beside it
+// (a grant rate, retry hints).
+func (z *Zone) Clock() Clock { return z.clock }
 
 // HasTotal reports whether the zone counts a zone-wide total.
 func (z *Zone) HasTotal() bool { return z.hasTotal }
@@ -310,7 +314,7 @@ func (z *Zone) tryNow(req *Request) (Outcome, int) {
 // must be held.
 func (z *Zone) tryNewcomer(req *Request) (Outcome, int) {
 	r := z.dispatch()
-	return z.tryAcquire(req, &r)
+	return z.tryAcquire(req, r.against(&z.queue, nil, z.clock.Now()))
 }
 
 // hold counts units of req in every dimension without checking any cap:
@@ -497,11 +501,7 @@ func (z *Zone) tryAcquire(req *Request, r *reservation) (Outcome, int) {
 		if sl.shard == nil {
 			continue
 		}
-		held := int64(0)
-		if r.holdsKey(d, sl.hash) {
-			held = r.units
-		}
-		if sl.count+units+held > capFor(lim, req, d) {
+		if sl.count+units+r.holdsKey(d, sl.hash) > capFor(lim, req, d) {
 			outcome, refusedBy = Full, d
 			break
 		}
@@ -514,20 +514,12 @@ func (z *Zone) tryAcquire(req *Request, r *reservation) (Outcome, int) {
 			z.newKeys.Lock()
 			counted = true
 		}
-		held := int64(0)
-		if r.holdsNewKey(d, sl.hash) {
-			held = 1
-		}
-		if z.keys[d].n.Load()+held >= lim.MaxKeys {
+		if z.keys[d].n.Load()+r.holdsNewKey(d, sl.hash) >= lim.MaxKeys {
 			outcome, refusedBy = KeysFull, d
 		}
 	}
 	if outcome == Admitted && z.hasTotal {
-		held := int64(0)
-		if r.holdsTotal() {
-			held = r.units
-		}
-		if !z.takeTotal(totalCap(lim), units+held, units) {
+		if !z.takeTotal(totalCap(lim), units+r.holdsTotal(), units) {
 			outcome, refusedBy = Full, TotalDim
 		}
 	}
