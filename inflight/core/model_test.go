@@ -101,8 +101,8 @@ type model struct {
 	gens    []mConfig
 	retired []bool
 	now     time.Time
-	reqs []*mRequest
-	seq  uint64
+	reqs    []*mRequest
+	seq     uint64
 
 	count  []map[string]int64 // per limit: units per key
 	total  int64
