@@ -106,3 +106,31 @@ func TestDeadlineOpt(t *testing.T) {
 		}
 	})
 }
+
+// TestEarlyRefusalMargin pins early refusal's rule: a unit with queued
+// units ahead is refused at once exactly when (queued + 1) / the zone's
+// rate is over 1.25 × the wait its deadline leaves it, at a steady
+// 10 grants/s and a 270 ms wait: 3 in line (300 ms) still wait, above the
+// wait but within its margin; 4 (400 ms, over 337.5) are refused.
+func TestEarlyRefusalMargin(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := testGateOn(t, "early-margin", &Config{Total: 2, Wait: caddy.Duration(10 * time.Second)}, Edge{EarlyRefusal: true})
+		opt := g.waitOpt
+		g.deadlineOpt(&opt, 300*time.Millisecond) // a 270 ms wait
+		for range 100 {                            // 10/s for 10 s: the rate within 5 %
+			time.Sleep(100 * time.Millisecond)
+			g.zone.grants.add(time.Now())
+		}
+		r, _ := g.zone.grants.rate(time.Now())
+		for queued := range int64(8) {
+			expected := float64(queued+1) / r
+			want := expected > 1.25*opt.Wait.Seconds()
+			if got := opt.Refuse(queued); got != want {
+				t.Errorf("%d ahead at %.2f/s (%.0f ms expected, wait 270 ms): refused %v, want %v", queued, r, expected*1000, got, want)
+			}
+		}
+		if opt.Refuse(2) || !opt.Refuse(3) {
+			t.Errorf("at %.2f/s: 2 ahead refused %v, 3 ahead %v; want waiting, refused", r, opt.Refuse(2), opt.Refuse(3))
+		}
+	})
+}

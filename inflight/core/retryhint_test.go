@@ -6,6 +6,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
+
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
 
@@ -54,6 +56,45 @@ func TestRetryHintsSpaceRefusedClients(t *testing.T) {
 		// the 500 ms of a schedule kept.
 		if d, _ := g.RetryHint(time.Second); d < 100*time.Millisecond || d > 250*time.Millisecond {
 			t.Fatalf("a second later: %v, want one slot at the fallen rate (100 to 250 ms), not the 500 ms of a schedule kept", d)
+		}
+	})
+}
+
+// TestRetryHintCountsWaitersAndHasAFloor pins the hint's terms: with n
+// units waiting in the zone it is (n + 1) slots at the zone's rate (± 10 %
+// jitter), and never under 10 ms, however fast slots free.
+func TestRetryHintCountsWaitersAndHasAFloor(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := testGateOn(t, "retry-terms", &Config{Zone: "retry-terms", Total: 1, Wait: caddy.Duration(time.Hour)}, Edge{RetryHints: true})
+		for range 100 { // 10 releases/s for 10 s
+			time.Sleep(100 * time.Millisecond)
+			g.zone.grants.add(time.Now())
+		}
+		held := g.newTicket()
+		if g.Admit(context.Background(), held, "", "").Outcome != limiter.Admitted {
+			t.Fatal("want admitted")
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		for range 4 {
+			go g.Admit(ctx, g.newTicket(), "", "")
+		}
+		synctest.Wait()
+		r, _ := g.zone.grants.rate(time.Now())
+		slot := time.Duration(float64(time.Second) / r)
+		if d, ok := g.RetryHint(time.Minute); !ok || d < 5*slot*9/10 || d > 5*slot*11/10 {
+			t.Errorf("with 4 waiting at %.2f/s: hint %v, want 5 slots (%v) ± 10 %%", r, d, 5*slot)
+		}
+		cancel()
+		synctest.Wait()
+		g.Release(held)
+
+		for range 2000 { // 1,000/s for 2 s: a slot of 1 ms
+			time.Sleep(time.Millisecond)
+			g.zone.grants.add(time.Now())
+		}
+		time.Sleep(time.Second) // the told times have passed
+		if d, ok := g.RetryHint(time.Minute); !ok || d != 10*time.Millisecond {
+			t.Errorf("at a slot of about 1 ms: hint %v, want the 10 ms floor", d)
 		}
 	})
 }

@@ -51,7 +51,8 @@ type Claim struct {
 	// Waits says that the request waits if refused.
 	Waits bool
 	// Hold lists the dimensions (TotalDim: the total) whose room the claim
-	// holds if refused: those that refused it before (see serve).
+	// holds if refused: the dimensions whose counts refused it since it
+	// started waiting.
 	Hold []int
 	// Fair, if set, puts the claim on the zone's fair clock in the ledger:
 	// the one clock of the fleet.

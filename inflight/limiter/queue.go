@@ -133,18 +133,17 @@ type WaitOptions struct {
 //
 // Invariants, with mu held:
 //   - No queued waiter may be admitted: each is refused by a full
-//     blocker (a key at its cap, a shard at its key bound, or the total) or
-//     by a blocker whose room is held for a better flow (see serve). Every
-//     flow is listed under each blocker that refused it since it started
-//     waiting, until it is admitted or gone, and the best flow listed under
-//     a blocker is tried again whenever that blocker gives back a slot
-//     (Release), its room is no longer held for a flow (the flow left or
-//     was admitted), or the caps change (Adopt, Retire). So flows listed
-//     under other blockers need not be looked at: the cost of a release is
-//     the flows it could unblock, not the waiters.
+//     constraint (a key at its cap, a limit at its key bound, or the
+//     total) or by room held for a waiter before it (see reservation).
+//     Every flow is filed where room it needs comes back (see file), and
+//     a release, a change of holder or a change of caps (Adopt, Retire)
+//     hands that room to the flows filed there, best first (see
+//     dispatch). So flows filed elsewhere need not be looked at: the cost
+//     of a release is the flows it could unblock, not the waiters.
 //   - Within a flow the oldest waiter is the best (same class, same weight,
 //     so the same score order as arrival), and if it does not fit, no other
-//     does: only a flow's head is ever tried.
+//     does: only a flow's head is ever tried, and a flow is filed by its
+//     head's refusals.
 //   - pending counts the queued waiters plus the requests between entering
 //     the slow path and leaving it. While it is above zero, slots are given
 //     back (and taken by newcomers) only with mu held, so a freed slot goes

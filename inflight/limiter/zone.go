@@ -50,19 +50,13 @@
 //   - While any request is queued, admissions and releases go through the
 //     queue lock, so a freed slot reaches the waiters it can unblock before
 //     any newcomer sees it (see queue.go).
-//   - Held room: a waiting flow is listed under every blocker that refused
-//     it, until it is admitted or gone, and a blocker with flows listed
-//     under it holds its room for the best of them: a try that needs it,
-//     by a newcomer or by a flow that is not better, is refused there. So
-//     no request waits for ever behind smaller ones, however many caps it
-//     needs. Proof: let F be the best waiting flow. Each blocker F is
-//     listed under has F as its best, so nothing but F takes units there:
-//     those units only fall. F is listed under each blocker that refuses it
-//     (finitely many: its keys, their key bounds, the total), its units are
-//     within each cap (see units), and a release at any of them tries F; so
-//     F fits once the requests admitted before it have given back enough.
-//     Only flows that become better than F pass it, which the queue order
-//     bounds (aging, fair tags). See serve.
+//   - Held room: while requests wait, room is held for two waiters at
+//     most, each at most its own units: the first in the queue order, in
+//     each of its own keys, and the first whose own keys have room, in
+//     the total and its key bounds. Everything else fits or does not by
+//     the counts: a freed unit goes to the first waiter in the queue
+//     order that fits. The rule, why, its proof against starvation and
+//     its bound on idle room are in reservation.go.
 package limiter
 
 import (
