@@ -117,7 +117,7 @@ func TestEarlyRefusalMargin(t *testing.T) {
 		g := testGateOn(t, "early-margin", &Config{Total: 2, Wait: caddy.Duration(10 * time.Second)}, Edge{EarlyRefusal: true})
 		opt := g.waitOpt
 		g.deadlineOpt(&opt, 300*time.Millisecond) // a 270 ms wait
-		for range 100 {                            // 10/s for 10 s: the rate within 5 %
+		for range 100 {                           // 10/s for 10 s: the rate within 5 %
 			time.Sleep(100 * time.Millisecond)
 			g.zone.grants.add(time.Now())
 		}
