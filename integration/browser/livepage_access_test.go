@@ -20,11 +20,11 @@ import (
 // of a URL with credentials in it would fail) or through the browser's
 // login prompt.
 func TestLivePageBehindBasicAuth(t *testing.T) {
-	site := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
 	hash, err := bcrypt.GenerateFromPassword([]byte("s3cret"), bcrypt.MinCost)
 	if err != nil {
 		t.Fatal(err)
 	}
+	site := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
 	load(t, fmt.Sprintf(`%s {
 	handle /inflight/* {
 		basic_auth {
