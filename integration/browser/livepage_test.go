@@ -95,7 +95,7 @@ func TestLivePage(t *testing.T) {
 	ctx := browser(t)
 	auth := "Basic " + base64.StdEncoding.EncodeToString([]byte("admin:secret"))
 	// Tall enough for the whole page: no scroll bar narrows it.
-	if err := chromedp.Do(ctx, chromedp.EmulateViewport(1400, 1000), headers(network.Headers{"Authorization": auth})); err != nil {
+	if err := chromedp.Do(ctx, chromedp.EmulateViewport(1400, 1300), headers(network.Headers{"Authorization": auth})); err != nil {
 		t.Fatal(err)
 	}
 	resp, err := chromedp.RunResponse(ctx, chromedp.Navigate(site+"/inflight/"))
