@@ -69,6 +69,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/caddyauth"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
 	_ "github.com/caddy-inflight/caddy-inflight"
@@ -368,4 +369,32 @@ func init() {
 	})
 	// As caddy-ratelimit does itself (caddyfile.go, since July 2024).
 	httpcaddyfile.RegisterDirectiveOrder("rate_limit", httpcaddyfile.Before, "basic_auth")
+}
+
+// TestLivePagePasswordMatchesItsHash: each document whose live-page example
+// puts basic_auth in front of the page says the example's password, and
+// the hash in the example is that password's, as Caddy's basic_auth
+// compares it (bcrypt).
+func TestLivePagePasswordMatchesItsHash(t *testing.T) {
+	said := regexp.MustCompile("its password is `([^`]+)`")
+	hashed := regexp.MustCompile(`(?m)^\t\tadmin (\$2a\$\S+)$`)
+	compared := map[string]bool{}
+	for _, doc := range []string{"README.md", "docs/observability.md"} {
+		raw, err := os.ReadFile(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		password, hash := said.FindSubmatch(raw), hashed.FindSubmatch(raw)
+		if password == nil || hash == nil {
+			t.Errorf("%s: the live page's example says its password %q, hash %q: want both", doc, password, hash)
+			continue
+		}
+		if compared[string(hash[1])+" "+string(password[1])] {
+			continue // the same example: compared once
+		}
+		compared[string(hash[1])+" "+string(password[1])] = true
+		if ok, err := (caddyauth.BcryptHash{}).Compare(hash[1], password[1]); !ok || err != nil {
+			t.Errorf("%s: the hash %s is not that of the password %q the document gives (%v)", doc, hash[1], password[1], err)
+		}
+	}
 }

@@ -214,8 +214,9 @@ func handlerConfig(handler string) []byte {
 // TestJSONRefusesWhatTheCaddyfileRefuses: a JSON config is refused at load
 // for the values the Caddyfile refuses at their line: a fixed cap beyond
 // the 40 bits of units a zone counts, a priority that is no class, a fixed
-// weight out of range, a Redis address without a port. Each error names
-// the setting, the value and what is allowed.
+// weight out of range, a Redis address without a port, max_waiting_per_key
+// above max_waiting, retry_after_ms above retry_after, a Redis lease below
+// 1s. Each error names the setting, the value and what is allowed.
 func TestJSONRefusesWhatTheCaddyfileRefuses(t *testing.T) {
 	t.Setenv("XDG_DATA_HOME", t.TempDir())
 	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
@@ -234,6 +235,12 @@ func TestJSONRefusesWhatTheCaddyfileRefuses(t *testing.T) {
 			`weight "5000" is not allowed: want a number from 0.001 to 1000`},
 		{`{"handler": "inflight", "total": 5, "store": {"type": "redis", "address": ["redis.internal"]}}`,
 			`address "redis.internal" is not allowed: want host:port, such as 127.0.0.1:6379`},
+		{`{"handler": "inflight", "total": 5, "wait": "1s", "max_waiting": 10, "max_waiting_per_key": 100}`,
+			`max_waiting_per_key 100 is not allowed above max_waiting (10)`},
+		{`{"handler": "inflight", "total": 5, "retry_after": "1s", "retry_after_ms": "5s"}`,
+			`retry_after_ms "5s" is not allowed: want auto or a positive duration up to retry_after (1s)`},
+		{`{"handler": "inflight", "total": 5, "store": {"type": "redis", "address": ["127.0.0.1:6379"], "lease": "500ms"}}`,
+			`lease 500ms is not allowed: want at least 1s`},
 	} {
 		var cfg caddy.Config
 		if err := json.Unmarshal(handlerConfig(tc.handler), &cfg); err != nil {

@@ -36,7 +36,10 @@ func TestAdapt(t *testing.T) {
 				t.Fatal("fixture has no ---------- separator")
 			}
 			want = strings.TrimSpace(want)
-			got, err := adapt(caddyfile)
+			got, warnings, err := adaptWarned(caddyfile)
+			if len(warnings) > 0 {
+				t.Errorf("adapt warned: %q", warnings)
+			}
 			if *update && strings.HasPrefix(want, "{") && err == nil {
 				want = got
 				if err := os.WriteFile(f, []byte(caddyfile+"\n----------\n"+got+"\n"), 0o644); err != nil {
@@ -61,6 +64,56 @@ func TestAdapt(t *testing.T) {
 			}
 			if !strings.Contains(err.Error(), want) {
 				t.Fatalf("error %q\nwant it to contain %q", err, want)
+			}
+		})
+	}
+}
+
+// adaptWarned adapts a Caddyfile, and returns the warnings of the
+// directives as `caddy adapt` shows them (file:line: message).
+func adaptWarned(caddyfile string) (string, []string, error) {
+	var warnings []string
+	defer func(report func(caddyconfig.Warning)) { adaptWarning = report }(adaptWarning)
+	adaptWarning = func(w caddyconfig.Warning) { warnings = append(warnings, w.String()) }
+	got, err := adapt(caddyfile)
+	return got, warnings, err
+}
+
+// TestAdaptWarns: a setting that adapts but is likely a mistake is warned
+// of at its file and line, once: a literal Redis password (the adapted
+// config, and so Caddy's GET /config/, shows it), a fixed deadline that
+// cuts the wait, and a setting that has no effect. A placeholder password
+// or a deadline that resolves per request is not.
+func TestAdaptWarns(t *testing.T) {
+	for _, tc := range []struct{ name, block, want string }{
+		{"literal password", "\t\tstore redis {\n\t\t\taddress 127.0.0.1:6379\n\t\t\tpassword s3cret\n\t\t}\n",
+			"Caddyfile:5: inflight: store redis: password is written literally: Caddy's GET /config/ shows it to whoever reaches the admin API; write it as a placeholder such as {env.REDIS_PASSWORD} and set that variable"},
+		{"literal sentinel password", "\t\tstore redis {\n\t\t\taddress 127.0.0.1:26379\n\t\t\tmaster_name m\n\t\t\tsentinel_password s3cret\n\t\t}\n",
+			"Caddyfile:6: inflight: store redis: sentinel_password is written literally"},
+		{"placeholder password", "\t\tstore redis {\n\t\t\taddress 127.0.0.1:6379\n\t\t\tpassword {env.REDIS_PASSWORD}\n\t\t}\n", ""},
+		{"fixed deadline below wait", "\t\twait 30s\n\t\tdeadline 300ms\n",
+			"Caddyfile:4: inflight: deadline cuts the wait: a fixed deadline of 300ms ends every wait within 270ms (the deadline less its margin), not wait 30s: lower wait instead, or give a placeholder that resolves per request, such as {header.X-Request-Timeout}"},
+		{"fixed deadline above wait", "\t\twait 1s\n\t\tdeadline 5s\n", ""},
+		{"deadline per request", "\t\twait 30s\n\t\tdeadline {header.X-Request-Timeout}\n", ""},
+		{"deadline without wait", "\t\tdeadline {header.X-Request-Timeout}\n",
+			"Caddyfile:3: inflight: deadline has no effect: requests never wait without wait"},
+		{"max_waiting without wait", "\t\tmax_waiting 5\n", "Caddyfile:3: inflight: max_waiting has no effect: units never wait without wait"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, warnings, err := adaptWarned(":8080 {\n\tinflight 5 {\n" + tc.block + "\t}\n}\n")
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch {
+			case tc.want == "" && len(warnings) > 0:
+				t.Fatalf("adapt warned %q, want no warning", warnings)
+			case tc.want != "" && (len(warnings) != 1 || !strings.HasPrefix(warnings[0], tc.want)):
+				t.Fatalf("adapt warned %q, want one warning starting %q", warnings, tc.want)
+			}
+			for _, w := range warnings {
+				if strings.Contains(w, "s3cret") {
+					t.Fatalf("the warning shows the password: %s", w)
+				}
 			}
 		})
 	}

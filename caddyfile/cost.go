@@ -7,7 +7,6 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 
 	"github.com/caddy-inflight/caddy-inflight/inflight"
-	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
 
 // parseCost reads `cost <n|placeholder>` or `cost tokens [{ ... }]`.
@@ -19,10 +18,11 @@ func parseCost(h httpcaddyfile.Helper, hd *inflight.Handler) error {
 	if v == "tokens" {
 		return parseTokens(h, hd)
 	}
-	if !strings.Contains(v, "{") {
-		if n, err := strconv.ParseInt(v, 10, 64); err != nil || n <= 0 || n > limiter.MaxCost {
-			return h.Errf("inflight: cost %q is not allowed: want a positive integer up to %d, a placeholder such as {http.request.header.X-Cost}, or tokens", v, int64(limiter.MaxCost))
-		}
+	if err := inflight.CheckCost(v); err != nil {
+		return h.Errf("inflight: %v, or tokens", err)
+	}
+	if probe := *h.Dispenser; probe.NextBlock(probe.Nesting()) {
+		return h.Errf("inflight: cost %s takes no block { }: a block of options goes only with cost tokens { … }", inflight.ShortForm(v))
 	}
 	hd.Cost = v
 	return nil

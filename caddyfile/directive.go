@@ -4,7 +4,6 @@ package caddyfile
 
 import (
 	"math"
-	"slices"
 	"strconv"
 	"time"
 
@@ -87,14 +86,27 @@ func parse(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 		Own: func(_ *caddyfile.Dispenser, opt string) (bool, error) {
 			return parseHTTPOption(h, hd, opt)
 		},
+		Done: func(written Written) error { return checkHTTP(hd, written) },
 	})
 	if err != nil {
 		return nil, err
 	}
-	if err := checkLimitHeaders(h, hd); err != nil {
-		return nil, err
-	}
 	return hd, nil
+}
+
+// checkHTTP makes the checks of the HTTP options that need the whole
+// block, at the line of the option they refuse or warn of.
+func checkHTTP(hd *inflight.Handler, written Written) error {
+	if err := hd.CheckRetryAfterMs(); err != nil {
+		return written.At("retry_after_ms").Errf("inflight: %v", err)
+	}
+	if err := hd.CheckLimitHeaders(); err != nil {
+		return written.At("limit_headers").Errf("inflight: %v", err)
+	}
+	for _, n := range hd.HTTPNotices() {
+		written.Warn(n.Setting, n.String())
+	}
+	return nil
 }
 
 // parseHTTPOption reads one of the options only HTTP has, and reports
@@ -112,14 +124,8 @@ func parseHTTPOption(h httpcaddyfile.Helper, hd *inflight.Handler, opt string) (
 		var d time.Duration
 		d, err = duration(h.Dispenser, opt, false)
 		hd.RetryAfter = caddy.Duration(d)
-	case "retry_after_ms":
-		if !h.NextArg() || h.CountRemainingArgs() > 0 {
-			return true, h.Errf("inflight: retry_after_ms: want one argument, auto or a duration (250ms)")
-		}
-		hd.RetryAfterMs = h.Val()
-		if d, perr := time.ParseDuration(hd.RetryAfterMs); hd.RetryAfterMs != "auto" && (perr != nil || d <= 0) {
-			err = h.Errf("inflight: retry_after_ms %q is not allowed: want auto or a positive duration (250ms)", hd.RetryAfterMs)
-		}
+	case "retry_after_ms": // checked against retry_after once the block is read
+		hd.RetryAfterMs, err = oneArg(h.Dispenser, opt, "auto or a duration such as 250ms")
 	case "wait_body_buffer":
 		hd.WaitBodyBuffer, err = byteSize(h, opt)
 	case "grpc_status":
@@ -133,6 +139,8 @@ func parseHTTPOption(h httpcaddyfile.Helper, hd *inflight.Handler, opt string) (
 			return true, h.Errf("inflight: early_refusal takes no arguments, got %q", h.Val())
 		}
 		hd.EarlyRefusal = true
+	case "bytes_per_token", "default_output", "max_body", "include_usage":
+		err = h.Errf("inflight: %s is an option of cost tokens: write it in its block, cost tokens { %s … }", opt, opt)
 	case "store": // the shared option, but not beside an adaptive total
 		if hd.TotalAdaptive == nil {
 			return false, nil
@@ -156,34 +164,12 @@ func parseDeadlineOption(h httpcaddyfile.Helper) (string, error) {
 	return args[0], nil
 }
 
-// parseLimitHeaders reads `limit_headers <limit>...`.
+// parseLimitHeaders reads `limit_headers <limit>...`; the names are
+// checked once the block is read.
 func parseLimitHeaders(h httpcaddyfile.Helper, hd *inflight.Handler) error {
 	hd.LimitHeaders = h.RemainingArgs()
 	if len(hd.LimitHeaders) == 0 {
 		return h.Err("inflight: limit_headers: want the names of one or more of this block's limits, or total")
-	}
-	for i, name := range hd.LimitHeaders {
-		if slices.Contains(hd.LimitHeaders[:i], name) {
-			return h.Errf("inflight: limit_headers %q is given twice: name each limit once", name)
-		}
-	}
-	return nil
-}
-
-// checkLimitHeaders refuses a name in limit_headers that is neither a limit
-// of the block nor its total.
-func checkLimitHeaders(h httpcaddyfile.Helper, hd *inflight.Handler) error {
-	allowed := make([]string, 0, len(hd.Limits)+1)
-	for _, l := range hd.Limits {
-		allowed = append(allowed, l.Name)
-	}
-	if hd.Total > 0 || hd.TotalAdaptive != nil {
-		allowed = append(allowed, "total")
-	}
-	for _, name := range hd.LimitHeaders {
-		if !slices.Contains(allowed, name) {
-			return h.Errf("inflight: limit_headers %q is not allowed: want the names of this block's limits %q", name, allowed)
-		}
 	}
 	return nil
 }

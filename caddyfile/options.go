@@ -2,7 +2,6 @@ package caddyfile
 
 import (
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -38,6 +37,10 @@ type Block struct {
 	// Own reads one of the protocol's own options, whose name the
 	// dispenser is on, and reports whether it knew it. It is asked first.
 	Own func(d *caddyfile.Dispenser, opt string) (bool, error)
+	// Done, if set, checks the protocol's options once the block is read
+	// (the shared options' checks passed); written says where each option
+	// stands.
+	Done func(written Written) error
 }
 
 // ParseBlock reads an inflight directive into cfg, the dispenser on the
@@ -78,31 +81,46 @@ func ParseBlock(d *caddyfile.Dispenser, cfg *core.Config, b Block) error {
 	default:
 		return d.Errf("inflight: too many arguments %q: want at most one, the max per client IP", shortForms(args))
 	}
-	seen := map[string]bool{}
+	var written Written
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		opt := d.Val()
-		if seen[opt] && opt != "limit" {
+		if written.Has(opt) && opt != "limit" {
 			return d.Errf("inflight: %s is given twice: give it once", opt)
 		}
-		seen[opt] = true
+		written.mark(d, opt)
+		known := false
 		if b.Own != nil {
-			known, err := b.Own(d, opt)
-			if err != nil {
+			var err error
+			if known, err = b.Own(d, opt); err != nil {
 				return err
 			}
-			if known {
-				continue
+		}
+		if !known {
+			if err := b.parseOption(d, cfg, opt, shorthand); err != nil {
+				return err
 			}
 		}
-		if err := b.parseOption(d, cfg, opt, shorthand); err != nil {
-			return err
+		if probe := *d; probe.NextBlock(probe.Nesting()) {
+			return d.Errf("inflight: %s takes no block { }: give its value on its line", opt)
 		}
 	}
+	written.end = *d
 	if len(cfg.Limits) == 0 && cfg.Total == 0 && (b.OtherTotal == nil || !b.OtherTotal()) {
 		return d.Errf("inflight: no limit: give a max (inflight 20), a limit or a total")
 	}
-	if cfg.Fair != "" && !slices.ContainsFunc(cfg.Limits, func(l core.Limit) bool { return l.Name == cfg.Fair }) {
-		return d.Errf("inflight: fair %q is not allowed: want the name of one of this block's limits", cfg.Fair)
+	if err := core.CheckFair(cfg.Fair, cfg.Limits); err != nil {
+		return written.At("fair").Errf("inflight: %v", err)
+	}
+	if err := cfg.CheckWaitingPerKey(); err != nil {
+		return written.At("max_waiting_per_key").Errf("inflight: %v", err)
+	}
+	if b.Done != nil {
+		if err := b.Done(written); err != nil {
+			return err
+		}
+	}
+	for _, n := range cfg.Notices() {
+		written.Warn(n.Setting, n.String())
 	}
 	return nil
 }
@@ -116,7 +134,7 @@ func (b Block) parseOption(d *caddyfile.Dispenser, cfg *core.Config, opt string,
 	case "total":
 		cfg.Total, err = capInt(d, opt)
 	case "zone":
-		cfg.Zone, err = zoneName(d)
+		cfg.Zone, err = checked(d, opt, "a zone name", core.CheckZone)
 	case "dry_run":
 		if d.NextArg() {
 			return d.Errf("inflight: dry_run takes no arguments, got %q", d.Val())
@@ -222,8 +240,20 @@ func parseStore(d *caddyfile.Dispenser, cfg *core.Config) error {
 	if err != nil {
 		return err
 	}
+	if w, ok := unm.(warner); ok {
+		for _, warning := range w.CaddyfileWarnings() {
+			adaptWarning(warning)
+		}
+	}
 	cfg.StoreRaw = caddyconfig.JSONModuleObject(unm, "type", name, nil)
 	return nil
+}
+
+// warner is a store that has warnings from reading its Caddyfile block,
+// each with its file and line: a store's unmarshaler is handed only a
+// dispenser, so it keeps them for the directive to report.
+type warner interface {
+	CaddyfileWarnings() []caddyconfig.Warning
 }
 
 // checked reads one argument and refuses it, at its line, if check does.
@@ -243,16 +273,6 @@ func oneArg(d *caddyfile.Dispenser, opt, want string) (string, error) {
 		return "", d.Errf("inflight: %s %q: want one argument, %s", opt, shortForms(args), want)
 	}
 	return args[0], nil
-}
-
-// zoneName reads a zone's name, which may not contain '#', the mark of the
-// automatic names of unnamed zones.
-func zoneName(d *caddyfile.Dispenser) (string, error) {
-	v, err := oneArg(d, "zone", "a zone name")
-	if err == nil && strings.Contains(v, "#") {
-		err = d.Errf("inflight: zone %q is not allowed: '#' marks the automatic names of unnamed zones; choose a name without it", v)
-	}
-	return v, err
 }
 
 func positiveInt(d *caddyfile.Dispenser, opt string) (int, error) {

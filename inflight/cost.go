@@ -31,9 +31,9 @@ func (h *Handler) compileCost() error {
 		return nil
 	}
 	if !strings.Contains(h.Cost, "{") {
-		n, err := strconv.ParseInt(h.Cost, 10, 64)
-		if err != nil || n <= 0 || n > limiter.MaxCost {
-			return fmt.Errorf("cost %q is not allowed: want a positive integer up to %d, or a placeholder such as {http.request.header.X-Cost}", h.Cost, int64(limiter.MaxCost))
+		n, err := fixedCost(h.Cost)
+		if err != nil {
+			return err
 		}
 		h.cost = func(*http.Request) (int64, error) { return n, nil }
 		return nil
@@ -41,6 +41,25 @@ func (h *Handler) compileCost() error {
 	eval := compileTemplate(h.Cost)
 	h.cost = func(r *http.Request) (int64, error) { return h.parseCost(eval(r)) }
 	return nil
+}
+
+// CheckCost refuses a cost that is neither a placeholder nor a positive
+// integer up to limiter.MaxCost.
+func CheckCost(v string) error {
+	if strings.Contains(v, "{") {
+		return nil
+	}
+	_, err := fixedCost(v)
+	return err
+}
+
+// fixedCost reads a cost without placeholders.
+func fixedCost(v string) (int64, error) {
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n <= 0 || n > limiter.MaxCost {
+		return 0, fmt.Errorf("cost %q is not allowed: want a positive integer up to %d, or a placeholder such as {http.request.header.X-Cost}", v, int64(limiter.MaxCost))
+	}
+	return n, nil
 }
 
 // parseCost reads a placeholder cost. A value that is not a positive

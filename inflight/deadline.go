@@ -93,16 +93,36 @@ func CheckDeadline(v string) error {
 	return nil
 }
 
-// compileDeadline checks the Deadline option and warns when it does
-// nothing.
+// compileDeadline checks the Deadline option and warns when it, or
+// early_refusal, does nothing, or when it cuts the wait.
 func (h *Handler) compileDeadline() error {
-	if h.Wait == 0 && h.Deadline != "" {
-		h.logger.Warn("setting has no effect", zap.String("setting", "deadline"), zap.String("why", "requests never wait without wait"))
-	}
-	if h.Wait == 0 && h.EarlyRefusal {
-		h.logger.Warn("setting has no effect", zap.String("setting", "early_refusal"), zap.String("why", "requests never wait without wait"))
+	for _, n := range h.HTTPNotices() {
+		n.Log(h.logger)
 	}
 	return CheckDeadline(h.Deadline)
+}
+
+// HTTPNotices returns the settings of the HTTP handler's own that are
+// valid but likely a mistake (the shared options' are Config.Notices):
+// deadline and early_refusal without wait, and a fixed deadline that cuts
+// every wait short.
+func (h *Handler) HTTPNotices() []core.Notice {
+	const noWait = "requests never wait without wait"
+	var out []core.Notice
+	wait := time.Duration(h.Wait)
+	if wait == 0 && h.Deadline != "" {
+		out = append(out, core.Notice{Setting: "deadline", Effect: core.NoEffect, Why: noWait})
+	}
+	if wait == 0 && h.EarlyRefusal {
+		out = append(out, core.Notice{Setting: "early_refusal", Effect: core.NoEffect, Why: noWait})
+	}
+	if d, err := parseDeadline(h.Deadline); err == nil && wait > 0 && !strings.Contains(h.Deadline, "{") {
+		if cut := core.DeadlineWait(wait, d); cut < wait {
+			out = append(out, core.Notice{Setting: "deadline", Effect: "cuts the wait",
+				Why: fmt.Sprintf("a fixed deadline of %s ends every wait within %s (the deadline less its margin), not wait %s: lower wait instead, or give a placeholder that resolves per request, such as {header.X-Request-Timeout}", d, cut, wait)})
+		}
+	}
+	return out
 }
 
 // admit admits r's ticket t through the gate, its wait bounded by its

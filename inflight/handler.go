@@ -309,12 +309,15 @@ func (h *Handler) Cleanup() error {
 	return h.gate.Leave()
 }
 
+// DefaultRetryAfter is RetryAfter's default.
+const DefaultRetryAfter = time.Second
+
 func (h *Handler) setDefaults() {
 	if h.StatusCode == 0 {
 		h.StatusCode = http.StatusTooManyRequests
 	}
 	if h.RetryAfter == 0 {
-		h.RetryAfter = caddy.Duration(time.Second)
+		h.RetryAfter = caddy.Duration(DefaultRetryAfter)
 	}
 	if h.WaitBodyBuffer == 0 {
 		h.WaitBodyBuffer = DefaultWaitBodyBuffer

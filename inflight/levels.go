@@ -36,6 +36,21 @@ const (
 // neither one of the handler's limits nor its total is a configuration
 // error. With a shared store the levels are the fleet's (see sendLevels).
 func (h *Handler) compileLimitHeaders() error {
+	var err error
+	h.levels, err = h.limitLevels()
+	h.shared = h.StoreRaw != nil
+	return err
+}
+
+// CheckLimitHeaders refuses a name in LimitHeaders that is neither one of
+// the handler's limits nor total (with a total), or that is given twice.
+func (h *Handler) CheckLimitHeaders() error {
+	_, err := h.limitLevels()
+	return err
+}
+
+// limitLevels returns the dimensions LimitHeaders names, in its order.
+func (h *Handler) limitLevels() ([]int, error) {
 	allowed := make([]string, 0, len(h.Limits)+1)
 	for _, l := range h.Limits {
 		allowed = append(allowed, l.Name)
@@ -44,22 +59,21 @@ func (h *Handler) compileLimitHeaders() error {
 	if hasTotal {
 		allowed = append(allowed, totalName)
 	}
-	h.levels = nil
+	var levels []int
 	for _, name := range h.LimitHeaders {
 		d := slices.IndexFunc(h.Limits, func(l core.Limit) bool { return l.Name == name })
 		switch {
 		case name == totalName && hasTotal:
 			d = limiter.TotalDim
 		case d < 0:
-			return fmt.Errorf("limit_headers %q is not allowed: want the names of this handler's limits %q", name, allowed)
+			return nil, fmt.Errorf("limit_headers %q is not allowed: want the names of this handler's limits %q", name, allowed)
 		}
-		if slices.Contains(h.levels, d) {
-			return fmt.Errorf("limit_headers %q is given twice: name each limit once", name)
+		if slices.Contains(levels, d) {
+			return nil, fmt.Errorf("limit_headers %q is given twice: name each limit once", name)
 		}
-		h.levels = append(h.levels, d)
+		levels = append(levels, d)
 	}
-	h.shared = h.StoreRaw != nil
-	return nil
+	return levels, nil
 }
 
 // sendLevels sets the RateLimit fields of a's response: per limit named in

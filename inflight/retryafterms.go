@@ -1,6 +1,7 @@
 package inflight
 
 import (
+	"cmp"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -14,19 +15,34 @@ const retryAfterMsField = "Retry-After-Ms"
 // compileRetryAfterMs reads RetryAfterMs: "" (none), "auto", or a
 // positive duration up to retry_after.
 func (h *Handler) compileRetryAfterMs() error {
-	h.retryMs, h.retryAuto = "", false
-	switch v := h.RetryAfterMs; v {
-	case "":
-	case "auto":
-		h.retryAuto = true
-	default:
-		d, err := time.ParseDuration(v)
-		if err != nil || d <= 0 || d > time.Duration(h.RetryAfter) {
-			return fmt.Errorf("retry_after_ms %q is not allowed: want auto or a positive duration up to retry_after (%s)", v, time.Duration(h.RetryAfter))
-		}
+	d, err := h.retryAfterMs()
+	h.retryMs, h.retryAuto = "", h.RetryAfterMs == "auto"
+	if d > 0 {
 		h.retryMs = strconv.FormatInt(max(d.Milliseconds(), 1), 10)
 	}
-	return nil
+	return err
+}
+
+// CheckRetryAfterMs refuses a RetryAfterMs that is neither auto nor a
+// positive duration up to retry_after (its default if not set): the SDKs
+// that read it read it instead of Retry-After, which it refines.
+func (h *Handler) CheckRetryAfterMs() error {
+	_, err := h.retryAfterMs()
+	return err
+}
+
+// retryAfterMs returns RetryAfterMs as a duration: 0 for none or auto.
+func (h *Handler) retryAfterMs() (time.Duration, error) {
+	v := h.RetryAfterMs
+	if v == "" || v == "auto" {
+		return 0, nil
+	}
+	limit := cmp.Or(time.Duration(h.RetryAfter), DefaultRetryAfter)
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 || d > limit {
+		return 0, fmt.Errorf("retry_after_ms %q is not allowed: want auto or a positive duration up to retry_after (%s), such as 250ms", v, limit)
+	}
+	return d, nil
 }
 
 // retryMillis returns, in milliseconds, when a refused request should

@@ -2,6 +2,7 @@ package core
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -38,6 +39,23 @@ func CheckWeight(w string) error {
 	}
 	if f, err := strconv.ParseFloat(w, 64); err != nil || !(f >= limiter.MinWeight && f <= limiter.MaxWeight) {
 		return fmt.Errorf("weight %q is not allowed: want a number from %v to %v, or a placeholder such as {tenant_weight}", w, limiter.MinWeight, limiter.MaxWeight)
+	}
+	return nil
+}
+
+// CheckZone refuses a zone name with '#', the mark of the automatic names
+// of unnamed zones.
+func CheckZone(name string) error {
+	if strings.Contains(name, "#") {
+		return fmt.Errorf("zone %q is not allowed: '#' marks the automatic names of unnamed zones; choose a name without it", name)
+	}
+	return nil
+}
+
+// CheckFair refuses a fair that names none of the limits.
+func CheckFair(fair string, limits []Limit) error {
+	if fair != "" && !slices.ContainsFunc(limits, func(l Limit) bool { return l.Name == fair }) {
+		return fmt.Errorf("fair %q is not allowed: want the name of one of this handler's limits %q", fair, names(limits))
 	}
 	return nil
 }

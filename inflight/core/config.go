@@ -13,7 +13,6 @@ package core
 import (
 	"encoding/json"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -131,12 +130,15 @@ type Config struct {
 	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=http.handlers.inflight.stores inline_key=type"`
 }
 
+// DefaultMaxWaiting is MaxWaiting's default with Wait.
+const DefaultMaxWaiting = 1000
+
 func (c *Config) setDefaults() {
 	if c.Replicas == 0 {
 		c.Replicas = 1
 	}
 	if c.Wait > 0 && c.MaxWaiting == 0 {
-		c.MaxWaiting = 1000
+		c.MaxWaiting = DefaultMaxWaiting
 	}
 }
 
@@ -157,10 +159,28 @@ func (c *Config) check(otherTotal bool) error {
 		return fmt.Errorf("wait %s is not allowed: want a positive duration (0 refuses at once)", time.Duration(c.Wait))
 	case c.MaxWaiting < 0:
 		return fmt.Errorf("max_waiting %d is not allowed: want a positive integer", c.MaxWaiting)
-	case strings.Contains(c.Zone, "#"):
-		return fmt.Errorf("zone %q is not allowed: '#' marks the automatic names of unnamed zones; choose a name without it", c.Zone)
 	case c.MaxKeys < 0:
 		return fmt.Errorf("max_keys %d is not allowed: want a positive integer (0 for none)", c.MaxKeys)
 	}
+	if err := c.CheckWaitingPerKey(); err != nil {
+		return err
+	}
+	if err := CheckZone(c.Zone); err != nil {
+		return err
+	}
 	return CheckPriority(c.Priority)
+}
+
+// CheckWaitingPerKey refuses a bound on one key's waiting units above the
+// bound on all of them, max_waiting (its default with wait): it could
+// never be reached, a mistake for a lower one.
+func (c *Config) CheckWaitingPerKey() error {
+	all, what := c.MaxWaiting, "max_waiting"
+	if all == 0 && c.Wait > 0 {
+		all, what = DefaultMaxWaiting, "max_waiting's default"
+	}
+	if all > 0 && c.MaxWaitingPerKey > all {
+		return fmt.Errorf("max_waiting_per_key %d is not allowed above %s (%d): one key can never have more waiting than the whole zone; want at most %d, or a larger max_waiting", c.MaxWaitingPerKey, what, all, all)
+	}
+	return nil
 }

@@ -22,10 +22,10 @@ func (g *Gate) compileFair() error {
 	if c.Fair == "" {
 		return nil
 	}
-	d := slices.IndexFunc(c.Limits, func(l Limit) bool { return l.Name == c.Fair })
-	if d < 0 {
-		return fmt.Errorf("fair %q is not allowed: want the name of one of this handler's limits %q", c.Fair, names(c.Limits))
+	if err := CheckFair(c.Fair, c.Limits); err != nil {
+		return err
 	}
+	d := slices.IndexFunc(c.Limits, func(l Limit) bool { return l.Name == c.Fair })
 	g.waitOpt.Fair, g.waitOpt.KeyDim = true, d
 	if c.Weight == "" {
 		return nil

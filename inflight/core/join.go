@@ -93,7 +93,9 @@ func Join(ctx caddy.Context, cfg *Config, edge Edge) (*Gate, error) {
 		g.zone.outputs.ceiling.Store(edge.OutputCeiling)
 	}
 	g.zone.Adopt(g.limits)
-	cfg.warnIneffective(g.logger)
+	for _, n := range cfg.Notices() {
+		n.Log(g.logger)
+	}
 	return g, nil
 }
 

@@ -51,6 +51,7 @@ type book struct {
 	options  *redis.UniversalOptions
 	lease    time.Duration
 	timeout  time.Duration
+	failure  failure // what the settings tell of a failure's cause
 	prefix   string
 	closed   bool   // on_error closed
 	instance string // random, so members from different instances differ
@@ -137,6 +138,7 @@ func newBook(s *Store, id string) *book {
 		options:   s.redisOptions(),
 		lease:     time.Duration(s.Lease),
 		timeout:   timeout,
+		failure:   s.failure(),
 		prefix:    s.KeyPrefix,
 		closed:    s.OnError == "closed",
 		instance:  randomID(),
@@ -737,7 +739,7 @@ func (b *book) observe(op string, zones []string, start time.Time, err error) {
 	// left alone until it answers again.
 	starts := start.UnixNano() >= b.answered.Load() && b.outage.CompareAndSwap(false, true)
 	b.outageLog.failed(op, starts, zap.String("op", op), zap.Strings("zones", zones),
-		zap.String("reason", cause(err, b.timeout)), zap.Error(err))
+		zap.String("reason", b.failure.cause(err)), zap.Error(err))
 }
 
 func randomID() string {

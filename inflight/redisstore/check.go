@@ -27,7 +27,7 @@ func (s *Store) checkAtStart() {
 	if err == nil {
 		return
 	}
-	reason := cause(err, time.Duration(s.Timeout))
+	reason := s.failure().cause(err)
 	if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) {
 		// At startup, not in an outage: a Redis that drops a new
 		// connection at once wants TLS or is full.
@@ -75,12 +75,25 @@ func (s *Store) answersPlaintext() bool {
 // when its config is loaded.
 const unreachableAtStart = "redis store unreachable at startup"
 
+// failure is what the store's settings tell of a failed call's cause:
+// the reasons name only what is configured.
+type failure struct {
+	timeout time.Duration
+	tls     bool     // tls is set
+	empty   []string // Store.emptyPasswords
+}
+
+// failure returns what its settings tell of the store's failures.
+func (s *Store) failure() failure {
+	return failure{timeout: time.Duration(s.Timeout), tls: s.tlsConfig != nil, empty: s.emptyPasswords}
+}
+
 // cause names, for the operator, why a Redis call failed: the raw errors
 // (`ERR Protocol error: unauthenticated multibulk length`, `context deadline
 // exceeded`) do not say what to fix. A dropped connection is named as it
 // was seen (reset, EOF), not guessed at: in an outage, a restart or a proxy
 // between drops it as well as TLS or maxclients would.
-func cause(err error, timeout time.Duration) string {
+func (f failure) cause(err error) string {
 	msg := err.Error()
 	var recordErr tls.RecordHeaderError
 	var certErr *tls.CertificateVerificationError
@@ -92,6 +105,9 @@ func cause(err error, timeout time.Duration) string {
 	case strings.HasPrefix(msg, "WRONGPASS"), strings.Contains(msg, "invalid password"), strings.Contains(msg, "invalid username-password"):
 		return "authentication failed: wrong username or password"
 	case strings.HasPrefix(msg, "NOAUTH"), strings.Contains(msg, "unauthenticated"), strings.Contains(msg, "no password is set"):
+		if len(f.empty) > 0 { // an unset variable, most likely
+			return "authentication failed: " + strings.Join(f.empty, " and ") + " resolved to an empty value, so none was sent: is the variable set?"
+		}
 		return "authentication failed: Redis wants a password (password), or has none set for the one given"
 	case errors.As(err, &recordErr):
 		return "TLS handshake failed: Redis does not speak TLS (tls is set)"
@@ -99,7 +115,10 @@ func cause(err error, timeout time.Duration) string {
 		strings.HasPrefix(msg, "tls:"):
 		return "TLS handshake failed: " + msg
 	case errors.Is(err, errLate), errors.Is(err, context.DeadlineExceeded), errors.As(err, &netErr) && netErr.Timeout():
-		return fmt.Sprintf("timeout: no answer within %s (with tls, a Redis without TLS does not answer either)", timeout)
+		if f.tls {
+			return fmt.Sprintf("timeout: no answer within %s (with tls, a Redis without TLS does not answer either)", f.timeout)
+		}
+		return fmt.Sprintf("timeout: no answer within %s", f.timeout)
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return "connection refused: nothing listens at the address"
 	case errors.Is(err, syscall.ECONNRESET):

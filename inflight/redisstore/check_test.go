@@ -54,6 +54,7 @@ func fakeRedis(t *testing.T, serve func(net.Conn)) string {
 // missing password, a Redis that never answers, or TLS against a plaintext
 // Redis is reported, naming the cause.
 func TestStartupCheckNamesTheCause(t *testing.T) {
+	t.Setenv("INFLIGHT_TEST_UNSET_PASSWORD", "")
 	protected := startRedisWith(t, "--requirepass", secret)
 	plain := startRedisWith(t)
 	for _, tc := range []struct {
@@ -63,6 +64,8 @@ func TestStartupCheckNamesTheCause(t *testing.T) {
 	}{
 		{"wrong password", Store{Address: []string{protected}, Password: "wrong-" + secret}, "authentication failed: wrong username or password"},
 		{"no password", Store{Address: []string{protected}}, "authentication failed: Redis wants a password"},
+		{"empty placeholder", Store{Address: []string{protected}, Password: "{env.INFLIGHT_TEST_UNSET_PASSWORD}"},
+			"authentication failed: password {env.INFLIGHT_TEST_UNSET_PASSWORD} resolved to an empty value, so none was sent: is the variable set?"},
 		{"silent Redis", Store{Address: []string{silentRedis(t)}}, "timeout: no answer within 300ms"},
 		{"tls against plaintext", Store{Address: []string{plain}, tlsConfig: &tls.Config{ServerName: "localhost"}}, "TLS handshake failed: Redis does not speak TLS"},
 		{"nothing listens", Store{Address: []string{fmt.Sprintf("127.0.0.1:%d", freePort(t))}}, "connection refused"},
@@ -71,6 +74,7 @@ func TestStartupCheckNamesTheCause(t *testing.T) {
 			core, logs := observer.New(zap.InfoLevel)
 			s := tc.store
 			s.Timeout, s.OnError, s.logger = caddy.Duration(300*time.Millisecond), "open", zap.New(core)
+			s.replacePlaceholders(caddy.NewReplacer())
 			s.checkAtStart()
 			entries := logs.All()
 			if len(entries) != 1 || entries[0].Message != unreachableAtStart {
@@ -119,7 +123,7 @@ func TestCauseNamesWhatWasSeen(t *testing.T) {
 		io.EOF: "connection closed (EOF)",
 		fmt.Errorf("dial tcp: %w", syscall.ECONNREFUSED): "connection refused: nothing listens at the address",
 	} {
-		if got := cause(err, time.Second); got != want {
+		if got := (failure{timeout: time.Second}).cause(err); got != want {
 			t.Errorf("cause(%v) = %q, want %q", err, got, want)
 		}
 	}
@@ -129,5 +133,24 @@ func TestCauseNamesWhatWasSeen(t *testing.T) {
 	const want = "does Redis want TLS (tls), or is it full (maxclients)?"
 	if entries := logs.All(); len(entries) != 1 || !strings.Contains(fmt.Sprint(entries[0].ContextMap()["reason"]), want) {
 		t.Fatalf("startup against a Redis closing connections logged %v, want a reason asking %q", entries, want)
+	}
+}
+
+// The outage log names only what is configured: a timeout of a store
+// without TLS says nothing of TLS; with tls set, it says that a Redis
+// without TLS does not answer either.
+func TestOutageLogNamesTLSOnlyWithTLS(t *testing.T) {
+	s := newStore(t, store(silentRedis(t), func(s *Store) { s.Timeout = caddy.Duration(100 * time.Millisecond) }))
+	logs := observeLogs(s.book)
+	limits := &limiter.Limits{Max: []int64{5}}
+	z, _ := zoneOf(s, "timeout", limits)
+	z.Acquire(context.Background(), request(limits, "k"), limiter.WaitOptions{})
+	got := logs.FilterMessage("redis store unreachable").All()
+	if len(got) != 1 || got[0].ContextMap()["reason"] != "timeout: no answer within 100ms" {
+		t.Fatalf("outage log %v, want one with the reason %q", got, "timeout: no answer within 100ms")
+	}
+	const withTLS = "timeout: no answer within 100ms (with tls, a Redis without TLS does not answer either)"
+	if got := (failure{timeout: 100 * time.Millisecond, tls: true}).cause(context.DeadlineExceeded); got != withTLS {
+		t.Fatalf("with tls, a timeout's reason is %q, want %q", got, withTLS)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
@@ -83,6 +84,11 @@ type Store struct {
 	logger    *zap.Logger
 	tlsConfig *tls.Config
 	book      *book
+	// warnings are those of its Caddyfile block (CaddyfileWarnings).
+	warnings []caddyconfig.Warning
+	// emptyPasswords names the passwords written as placeholders that
+	// resolved to nothing, as written ("password {env.REDIS_PASSWORD}").
+	emptyPasswords []string
 }
 
 // CaddyModule returns the Caddy module information.
@@ -99,11 +105,7 @@ func (*Store) CaddyModule() caddy.ModuleInfo {
 func (s *Store) Provision(ctx caddy.Context) error {
 	s.logger = ctx.Logger()
 	repl := caddy.NewReplacer()
-	for i := range s.Address {
-		s.Address[i] = repl.ReplaceAll(s.Address[i], "")
-	}
-	s.Username, s.Password = repl.ReplaceAll(s.Username, ""), repl.ReplaceAll(s.Password, "")
-	s.SentinelUsername, s.SentinelPassword = repl.ReplaceAll(s.SentinelUsername, ""), repl.ReplaceAll(s.SentinelPassword, "")
+	s.replacePlaceholders(repl)
 	if len(s.Address) == 0 {
 		s.Address = []string{defaultAddress}
 		s.logger.Warn("store redis names no address: using Redis's default, "+defaultAddress+"; the fleet shares one cap only if every instance reaches the same Redis there",
@@ -141,6 +143,28 @@ func (s *Store) Provision(ctx caddy.Context) error {
 	return nil
 }
 
+// replacePlaceholders replaces the placeholders of the addresses and
+// credentials, and notes each password whose placeholders resolved to
+// nothing (an unset {env.REDIS_PASSWORD}): Redis then gets no password,
+// and the failure's reason names the placeholder (see failure).
+func (s *Store) replacePlaceholders(repl *caddy.Replacer) {
+	for i := range s.Address {
+		s.Address[i] = repl.ReplaceAll(s.Address[i], "")
+	}
+	s.Username, s.SentinelUsername = repl.ReplaceAll(s.Username, ""), repl.ReplaceAll(s.SentinelUsername, "")
+	s.emptyPasswords = nil
+	for _, p := range []struct {
+		option string
+		value  *string
+	}{{"password", &s.Password}, {"sentinel_password", &s.SentinelPassword}} {
+		written := *p.value
+		*p.value = repl.ReplaceAll(written, "")
+		if written != "" && *p.value == "" { // all placeholders: no secret shown
+			s.emptyPasswords = append(s.emptyPasswords, p.option+" "+written)
+		}
+	}
+}
+
 // defaultAddress is where the store looks for Redis when no address is
 // given: Redis's own default.
 const defaultAddress = "127.0.0.1:6379"
@@ -174,9 +198,10 @@ func (s *Store) redisOptions() *redis.UniversalOptions {
 
 // Validate checks the settings.
 func (s *Store) Validate() error {
+	if err := checkLease(s.Lease); err != nil {
+		return err
+	}
 	switch {
-	case s.Lease < caddy.Duration(time.Second):
-		return fmt.Errorf("inflight: store redis: lease %s is not allowed: want at least 1s", time.Duration(s.Lease))
 	case s.Timeout <= 0:
 		return fmt.Errorf("inflight: store redis: timeout %s is not allowed: want a positive duration", time.Duration(s.Timeout))
 	case s.DB < 0:
@@ -198,6 +223,17 @@ func (s *Store) checkTopology() error {
 		return errors.New("inflight: store redis: sentinel_username and sentinel_password are not allowed without master_name: want master_name with the sentinels' addresses")
 	case s.Cluster && s.MasterName != "":
 		return fmt.Errorf("inflight: store redis: cluster with master_name %q is not allowed: want a cluster or sentinels", s.MasterName)
+	}
+	return nil
+}
+
+// minLease is the shortest lease: renewals come at half of it.
+const minLease = caddy.Duration(time.Second)
+
+// checkLease refuses a lease shorter than minLease.
+func checkLease(d caddy.Duration) error {
+	if d < minLease {
+		return fmt.Errorf("inflight: store redis: lease %s is not allowed: want at least %s, such as 30s", time.Duration(d), time.Duration(minLease))
 	}
 	return nil
 }
@@ -300,10 +336,12 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			s.SentinelUsername = args[0]
 		case "sentinel_password":
 			s.SentinelPassword = args[0]
+			s.warnLiteral(d, opt, args[0])
 		case "username":
 			s.Username = args[0]
 		case "password":
 			s.Password = args[0]
+			s.warnLiteral(d, opt, args[0])
 		case "db":
 			s.DB, err = strconv.Atoi(args[0])
 			if err != nil || s.DB < 0 {
@@ -319,6 +357,11 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			s.tlsOptions().ClientCertificate, s.tlsOptions().ClientKey = args[0], args[1]
 		case "lease":
 			err = parseDuration(&s.Lease, args[0], "at least 1s, such as 30s")
+			if err == nil {
+				if err := checkLease(s.Lease); err != nil {
+					return d.WrapErr(err)
+				}
+			}
 		case "timeout":
 			err = parseDuration(&s.Timeout, args[0], "a positive duration such as 250ms")
 		case "on_error":
@@ -342,6 +385,20 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	}
 	return nil
 }
+
+// warnLiteral warns, at the option's line, of a password written as it
+// is: the adapted config holds it, and Caddy's `GET /config/` shows it.
+func (s *Store) warnLiteral(d *caddyfile.Dispenser, opt, v string) {
+	if strings.Contains(v, "{") { // a placeholder, replaced at load
+		return
+	}
+	s.warnings = append(s.warnings, caddyconfig.Warning{File: d.File(), Line: d.Line(),
+		Message: fmt.Sprintf("inflight: store redis: %s is written literally: Caddy's GET /config/ shows it to whoever reaches the admin API; write it as a placeholder such as {env.REDIS_PASSWORD} and set that variable", opt)})
+}
+
+// CaddyfileWarnings returns the warnings of the store's Caddyfile block,
+// each at its file and line, for the directive to report.
+func (s *Store) CaddyfileWarnings() []caddyconfig.Warning { return s.warnings }
 
 // options are the store block's options, in the order the syntax lists
 // them, with how many arguments each takes.

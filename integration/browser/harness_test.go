@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -28,6 +29,13 @@ const adminAddr = "127.0.0.1:2999"
 
 // load runs a Caddyfile, after the test globals, until the test ends.
 func load(t *testing.T, caddyfile string) { incaddy.Load(t, incaddy.Globals(adminAddr, "")+caddyfile) }
+
+// loadWithPage runs a site that serves the live page at /inflight/ and
+// sends the rest through inflight, with options (one a line), to upstream.
+func loadWithPage(t *testing.T, site, options, upstream string) {
+	indented := "\t\t\t" + strings.ReplaceAll(options, "\n", "\n\t\t\t")
+	load(t, site+" {\n\thandle /inflight/* {\n\t\tinflight_ui\n\t}\n\thandle {\n\t\tinflight {\n"+indented+"\n\t\t}\n\t\treverse_proxy "+upstream+"\n\t}\n}\n")
+}
 
 // backend counts the requests it holds; /hold waits until the gate opens.
 type backend struct {

@@ -95,7 +95,7 @@ func TestLivePage(t *testing.T) {
 	ctx := browser(t)
 	auth := "Basic " + base64.StdEncoding.EncodeToString([]byte("admin:secret"))
 	// Tall enough for the whole page: no scroll bar narrows it.
-	if err := chromedp.Do(ctx, chromedp.EmulateViewport(1400, 1000), headers(network.Headers{"Authorization": auth})); err != nil {
+	if err := chromedp.Do(ctx, chromedp.EmulateViewport(1400, 1300), headers(network.Headers{"Authorization": auth})); err != nil {
 		t.Fatal(err)
 	}
 	resp, err := chromedp.RunResponse(ctx, chromedp.Navigate(site+"/inflight/"))
@@ -320,22 +320,8 @@ func freePort(t *testing.T) int {
 // so: 3 requests of cost 500 under a total of 2000 read 1500 of 2000.
 func TestLivePageChartsUnitsWithCosts(t *testing.T) {
 	b := newBackend(t)
-	port := freePort(t)
-	site := fmt.Sprintf("http://127.0.0.1:%d", port)
-	load(t, fmt.Sprintf(`%s {
-	handle /inflight/* {
-		inflight_ui
-	}
-	handle {
-		inflight {
-			total 2000
-			cost 500
-			zone costly
-		}
-		reverse_proxy %s
-	}
-}
-`, site, b.addr))
+	site := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+	loadWithPage(t, site, "total 2000\ncost 500\nzone costly", b.addr)
 	var ends []<-chan int
 	for range 3 {
 		ends = append(ends, send(site+"/hold"))
@@ -377,24 +363,8 @@ func TestLivePageChartsUnitsWithCosts(t *testing.T) {
 // default_output).
 func TestLivePageShowsTokenUsage(t *testing.T) {
 	model := serveModel(t)
-	port := freePort(t)
-	site := fmt.Sprintf("http://127.0.0.1:%d", port)
-	load(t, fmt.Sprintf(`%s {
-	handle /inflight/* {
-		inflight_ui
-	}
-	handle {
-		inflight {
-			total 64000
-			cost tokens {
-				default_output auto
-			}
-			zone tokens
-		}
-		reverse_proxy %s
-	}
-}
-`, site, model))
+	site := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+	loadWithPage(t, site, "total 64000\ncost tokens {\n\tdefault_output auto\n}\nzone tokens", model)
 	body := `{"model":"m","messages":[{"role":"user","content":"hello!"}]}` // 61 bytes
 	for _, out := range []string{"390", "1000"} {
 		req, _ := http.NewRequest("POST", site+"/v1/chat/completions", strings.NewReader(body))

@@ -162,7 +162,7 @@ func TestBadConfigRefused(t *testing.T) {
 		{"inflight 2 {\n\tkey_prefix 24 0\n}", `inflight: key_prefix ipv6 "0" is not allowed: want a prefix length 1-128`},
 		{"inflight {\n\tlimit db {l4.conn.remote_ip} {l4.vars.max}\n}", `inflight: limit db: max "{l4.vars.max}" is not allowed: want an integer from 1 to 1099511627775 (2^40-1), at `},
 		{"inflight 2 {\n\tstatus 503\n}", `inflight: unknown subdirective "status": want one of limit, total`},
-		{"inflight 2 {\n\tfair tenant\n}", `inflight: fair "tenant" is not allowed: want the name of one of this block's limits`},
+		{"inflight 2 {\n\tfair tenant\n}", `inflight: fair "tenant" is not allowed: want the name of one of this handler's limits`},
 		{"inflight 2 {\n\twait soon\n}", `inflight: wait "soon" is not allowed: want a duration such as 30s, or 0`},
 		{"inflight {\n\tzone db\n}", "inflight: no limit: give a max (inflight 20), a limit or a total"},
 		{"inflight {\n\tlimit conn {l4.conn.remote_addr} 2\n}", `inflight: limit conn: key "{l4.conn.remote_addr}" is not allowed: {l4.conn.remote_addr} includes the client's port, so every connection would be a key of its own; want {l4.conn.remote_ip}, the client's address, at /`},

@@ -7,8 +7,11 @@
   const WINDOW_MS = 5 * 60 * 1000; // what the charts show
   const REASONS = ['full', 'timeout', 'queue_full', 'keys_full', 'store_error', 'dry_run'];
   const SVG = 'http://www.w3.org/2000/svg';
-  // Beside this script, wherever the page is mounted.
+  // Beside this script, wherever the page is mounted, without the
+  // credentials of a page opened as http://user:pass@host/ (fetch refuses
+  // a URL with credentials; the browser sends the ones it keeps).
   const stateURL = new URL('state', document.currentScript.src);
+  stateURL.username = stateURL.password = '';
   const zonesEl = document.getElementById('zones');
   const statusEl = document.getElementById('status');
   const seen = new Map(); // zone id -> {points, last}
