@@ -76,16 +76,21 @@ func TestGRPCRefusalShape(t *testing.T) {
 	for _, tc := range []struct {
 		option, ct, wantCT, code string
 		retryAfter               time.Duration
+		retryAfterMs             string
 		pushback                 string
 	}{
-		{"", "application/grpc", "application/grpc", "8", time.Second, "1000"},
-		{GRPCResourceExhausted, "application/grpc+proto", "application/grpc+proto", "8", 2500 * time.Millisecond, "2500"},
-		{GRPCUnavailable, "application/grpc", "application/grpc", "14", 1500 * time.Microsecond, "1"},
-		{GRPCUnavailable, "application/grpc-web-text", "application/grpc-web-text", "14", time.Minute, "60000"},
-		{"", "application/grpc-web+proto; charset=x", "application/grpc-web+proto", "8", time.Second, "1000"},
+		{"", "application/grpc", "application/grpc", "8", time.Second, "", "1000"},
+		{GRPCResourceExhausted, "application/grpc+proto", "application/grpc+proto", "8", 2500 * time.Millisecond, "", "2500"},
+		{GRPCUnavailable, "application/grpc", "application/grpc", "14", 1500 * time.Microsecond, "", "1"},
+		{GRPCUnavailable, "application/grpc-web-text", "application/grpc-web-text", "14", time.Minute, "", "60000"},
+		{"", "application/grpc-web+proto; charset=x", "application/grpc-web+proto", "8", time.Second, "", "1000"},
+		{"", "application/grpc", "application/grpc", "8", 2 * time.Second, "250ms", "250"}, // retry_after_ms's, not retry_after's
 	} {
-		h := &Handler{GRPCStatus: tc.option, RetryAfter: caddy.Duration(tc.retryAfter)}
+		h := &Handler{GRPCStatus: tc.option, RetryAfter: caddy.Duration(tc.retryAfter), RetryAfterMs: tc.retryAfterMs}
 		h.setDefaults()
+		if err := h.compileRetryAfterMs(); err != nil {
+			t.Fatal(err)
+		}
 		r, repl := request("192.0.2.1:1234", "Content-Type", tc.ct)
 		w := httptest.NewRecorder()
 		err := h.refuse(w, r, core.Verdict{Limit: "tenant", Reason: "queue_full"})
