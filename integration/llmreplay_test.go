@@ -46,12 +46,18 @@ const (
 	replayMeasured = 800
 )
 
-// replayResult is what one mode's measured phase shows.
+// replayResult is what one mode's measured phase shows, and its whole
+// run: the warm-up and the measured phase, from the first request sent
+// to the last measured one's end (the trace's last requests, sent as
+// clients run dry, are not counted).
 type replayResult struct {
 	reqPerSec  float64
 	peak, mean float64 // real tokens in flight at the backend, × cap
 	held       float64 // the zone's units held, sampled, × cap
 	took       time.Duration
+
+	wholeReqPerSec float64
+	wholePeak      float64 // × cap
 }
 
 // TestLLMReplay replays production-shaped LLM traffic (llmTrace) through
@@ -66,14 +72,15 @@ func TestLLMReplay(t *testing.T) {
 	results := map[string]replayResult{}
 	for _, r := range runs {
 		res := r.result()
-		t.Logf("llm-replay mode=%s req/s=%.1f peak=%.2f×cap mean=%.2f×cap held=%.2f×cap took=%s",
-			r.mode.name, res.reqPerSec, res.peak, res.mean, res.held, res.took.Round(time.Millisecond))
+		t.Logf("llm-replay mode=%s req/s=%.1f peak=%.2f×cap mean=%.2f×cap held=%.2f×cap took=%s whole-run: req/s=%.1f peak=%.2f×cap",
+			r.mode.name, res.reqPerSec, res.peak, res.mean, res.held, res.took.Round(time.Millisecond), res.wholeReqPerSec, res.wholePeak)
 		results[r.mode.name] = res
 	}
 	fixed := results["fixed"]
 	for _, m := range replayModes {
 		if m.name != "fixed" {
-			t.Logf("llm-replay %s/fixed req/s=%.2f", m.name, results[m.name].reqPerSec/fixed.reqPerSec)
+			t.Logf("llm-replay %s/fixed req/s=%.2f warmed-up, %.2f whole-run", m.name,
+				results[m.name].reqPerSec/fixed.reqPerSec, results[m.name].wholeReqPerSec/fixed.wholeReqPerSec)
 		}
 	}
 	learned, ok := results["learned"]
@@ -103,7 +110,7 @@ type replayRun struct {
 	// Written by the completion that begins or ends the measured phase,
 	// read once every client has returned.
 	began, start, end time.Time
-	peak              int64
+	warmPeak, peak    int64
 	mean              float64
 
 	heldSum float64 // units held, summed over samples in the measured phase
@@ -201,7 +208,7 @@ func (r *replayRun) client(c *http.Client, trace []traceRequest) {
 		}
 		switch r.done.Add(1) {
 		case replayWarmup:
-			r.f.held.restart()
+			r.warmPeak = r.f.held.restart()
 			r.start = time.Now()
 			r.measuring.Store(true)
 		case replayWarmup + replayMeasured:
@@ -220,6 +227,9 @@ func (r *replayRun) result() replayResult {
 		mean:      r.mean / replayCap,
 		held:      r.heldSum / float64(max(r.samples, 1)) / replayCap,
 		took:      r.end.Sub(r.began),
+
+		wholeReqPerSec: (replayWarmup + replayMeasured) / r.end.Sub(r.began).Seconds(),
+		wholePeak:      float64(max(r.warmPeak, r.peak)) / replayCap,
 	}
 }
 
