@@ -65,8 +65,8 @@ func BenchmarkServeParallel(b *testing.B) {
 }
 
 // provisioned provisions h in an in-process Caddy, left running until the
-// benchmark ends.
-func provisioned(b *testing.B, h *Handler) *Handler {
+// benchmark or test ends.
+func provisioned(b testing.TB, h *Handler) *Handler {
 	b.Helper()
 	cfg := `{"admin": {"disabled": true}, "logging": {"logs": {"default": {"level": "ERROR"}}}}`
 	if err := caddy.Load([]byte(cfg), true); err != nil {

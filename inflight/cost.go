@@ -1,7 +1,6 @@
 package inflight
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -85,34 +84,23 @@ func (h *Handler) parseCost(v string) (int64, error) {
 // costed reports whether requests have costs: units are not requests.
 func (h *Handler) costed() bool { return h.cost != nil || h.CostTokens != nil }
 
-// costOf returns r's cost: its estimate in tokens with cost tokens (kept
-// in a for its end), else h.cost's.
-func (h *Handler) costOf(r *http.Request, a *admission) (int64, error) {
+// costOf returns r's cost: its estimate in tokens with cost tokens, from
+// its body read (kept in a for its end), else h.cost's.
+func (h *Handler) costOf(r *http.Request, a *admission, body *requestBody) (int64, error) {
 	if h.CostTokens == nil {
 		return h.cost(r)
 	}
-	est, err := h.estimateTokens(r)
-	a.tokens = est
-	return est.cost, err
+	a.tokens = h.estimateTokens(r, a.model, body)
+	return a.tokens.cost, nil
 }
 
 // estimateTokens is cost tokens' estimate of r's cost, counting the
-// zone's learned output estimate with LearnOutput (see TokensCost). A body that cannot be
-// read is the client's doing: 499 when it left mid-body, 413 over a
-// request_body limit.
-func (h *Handler) estimateTokens(r *http.Request) (tokenEstimate, error) {
+// output estimate learnt for its model with LearnOutput (see TokensCost).
+func (h *Handler) estimateTokens(r *http.Request, model string, body *requestBody) tokenEstimate {
 	t := h.CostTokens
 	output, learned := t.DefaultOutput, int64(0)
 	if t.LearnOutput {
-		output, learned = h.gate.OutputEstimate(output)
+		output, learned = h.gate.OutputEstimate(model, output)
 	}
-	est, err := t.estimate(r, output, learned)
-	if err == nil {
-		return est, nil
-	}
-	var tooLarge *http.MaxBytesError
-	if errors.As(err, &tooLarge) {
-		return est, caddyhttp.Error(http.StatusRequestEntityTooLarge, err)
-	}
-	return est, caddyhttp.Error(499, err)
+	return t.estimate(r, body, output, learned)
 }

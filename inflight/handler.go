@@ -170,6 +170,7 @@ type Handler struct {
 	deadline   valueFunc                          // nil without Deadline
 	cost       func(*http.Request) (int64, error) // nil: every request costs 1
 	waits      bool                               // requests may wait
+	readsBody  bool                               // with cost tokens or {http.inflight.model}: the body is read before admission
 	retryAfter string
 	retryMs    string         // a fixed retry-after-ms; "" with none or auto
 	retryAuto  bool           // retry-after-ms auto
@@ -245,6 +246,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	defer h.recycle(a) // deferred first, so it runs after the release
 	t := &a.ticket
 
+	body, err := h.readModel(r, a)
+	if err != nil {
+		return err
+	}
 	for i, key := range h.keys {
 		t.Req.Keys[i] = key(r)
 		if h.maxes[i] == nil || t.Req.Keys[i] == "" {
@@ -257,7 +262,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		t.Req.Max[i] = max
 	}
 	if h.costed() {
-		cost, err := h.costOf(r, a)
+		cost, err := h.costOf(r, a, &body)
 		if err != nil {
 			return err
 		}
@@ -345,6 +350,7 @@ func (h *Handler) compile() {
 	if h.Fair != "" && h.Weight != "" {
 		h.weight = compileTemplate(h.Weight)
 	}
+	h.readsBody = h.CostTokens != nil || h.namesModel()
 	h.waits = h.Wait > 0 && !h.DryRun
 	if h.Deadline != "" && h.waits {
 		h.deadline = compileTemplate(h.Deadline)
@@ -399,13 +405,15 @@ type admission struct {
 	watch  bodyWatch
 	// measured wraps the response writer, with total_adaptive.
 	measured measuredWriter
-	// tokens is the request's estimate, and usage reads the usage its
-	// response reports (made at its first use), with cost tokens.
+	// model is {http.inflight.model}, when the body is read; tokens is
+	// the request's estimate, and usage reads the usage its response
+	// reports (made at its first use), with cost tokens.
+	model  string
 	tokens tokenEstimate
 	usage  *usageWriter
 	// Fill a 384-byte size class, whose objects start on cache lines:
 	// requests admitted on different cores then never write one line.
-	_ [384 - unsafe.Sizeof(core.Ticket{}) - unsafe.Sizeof(bodyWatch{}) - unsafe.Sizeof(measuredWriter{}) - unsafe.Sizeof(tokenEstimate{}) - unsafe.Sizeof(&usageWriter{})]byte
+	_ [384 - unsafe.Sizeof(core.Ticket{}) - unsafe.Sizeof(bodyWatch{}) - unsafe.Sizeof(measuredWriter{}) - unsafe.Sizeof("") - unsafe.Sizeof(tokenEstimate{}) - unsafe.Sizeof(&usageWriter{})]byte
 }
 
 // watchBody runs when a's request is queued: its client is watched while
@@ -422,7 +430,7 @@ func (h *Handler) recycle(a *admission) {
 	a.ticket.Reset()
 	a.watch.r, a.watch.body = nil, nil
 	a.measured = measuredWriter{}
-	a.tokens = tokenEstimate{}
+	a.model, a.tokens = "", tokenEstimate{}
 	if a.usage != nil {
 		a.usage.reset()
 	}

@@ -76,11 +76,11 @@ func TestIncludeUsageRewrite(t *testing.T) {
 			on.IncludeUsage = true
 
 			r := request()
-			est, err := on.estimate(r, 1024, 0)
+			est, err := estimateRequest(on, r, 1024, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
-			plain, _ := off.estimate(request(), 1024, 0)
+			plain, _ := estimateRequest(off, request(), 1024, 0)
 			if est.cost != plain.cost || est.teaches != plain.teaches {
 				t.Errorf("estimate %+v, without include_usage %+v", est, plain)
 			}

@@ -2,7 +2,6 @@ package inflight
 
 import (
 	"fmt"
-	"io"
 	"math"
 	"net/http"
 )
@@ -145,45 +144,21 @@ type tokenEstimate struct {
 	injected bool
 }
 
-// estimate reads r's body (at most MaxBody bytes, MaxBody+1 when its length
-// is unknown), puts it back so that the next handler reads it byte for
-// byte (or as IncludeUsage rewrote it), and returns the estimate, counting
-// defaultOutput as the output of a body that names none, and at most
-// learned (if positive: a learned estimate) as the output of one that
-// names more.
-//
-// A read error (the client left mid-body, a
-// request_body max_size exceeded) is returned wrapped; the body then
-// returns the bytes read, then that error.
-//
-// The bytes read are in a buffer of their own, exactly the Content-Length
-// when it is below MaxBody, and not pooled: r.Body holds it until the next
-// handler has read it, and no point in the handler knows when that is
-// (http.RoundTripper may read and close a request body in a goroutine of
-// its own even after RoundTrip returned), so a buffer put back in a pool
-// could still be read. r.Body drops it once it is read.
-func (t *TokensCost) estimate(r *http.Request, defaultOutput, learned int64) (tokenEstimate, error) {
-	if r.Body == nil || r.Body == http.NoBody {
-		return tokenEstimate{cost: defaultOutput, teaches: true}, nil
-	}
-	length := r.ContentLength
-	limit, size := t.MaxBody+1, min(firstAheadBuffer, t.MaxBody+1) // one byte more shows where it ends
-	if length >= 0 {
-		limit = min(length, t.MaxBody)
-		size = limit
-	}
-	read, err := readPrefix(r.Body, size, limit)
-	replay := &replayBody{ReadCloser: r.Body, read: read, err: err}
-	r.Body = replay
+// estimate returns the estimate of a request whose body b was read
+// (readBody, with MaxBody), counting defaultOutput as the output of a body
+// that names none, and at most learned (if positive: a learned estimate)
+// as the output of one that names more. With IncludeUsage it may rewrite
+// r's body (includeUsage).
+func (t *TokensCost) estimate(r *http.Request, b *requestBody, defaultOutput, learned int64) tokenEstimate {
 	switch {
-	case err != nil && err != io.EOF:
-		return tokenEstimate{}, fmt.Errorf("inflight: cost tokens: reading the body: %w", err)
-	case length > t.MaxBody:
-		return tokenEstimate{cost: addTokens(t.inputTokens(length), defaultOutput), teaches: true}, nil
-	case int64(len(read)) > t.MaxBody:
-		return tokenEstimate{cost: math.MaxInt64}, nil
+	case !b.present:
+		return tokenEstimate{cost: defaultOutput, teaches: true}
+	case r.ContentLength > t.MaxBody:
+		return tokenEstimate{cost: addTokens(t.inputTokens(r.ContentLength), defaultOutput), teaches: true}
+	case b.over: // of unknown length
+		return tokenEstimate{cost: math.MaxInt64}
 	}
-	named, ok := requestedOutput(read)
+	named, ok := requestedOutput(b.read)
 	output := defaultOutput
 	if ok {
 		output = named
@@ -191,10 +166,8 @@ func (t *TokensCost) estimate(r *http.Request, defaultOutput, learned int64) (to
 			output = min(named, learned)
 		}
 	}
-	// Read whole: to its Content-Length, or to its end within MaxBody.
-	whole := length < 0 && err == io.EOF || length >= 0 && int64(len(read)) == length
-	injected := t.IncludeUsage && whole && includeUsage(r, read, replay)
-	return tokenEstimate{cost: addTokens(t.inputTokens(int64(len(read))), output), teaches: !ok || named >= t.DefaultOutput, injected: injected}, nil
+	injected := t.IncludeUsage && b.whole && includeUsage(r, b.read, b.replay)
+	return tokenEstimate{cost: addTokens(t.inputTokens(int64(len(b.read))), output), teaches: !ok || named >= t.DefaultOutput, injected: injected}
 }
 
 // inputTokens is ceil(n / BytesPerToken), without overflow.
@@ -212,49 +185,4 @@ func addTokens(a, b int64) int64 {
 		return math.MaxInt64
 	}
 	return a + b
-}
-
-// readPrefix reads body until its end or limit bytes, into a buffer of size
-// bytes first, doubled as the body comes. It returns io.EOF if the body
-// ended before limit.
-func readPrefix(body io.Reader, size, limit int64) ([]byte, error) {
-	buf := make([]byte, 0, size)
-	for int64(len(buf)) < limit {
-		if len(buf) == cap(buf) {
-			grown := make([]byte, len(buf), min(2*int64(cap(buf)), limit))
-			copy(grown, buf)
-			buf = grown
-		}
-		n, err := body.Read(buf[len(buf):cap(buf)])
-		buf = buf[:len(buf)+n]
-		if err != nil {
-			return buf, err
-		}
-	}
-	return buf, nil
-}
-
-// replayBody is a request body whose first bytes were read before the next
-// handler: it returns them, then the rest of the body. Close closes the
-// request's own body.
-type replayBody struct {
-	io.ReadCloser        // the request's own body
-	read          []byte // read before, not yet returned
-	err           error  // what ended reading before, if the body did not go on: io.EOF or a read error
-}
-
-// Read returns the bytes read before, then the rest of the body.
-func (b *replayBody) Read(p []byte) (int, error) {
-	if len(b.read) > 0 {
-		n := copy(p, b.read)
-		b.read = b.read[n:]
-		if len(b.read) == 0 {
-			b.read = nil // give the buffer back as soon as it is passed on
-		}
-		return n, nil
-	}
-	if b.err != nil {
-		return 0, b.err
-	}
-	return b.ReadCloser.Read(p)
 }

@@ -333,7 +333,7 @@ func TestTokensClientLeavesMidBody(t *testing.T) {
 		conn.Close()
 		select {
 		case err := <-errs:
-			if err == nil || !strings.HasPrefix(err.Error(), "inflight: cost tokens: reading the body: ") || !errors.Is(err, io.ErrUnexpectedEOF) {
+			if err == nil || !strings.HasPrefix(err.Error(), "inflight: reading the body: ") || !errors.Is(err, io.ErrUnexpectedEOF) {
 				t.Fatalf("%q: estimate returned %v, want the read error", head[:20], err)
 			}
 		case <-time.After(20 * time.Second): // a generous bound: it must not hang
@@ -383,12 +383,17 @@ func referenceOutput(body []byte) (output int64, ok bool) {
 	return output, ok
 }
 
-// FuzzTokensEstimate estimates hostile bodies: nothing panics, the
-// estimate follows the formula (with encoding/json as the reference for
-// the JSON) and the next handler reads the body byte for byte.
+// FuzzTokensEstimate estimates hostile bodies and reads their model:
+// nothing panics, the estimate follows the formula and the model is the
+// top-level one (with encoding/json as the reference for the JSON; a body
+// over max_body has the model _unknown), and the next handler reads the
+// body byte for byte.
 func FuzzTokensEstimate(f *testing.F) {
 	for _, seed := range []string{
 		`{"model":"m","max_tokens":64,"messages":[{"role":"user","content":"hi"}]}`,
+		`{"messages":[{"role":"user","content":"{\"model\":\"b\"}","model":"c"}],"model":"a","model":"d"}`,
+		`{"mod\u0065l":"\u00e9\ud83d\ude00","metadata":{"model":"x"},"MODEL":"y","model":""}`,
+		`{"model":1,"model":null}`, "{\"model\":\"\xff\"}",
 		`{"max_completion_tokens":10,"max_output_tokens":1e3,"max_tokens":2048.0}`,
 		`{"max_tokens":99999999999999999999,"max_tokens":-1,"a":{"max_tokens":5}}`,
 		`{"max\u005ftokens":7,"MAX_TOKENS":9,"x":[[[{"y":"\"}"}]]]}`,
@@ -403,11 +408,19 @@ func FuzzTokensEstimate(f *testing.F) {
 		if !known {
 			r.Body = io.NopCloser(iotest.HalfReader(r.Body)) // short reads, as off the network
 		}
-		got, err := costOfBody(tc, r)
+		read, err := readBody(r, tc.MaxBody)
 		if err != nil {
-			t.Fatalf("estimate: %v", err)
+			t.Fatalf("reading the body: %v", err)
 		}
+		got := tc.estimate(r, &read, tc.DefaultOutput, 0).cost
 		n := int64(len(body))
+		wantModel := UnknownModel
+		if n <= tc.MaxBody {
+			wantModel = referenceModel(body)
+		}
+		if model := requestModel(read.json()); model != wantModel {
+			t.Fatalf("model %q, want %q", model, wantModel)
+		}
 		want := addTokens((n+3)/4, tc.DefaultOutput)
 		switch {
 		case n > tc.MaxBody && !known:
@@ -462,9 +475,19 @@ func chatBody(size int) []byte {
 	return []byte(head + msgs.String() + tail)
 }
 
+// estimateRequest reads r's body as the handler does, and returns t's
+// estimate of it.
+func estimateRequest(t *TokensCost, r *http.Request, defaultOutput, learned int64) (tokenEstimate, error) {
+	body, err := readBody(r, t.MaxBody)
+	if err != nil {
+		return tokenEstimate{}, err
+	}
+	return t.estimate(r, &body, defaultOutput, learned), nil
+}
+
 // costOfBody is t's estimate of r's cost, with its own default output.
 func costOfBody(t *TokensCost, r *http.Request) (int64, error) {
-	est, err := t.estimate(r, t.DefaultOutput, 0)
+	est, err := estimateRequest(t, r, t.DefaultOutput, 0)
 	return est.cost, err
 }
 
@@ -486,14 +509,14 @@ func TestTokensLearnedOutput(t *testing.T) {
 		{`{"max_tokens":256,"messages":[]}`, 8 + 256, false}, // 32 bytes
 	} {
 		r := httptest.NewRequest("POST", "/", strings.NewReader(c.body))
-		est, err := tokensCost(0).estimate(r, 300, 300)
+		est, err := estimateRequest(tokensCost(0), r, 300, 300)
 		if err != nil || est.cost != c.want || est.teaches != c.teaches {
 			t.Errorf("%s, learned 300: cost %d, teaches %v (%v); want %d, %v", c.body, est.cost, est.teaches, err, c.want, c.teaches)
 		}
 	}
 	// Until learnt (learned 0), a named output counts whole.
 	r := httptest.NewRequest("POST", "/", strings.NewReader(`{"max_tokens":4096,"messages":[]}`))
-	if est, err := tokensCost(0).estimate(r, 1024, 0); err != nil || est.cost != 9+4096 {
+	if est, err := estimateRequest(tokensCost(0), r, 1024, 0); err != nil || est.cost != 9+4096 {
 		t.Errorf("max_tokens 4096, nothing learnt: cost %d (%v), want %d", est.cost, err, 9+4096)
 	}
 }

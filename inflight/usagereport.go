@@ -29,7 +29,7 @@ func (h *Handler) serveReporting(w http.ResponseWriter, r *http.Request, next ca
 	err := h.serveNext(uw, r, next, a)
 	uw.finish()
 	if u, ok := uw.usage(); ok {
-		h.gate.ReportUsage(&a.ticket, u, a.tokens.cost, a.tokens.teaches)
+		h.gate.ReportUsage(&a.ticket, a.model, u, a.tokens.cost, a.tokens.teaches)
 		setUsage(r, u)
 	}
 	return err

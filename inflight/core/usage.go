@@ -2,7 +2,6 @@ package core
 
 import (
 	"math"
-	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -15,17 +14,6 @@ import (
 // charge to them (the edge sets limiter.Request.Used), and, where the
 // request named no output limit, learns from its output count the output
 // estimate of the requests that name none (OutputEstimate).
-
-// Learning the output estimate: the outputQuantile of the output counts
-// of the zone's last outputWindow reports, once it has learnAfter of them,
-// recomputed every relearnEvery reports, and never above the edge's
-// ceiling.
-const (
-	outputWindow   = 1000
-	learnAfter     = 100
-	relearnEvery   = 16
-	outputQuantile = 0.9
-)
 
 // usageRatioBuckets are the bounds of reported ÷ estimated tokens: an
 // estimate ten times too high lands at 0.1, one twice too low at 2.
@@ -48,8 +36,8 @@ var (
 	}, []string{"zone"})
 
 	outputEstimateDesc = prometheus.NewDesc("caddy_inflight_output_estimate_tokens",
-		"Output tokens counted now for a request that names no max_tokens, by zone, for zones whose handlers learn it (cost tokens with default_output auto): the learned estimate, or default_output until learnt.",
-		[]string{"zone"}, nil)
+		"Output tokens counted now for a request that names no max_tokens, by zone and model, for zones whose handlers learn it (cost tokens with default_output auto): the learned estimate, or default_output until learnt. model is empty for the zone's own, which models without an estimate of their own count; a model has a series from its 20th report, at most 64 models per zone.",
+		[]string{"zone", "model"}, nil)
 )
 
 // TokenUsage is the tokens a model reported for one request: Input
@@ -66,51 +54,37 @@ func (u TokenUsage) Total() int64 {
 	return u.Input + u.Output
 }
 
-// outputLearner learns a zone's output estimate from the output counts
-// its requests reported, and sums up how far estimates were from the
-// reports. The window is fixed-size: a zone's memory does not grow with
-// its traffic.
+// outputLearner learns a zone's output estimate, and one per model its
+// requests name (see outputSeries and modelEstimates), from the output
+// counts they reported, and sums up how far estimates were from the
+// reports.
 type outputLearner struct {
-	mu     sync.Mutex
-	recent [outputWindow]int32 // output counts, a ring; saturated at MaxInt32
-	n      int                 // counts in recent, up to outputWindow
-	next   int                 // where the next count goes
-	since  int                 // counts since the estimate was computed
-	sorted [outputWindow]int32 // scratch for the quantile
+	mu      sync.Mutex
+	zone    outputSeries
+	models  modelEstimates
+	scratch [outputWindow]int32 // for the quantile
 
-	learned atomic.Int64 // the quantile; 0 until learnAfter counts
 	ceiling atomic.Int64 // the latest learning gate's; 0: nobody learns
 
 	reports, reported, estimated, over atomic.Int64
 }
 
-// learn adds one output count to the window, and recomputes the estimate
-// when due.
-func (l *outputLearner) learn(output int64) {
+// learn adds one output count of a request naming model to the zone's
+// series and the model's.
+func (l *outputLearner) learn(model string, output int64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.recent[l.next] = int32(min(output, math.MaxInt32))
-	l.next = (l.next + 1) % outputWindow
-	l.n = min(l.n+1, outputWindow)
-	l.since++
-	if l.n < learnAfter || (l.n > learnAfter && l.since < relearnEvery) {
-		return
-	}
-	l.since = 0
-	s := l.sorted[:l.n]
-	copy(s, l.recent[:l.n])
-	slices.Sort(s)
-	rank := int(math.Ceil(outputQuantile*float64(l.n))) - 1 // nearest rank
-	l.learned.Store(max(int64(s[rank]), 1))
+	l.zone.add(output, &l.scratch)
+	l.models.learn(model, output, &l.scratch)
 }
 
-// estimate is the output estimate with the given ceiling: the learned
-// one, within it, or the ceiling until learnt.
-func (l *outputLearner) estimate(ceiling int64) int64 {
-	if e := l.learned.Load(); e > 0 {
-		return min(e, ceiling)
+// learned is the estimate a request naming model counts, before its
+// ceiling: the model's own, else the zone's; 0 until learnt.
+func (l *outputLearner) learned(model string) int64 {
+	if e := l.models.learned(model); e > 0 {
+		return e
 	}
-	return ceiling
+	return l.zone.learned.Load()
 }
 
 // count sums up one report against the estimate the request was admitted
@@ -136,16 +110,23 @@ type UsageState struct {
 	Estimated int64 `json:"estimated_tokens"`
 	Over      int64 `json:"over_estimate"`
 	// OutputEstimate is the output tokens a request naming none counts
-	// now, and Learned whether it is learnt (else default_output); with
-	// default_output auto only.
+	// now, and Learned whether it is learnt (else default_output), for
+	// the zone: for requests naming a model without an estimate of its
+	// own; with default_output auto only.
 	OutputEstimate int64 `json:"output_estimate,omitempty"`
 	Learned        bool  `json:"learned,omitempty"`
+	// Models are the models with 20 reports or more, most reports first,
+	// each with the estimate its requests count.
+	Models []ModelEstimate `json:"models,omitempty"`
 }
 
 func (l *outputLearner) state() *UsageState {
 	st := &UsageState{Reports: l.reports.Load(), Reported: l.reported.Load(), Estimated: l.estimated.Load(), Over: l.over.Load()}
 	if c := l.ceiling.Load(); c > 0 {
-		st.OutputEstimate, st.Learned = l.estimate(c), l.learned.Load() > 0
+		st.OutputEstimate, st.Learned = l.zone.estimate(c), l.zone.learned.Load() > 0
+		l.mu.Lock()
+		st.Models = l.models.shown(c, st.OutputEstimate)
+		l.mu.Unlock()
 	}
 	if st.Reports == 0 && st.OutputEstimate == 0 {
 		return nil
@@ -154,11 +135,12 @@ func (l *outputLearner) state() *UsageState {
 }
 
 // OutputEstimate returns the output tokens to count for a request of the
-// gate's zone that names none: the zone's learned estimate, within
-// ceiling, or ceiling until it is learnt; and the learned one (0 until
-// learnt), the most a request naming more counts.
-func (g *Gate) OutputEstimate(ceiling int64) (estimate, learned int64) {
-	if l := g.zone.outputs.learned.Load(); l > 0 {
+// gate's zone that names model and no output: the model's learned
+// estimate, or the zone's for a model without one, within ceiling, or
+// ceiling until one is learnt; and the learned one (0 until learnt), the
+// most a request naming more counts.
+func (g *Gate) OutputEstimate(model string, ceiling int64) (estimate, learned int64) {
+	if l := g.zone.outputs.learned(model); l > 0 {
 		learned = min(l, ceiling)
 		return learned, learned
 	}
@@ -166,11 +148,12 @@ func (g *Gate) OutputEstimate(ceiling int64) (estimate, learned int64) {
 }
 
 // ReportUsage records the usage the model reported for a unit of the gate
-// that was estimated at estimated tokens (its cost), and sets its fair
-// charge to it. With learn, its output count teaches the zone's output
-// estimate, if the gate learns one: its request's output was not bounded
-// below the estimate's ceiling. Only gates with costs report usage.
-func (g *Gate) ReportUsage(t *Ticket, u TokenUsage, estimated int64, learn bool) {
+// that named model and was estimated at estimated tokens (its cost), and
+// sets its fair charge to it. With learn, its output count teaches the
+// zone's output estimate and the model's, if the gate learns them: its
+// request's output was not bounded below the estimate's ceiling. Only
+// gates with costs report usage.
+func (g *Gate) ReportUsage(t *Ticket, model string, u TokenUsage, estimated int64, learn bool) {
 	total := u.Total()
 	t.Req.Used = total
 	g.usage.input.Add(float64(u.Input))
@@ -179,7 +162,7 @@ func (g *Gate) ReportUsage(t *Ticket, u TokenUsage, estimated int64, learn bool)
 	g.usage.ratio.Observe(float64(total) / float64(max(estimated, 1)))
 	g.zone.outputs.count(total, estimated)
 	if learn && g.learns {
-		g.zone.outputs.learn(u.Output)
+		g.zone.outputs.learn(model, u.Output)
 	}
 }
 
@@ -189,13 +172,16 @@ type usageMetrics struct {
 	ratio                 prometheus.Observer
 }
 
-// collectOutputEstimate sends the output estimate of a zone that learns
-// one, once per zone name.
+// collectOutputEstimate sends the output estimates of a zone that learns
+// them, its own and its models', once per zone name.
 func collectOutputEstimate(ch chan<- prometheus.Metric, z *zone, seen map[string]bool) {
-	c := z.outputs.ceiling.Load()
-	if c == 0 || seen[z.label] {
+	st := z.outputs.state()
+	if st == nil || st.OutputEstimate == 0 || seen[z.label] {
 		return
 	}
 	seen[z.label] = true
-	ch <- prometheus.MustNewConstMetric(outputEstimateDesc, prometheus.GaugeValue, float64(z.outputs.estimate(c)), z.label)
+	ch <- prometheus.MustNewConstMetric(outputEstimateDesc, prometheus.GaugeValue, float64(st.OutputEstimate), z.label, "")
+	for _, m := range st.Models {
+		ch <- prometheus.MustNewConstMetric(outputEstimateDesc, prometheus.GaugeValue, float64(m.OutputEstimate), z.label, m.Model)
+	}
 }

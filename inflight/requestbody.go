@@ -1,0 +1,123 @@
+package inflight
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+// requestBody is the first bytes of a request's body, read before the
+// request is admitted, by cost tokens and for {http.inflight.model}; the
+// request's body then hands them on to the next handler, then the rest.
+type requestBody struct {
+	// read is the bytes read: at most maxBody, maxBody+1 when the length
+	// is unknown, to tell a body that ends at maxBody from a longer one.
+	read []byte
+	// present tells that the request has a body; whole that it was read
+	// to its end (its Content-Length, or its EOF within maxBody); over
+	// that it is longer than maxBody, so its JSON is not read.
+	present, whole, over bool
+	// replay is the request's body now.
+	replay *replayBody
+}
+
+// json returns the body read if it was read whole, the JSON to scan; nil
+// otherwise.
+func (b *requestBody) json() []byte {
+	if !b.present || b.over {
+		return nil
+	}
+	return b.read
+}
+
+// readBody reads r's body, at most maxBody bytes (maxBody+1 when its length
+// is unknown), and puts it back so that the next handler reads it byte for
+// byte. A read error (the client left mid-body, a request_body max_size
+// exceeded) is returned wrapped; the body then returns the bytes read,
+// then that error.
+//
+// The bytes read are in a buffer of their own, exactly the Content-Length
+// when it is below maxBody, and not pooled: r.Body holds it until the next
+// handler has read it, and no point in the handler knows when that is
+// (http.RoundTripper may read and close a request body in a goroutine of
+// its own even after RoundTrip returned), so a buffer put back in a pool
+// could still be read. r.Body drops it once it is read.
+func readBody(r *http.Request, maxBody int64) (requestBody, error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return requestBody{}, nil
+	}
+	length := r.ContentLength
+	limit, size := maxBody+1, min(firstAheadBuffer, maxBody+1) // one byte more shows where it ends
+	if length >= 0 {
+		limit = min(length, maxBody)
+		size = limit
+	}
+	read, err := readPrefix(r.Body, size, limit)
+	replay := &replayBody{ReadCloser: r.Body, read: read, err: err}
+	r.Body = replay
+	b := requestBody{read: read, present: true, replay: replay}
+	if err != nil && err != io.EOF {
+		return b, fmt.Errorf("inflight: reading the body: %w", err)
+	}
+	b.over = length > maxBody || int64(len(read)) > maxBody
+	b.whole = length < 0 && err == io.EOF || length >= 0 && int64(len(read)) == length
+	return b, nil
+}
+
+// bodyError is the error a request whose body could not be read is
+// answered with: the client's doing, 413 over a request_body limit, else
+// 499 (it left mid-body).
+func bodyError(err error) error {
+	if _, tooLarge := errors.AsType[*http.MaxBytesError](err); tooLarge {
+		return caddyhttp.Error(http.StatusRequestEntityTooLarge, err)
+	}
+	return caddyhttp.Error(499, err)
+}
+
+// readPrefix reads body until its end or limit bytes, into a buffer of size
+// bytes first, doubled as the body comes. It returns io.EOF if the body
+// ended before limit.
+func readPrefix(body io.Reader, size, limit int64) ([]byte, error) {
+	buf := make([]byte, 0, size)
+	for int64(len(buf)) < limit {
+		if len(buf) == cap(buf) {
+			grown := make([]byte, len(buf), min(2*int64(cap(buf)), limit))
+			copy(grown, buf)
+			buf = grown
+		}
+		n, err := body.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err != nil {
+			return buf, err
+		}
+	}
+	return buf, nil
+}
+
+// replayBody is a request body whose first bytes were read before the next
+// handler: it returns them, then the rest of the body. Close closes the
+// request's own body.
+type replayBody struct {
+	io.ReadCloser        // the request's own body
+	read          []byte // read before, not yet returned
+	err           error  // what ended reading before, if the body did not go on: io.EOF or a read error
+}
+
+// Read returns the bytes read before, then the rest of the body.
+func (b *replayBody) Read(p []byte) (int, error) {
+	if len(b.read) > 0 {
+		n := copy(p, b.read)
+		b.read = b.read[n:]
+		if len(b.read) == 0 {
+			b.read = nil // give the buffer back as soon as it is passed on
+		}
+		return n, nil
+	}
+	if b.err != nil {
+		return 0, b.err
+	}
+	return b.ReadCloser.Read(p)
+}
