@@ -41,6 +41,13 @@ const totalName = "total"
 // (full, timeout, queue_full, keys_full, store_error), for use in
 // `handle_errors`. A gRPC call is refused with a gRPC status instead (see
 // GRPCStatus).
+//
+// `{http.inflight.model}` is the model an LLM request's JSON body names
+// (its top-level "model"), or `_unknown` when none can be read: a key, a
+// max, a priority, a weight or a `map` source can use it. The body is read
+// for it before the request is admitted, up to CostTokens' MaxBody (1 MiB
+// without cost tokens), only with CostTokens or when one of the handler's
+// templates names it (see requestModel).
 type Handler struct {
 	// Limits, Total, Zone, DryRun, Replicas, Wait, MaxWaiting, Priority,
 	// Fair, Weight, MaxWaitingPerKey, MaxKeys, PerKeyMetrics, PlainKeys

@@ -60,20 +60,26 @@ type TokensCost struct {
 	DefaultOutput int64 `json:"default_output,omitempty"`
 
 	// LearnOutput learns the output tokens a request counts from the
-	// output tokens the model reported, per zone: the 90th percentile of
-	// the last 1,000 reports of requests naming no output, or one at least
-	// DefaultOutput, from the 100th report on, never above DefaultOutput
-	// (Caddyfile: `default_output auto [<ceiling>]`). Once learnt, it is
-	// the output of a body naming none, and the most a body naming more
-	// counts: a max_tokens is a ceiling clients set generously (Anthropic's
-	// API requires one), not an estimate. A request may then produce more
-	// than it reserved: see docs/cost-tokens.md for what the backend
-	// really held against the cap.
+	// output tokens the model reported, per model the request bodies name
+	// ({http.inflight.model}) and per zone, from the reports of requests
+	// naming no output, or one at least DefaultOutput: from the 25th
+	// report a conservative estimate (a report at or above their 90th
+	// percentile 9 times in 10), from the 100th the 90th percentile of the
+	// last 1,000 reports, never above DefaultOutput (Caddyfile:
+	// `default_output auto [<ceiling>]`). A request naming a model without
+	// an estimate of its own counts the zone's; a zone keeps at most 64
+	// models. Once learnt, it is the output of a body naming none, and the
+	// most a body naming more counts: a max_tokens is a ceiling clients
+	// set generously (Anthropic's API requires one), not an estimate. A
+	// request may then produce more than it reserved: see
+	// docs/cost-tokens.md for what the backend really held against the
+	// cap.
 	LearnOutput bool `json:"learn_output,omitempty"`
 
-	// MaxBody is the most bytes of a body read to estimate its cost; a
-	// longer body counts its Content-Length and DefaultOutput. Up to 1 GiB.
-	// Default: 1 MiB (1048576).
+	// MaxBody is the most bytes of a body read to estimate its cost and
+	// read its model; a longer body counts its Content-Length and
+	// DefaultOutput, and its model is _unknown. Up to 1 GiB. Default: 1 MiB
+	// (1048576).
 	MaxBody int64 `json:"max_body,omitempty"`
 
 	// IncludeUsage makes OpenAI chat completions and completions streams
