@@ -148,3 +148,49 @@ func TestModelLimit(t *testing.T) {
 		})
 	}
 }
+
+// TestModelClass: a class from a map of the model. With one slot held, a
+// request for model-b (low) then one for model-a (high) wait; the slot
+// goes to model-a first, though it came second.
+func TestModelClass(t *testing.T) {
+	b := newBackend(t)
+	port := freePort(t)
+	load(t, fmt.Sprintf(`http://127.0.0.1:%d {
+	map {http.inflight.model} {model_class} {
+		model-a high
+		default low
+	}
+	inflight {
+		limit model {http.inflight.model} 10
+		total 1
+		zone model-class
+		wait 30s
+		priority {model_class}
+	}
+	reverse_proxy %s
+}
+`, port, b.addr))
+	url := fmt.Sprintf("http://127.0.0.1:%d/hold", port)
+	c := client("127.0.0.1")
+	send := func(model string) <-chan result {
+		done := make(chan result, 1)
+		go func() { done <- post(context.Background(), c, url, string(modelBody(model, 200)), "X-Name", model) }()
+		return done
+	}
+	var all []<-chan result
+	all = append(all, send("model-c"))
+	eventually(t, "the slot held", func() bool { return b.cur.Load() == 1 })
+	for i, model := range []string{"model-b", "model-a"} {
+		all = append(all, send(model))
+		eventually(t, model+" waits", func() bool { return metric(t, "caddy_inflight_waiting", `zone="model-class"`) == float64(i+1) })
+	}
+	b.open()
+	for _, done := range all {
+		if r := <-done; r.err != nil || r.status != http.StatusOK {
+			t.Fatalf("%d %v, want 200", r.status, r.err)
+		}
+	}
+	if got := strings.Join(b.order(), " "); got != "model-c model-a model-b" {
+		t.Fatalf("the backend saw %s, want model-c model-a model-b: model-a's class is high", got)
+	}
+}
