@@ -95,10 +95,11 @@ func TestLLMReplay(t *testing.T) {
 		return
 	}
 	scraped := scrapeAt(t, adminAddr)
-	for _, model := range []string{"", conversationShape.model, codeShape.model} {
-		t.Logf("llm-replay learned output estimate of model %q (\"\": the zone's)=%v tokens", model,
-			metricIn(t, scraped, "caddy_inflight_output_estimate_tokens", `zone="llm-learned"`, `model="`+model+`"`))
+	estimate := func(model string) float64 {
+		return metricIn(t, scraped, "caddy_inflight_output_estimate_tokens", `zone="llm-learned"`, `model="`+model+`"`)
 	}
+	t.Logf("llm-replay learned output estimate: the zone's %v tokens, %s %v, %s %v", estimate(""),
+		conversationShape.model, estimate(conversationShape.model), codeShape.model, estimate(codeShape.model))
 	if learned.reqPerSec < 1.3*fixed.reqPerSec {
 		t.Errorf("learned %.1f req/s, fixed %.1f: want at least 1.3 times", learned.reqPerSec, fixed.reqPerSec)
 	}
