@@ -47,7 +47,7 @@ const totalName = "total"
 // max, a priority, a weight or a `map` source can use it. The body is read
 // for it before the request is admitted, up to CostTokens' MaxBody (1 MiB
 // without cost tokens), only with CostTokens or when one of the handler's
-// templates names it (see requestModel).
+// templates names it (see readFields).
 type Handler struct {
 	// Limits, Total, Zone, DryRun, Replicas, Wait, MaxWaiting, Priority,
 	// Fair, Weight, MaxWaitingPerKey, MaxKeys, PerKeyMetrics, PlainKeys

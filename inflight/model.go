@@ -18,24 +18,20 @@ const modelPlaceholder = "{http.inflight.model}"
 // by hiding its model.
 const UnknownModel = "_unknown"
 
-// requestModel returns the model an LLM request body names: the value of
-// its top-level "model" field (OpenAI chat completions, completions,
-// Responses and embeddings, and Anthropic messages all have one), escapes
-// decoded; the last one if given twice, as the backends' decoders keep it.
-// A key is read as the backends read it: byte for byte (MODEL is not
-// model), an escaped "mod\u0065l" counting as the name it spells. A
-// "model" anywhere but at the top level (in a message's text, in
-// metadata) is not read. It returns UnknownModel when body is not a JSON
-// object as encoding/json reads it (not JSON, cut short at max_body, nil),
-// or names no model, or one that is not a string or is empty.
-func requestModel(body []byte) string {
-	var value []byte
-	valid := objectMembers(body, func(m jsonMember) {
-		if string(keyName(body[m.key:m.value-m.colon], len("model"))) == "model" {
-			value = body[m.value:m.end]
-		}
-	})
-	if !valid || len(value) <= len(`""`) || value[0] != '"' {
+// isModelName reports whether a request body's top-level key names its
+// model: OpenAI chat completions, completions, Responses and embeddings,
+// and Anthropic messages all have one. A key is read as the backends read
+// it: byte for byte (MODEL is not model), an escaped "mod\u0065l" counting
+// as the name it spells (see keyName). A "model" anywhere but at the top
+// level (in a message's text, in metadata) is not the request's.
+func isModelName(name []byte) bool { return string(name) == "model" }
+
+// modelOf returns the model value names, the raw JSON value of a body's
+// last top-level "model" (the one the backends' decoders keep), escapes
+// decoded; UnknownModel if there is none (nil), or if it is not a string
+// or is empty.
+func modelOf(value []byte) string {
+	if len(value) <= len(`""`) || value[0] != '"' {
 		return UnknownModel
 	}
 	if bytes.IndexByte(value, '\\') < 0 && utf8.Valid(value) {
@@ -65,7 +61,7 @@ func (h *Handler) readModel(r *http.Request, a *admission) (requestBody, error) 
 	if err != nil {
 		return body, bodyError(err)
 	}
-	a.model = requestModel(body.json())
+	a.model = body.fields.model
 	replacer(r).Set("http.inflight.model", a.model)
 	return body, nil
 }

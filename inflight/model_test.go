@@ -45,7 +45,7 @@ func TestRequestModel(t *testing.T) {
 		{"no body", ``, UnknownModel},
 		{"invalid UTF-8, as decoders read it", "{\"model\":\"a\xffb\"}", "a\uFFFDb"},
 	} {
-		if got := requestModel([]byte(c.body)); got != c.want {
+		if got := readFields([]byte(c.body)).model; got != c.want {
 			t.Errorf("%s: model %q, want %q", c.name, got, c.want)
 		}
 		if ref := referenceModel([]byte(c.body)); ref != c.want {

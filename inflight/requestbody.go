@@ -22,20 +22,13 @@ type requestBody struct {
 	present, whole, over bool
 	// replay is the request's body now.
 	replay *replayBody
-}
-
-// json returns the body read if it was read whole, the JSON to scan; nil
-// otherwise.
-func (b *requestBody) json() []byte {
-	if !b.present || b.over {
-		return nil
-	}
-	return b.read
+	// fields are what the body names, read if it is not over maxBody.
+	fields requestFields
 }
 
 // readBody reads r's body, at most maxBody bytes (maxBody+1 when its length
-// is unknown), and puts it back so that the next handler reads it byte for
-// byte. A read error (the client left mid-body, a request_body max_size
+// is unknown), and its fields (readFields) if it is not longer, and puts it
+// back so that the next handler reads it byte for byte. A read error (the client left mid-body, a request_body max_size
 // exceeded) is returned wrapped; the body then returns the bytes read,
 // then that error.
 //
@@ -47,7 +40,7 @@ func (b *requestBody) json() []byte {
 // could still be read. r.Body drops it once it is read.
 func readBody(r *http.Request, maxBody int64) (requestBody, error) {
 	if r.Body == nil || r.Body == http.NoBody {
-		return requestBody{}, nil
+		return requestBody{fields: requestFields{model: UnknownModel}}, nil
 	}
 	length := r.ContentLength
 	limit, size := maxBody+1, min(firstAheadBuffer, maxBody+1) // one byte more shows where it ends
@@ -64,6 +57,11 @@ func readBody(r *http.Request, maxBody int64) (requestBody, error) {
 	}
 	b.over = length > maxBody || int64(len(read)) > maxBody
 	b.whole = length < 0 && err == io.EOF || length >= 0 && int64(len(read)) == length
+	if b.over {
+		b.fields = requestFields{model: UnknownModel}
+	} else {
+		b.fields = readFields(read)
+	}
 	return b, nil
 }
 

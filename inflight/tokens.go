@@ -164,7 +164,7 @@ func (t *TokensCost) estimate(r *http.Request, b *requestBody, defaultOutput, le
 	case b.over: // of unknown length
 		return tokenEstimate{cost: math.MaxInt64}
 	}
-	named, ok := requestedOutput(b.read)
+	named, ok := b.fields.output, b.fields.named
 	output := defaultOutput
 	if ok {
 		output = named

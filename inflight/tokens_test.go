@@ -358,8 +358,8 @@ func TestTokensReadErrorKeptForNextHandler(t *testing.T) {
 	}
 }
 
-// referenceOutput is requestedOutput by encoding/json: json.Valid, then a
-// token walk of the top-level object.
+// referenceOutput is the output readFields reads, by encoding/json:
+// json.Valid, then a token walk of the top-level object.
 func referenceOutput(body []byte) (output int64, ok bool) {
 	if !json.Valid(body) {
 		return 0, false
@@ -418,7 +418,7 @@ func FuzzTokensEstimate(f *testing.F) {
 		if n <= tc.MaxBody {
 			wantModel = referenceModel(body)
 		}
-		if model := requestModel(read.json()); model != wantModel {
+		if model := read.fields.model; model != wantModel {
 			t.Fatalf("model %q, want %q", model, wantModel)
 		}
 		want := addTokens((n+3)/4, tc.DefaultOutput)
