@@ -64,14 +64,7 @@ func TestExampleCaddyfile(t *testing.T) {
 // 64,000 hold, so the total fills; see llmShares.
 func TestExampleLLMGateway(t *testing.T) {
 	t.Run("a big prompt holds back only its own tenant", func(t *testing.T) {
-		model := newBackendAt(t, "127.0.0.1:11434")
-		loadExample(t, "llm-gateway.Caddyfile")
-		c := client("127.0.0.1")
-		const admin = "127.0.0.1:2019"
-		units := func(limit string) float64 {
-			return metricAt(t, admin, "caddy_inflight_units", `zone="model"`, `limit="`+limit+`"`)
-		}
-		waiting := func() float64 { return metricAt(t, admin, "caddy_inflight_waiting", `zone="model"`) }
+		model, c, units, waiting := llmGateway(t)
 		// post sends a chat request and returns its result and the tokens
 		// the gateway estimates for it: ceil(body bytes / 4) + max_tokens.
 		post := func(key string, prompt, maxTokens int) (chan result, int) {
@@ -130,6 +123,20 @@ func TestExampleLLMGateway(t *testing.T) {
 	t.Run("busy tenants share the model by weight in token-seconds", llmShares)
 }
 
+// llmGateway runs the example in front of a model that holds /stream
+// requests until it opens, and returns the model, a client, and the units
+// the zone holds in a limit and the requests waiting in it.
+func llmGateway(t *testing.T) (*backend, *http.Client, func(limit string) float64, func() float64) {
+	model := newBackendAt(t, "127.0.0.1:11434")
+	loadExample(t, "llm-gateway.Caddyfile")
+	const admin = "127.0.0.1:2019"
+	units := func(limit string) float64 {
+		return metricAt(t, admin, "caddy_inflight_units", `zone="model"`, `limit="`+limit+`"`)
+	}
+	waiting := func() float64 { return metricAt(t, admin, "caddy_inflight_waiting", `zone="model"`) }
+	return model, client("127.0.0.1"), units, waiting
+}
+
 // llmModelBudgets: the models a request body names have budgets of their
 // own beside the tenants': two llama3.1:8b requests of 7,000 tokens fill
 // most of its 16,000, so a third waits though its tenant and the upstream
@@ -138,14 +145,7 @@ func TestExampleLLMGateway(t *testing.T) {
 // the default budget of 4,000: one of 3,000 goes through, and the next,
 // under another name or none, waits.
 func llmModelBudgets(t *testing.T) {
-	model := newBackendAt(t, "127.0.0.1:11434")
-	loadExample(t, "llm-gateway.Caddyfile")
-	c := client("127.0.0.1")
-	const admin = "127.0.0.1:2019"
-	units := func(limit string) float64 {
-		return metricAt(t, admin, "caddy_inflight_units", `zone="model"`, `limit="`+limit+`"`)
-	}
-	waiting := func() float64 { return metricAt(t, admin, "caddy_inflight_waiting", `zone="model"`) }
+	model, c, units, waiting := llmGateway(t)
 	// stream sends a chat request of exactly tokens tokens by the
 	// gateway's estimate (ceil(body bytes / 4) + max_tokens) for name,
 	// "" naming no model.

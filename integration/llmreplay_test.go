@@ -75,14 +75,7 @@ type replayResult struct {
 // the whole run beside the measured phase's: what the warm-up costs.
 func TestLLMReplay(t *testing.T) {
 	trace := llmTrace(t, replaySeed, replayWarmup+replayMeasured+replayClients)
-	runs := replay(t, replayModes, trace)
-	results := map[string]replayResult{}
-	for _, r := range runs {
-		res := r.result()
-		t.Logf("llm-replay mode=%s req/s=%.1f peak=%.2f×cap mean=%.2f×cap held=%.2f×cap took=%s whole-run: req/s=%.1f peak=%.2f×cap",
-			r.mode.name, res.reqPerSec, res.peak, res.mean, res.held, res.took.Round(time.Millisecond), res.wholeReqPerSec, res.wholePeak)
-		results[r.mode.name] = res
-	}
+	results := replayResults(t, "llm-replay", replay(t, replayModes, trace))
 	fixed := results["fixed"]
 	for _, m := range replayModes {
 		if m.name != "fixed" {
@@ -233,6 +226,20 @@ func (r *replayRun) client(c *http.Client) {
 			r.peak, r.mean = r.f.held.read()
 		}
 	}
+}
+
+// replayResults logs each run's result, prefixed, and returns them by
+// mode.
+func replayResults(t *testing.T, prefix string, runs []*replayRun) map[string]replayResult {
+	t.Helper()
+	results := map[string]replayResult{}
+	for _, r := range runs {
+		res := r.result()
+		t.Logf("%s mode=%s req/s=%.1f peak=%.2f×cap mean=%.2f×cap held=%.2f×cap took=%s whole-run: req/s=%.1f peak=%.2f×cap",
+			prefix, r.mode.name, res.reqPerSec, res.peak, res.mean, res.held, res.took.Round(time.Millisecond), res.wholeReqPerSec, res.wholePeak)
+		results[r.mode.name] = res
+	}
+	return results
 }
 
 // result is the run's measured phase, as fractions of the cap.

@@ -25,15 +25,10 @@ var modelModes = []replayMode{
 // both.
 func TestLLMReplayModels(t *testing.T) {
 	trace := llmTrace(t, replaySeed, replayWarmup+replayMeasured+replayClients)
-	runs := replay(t, modelModes, trace)
-	results := map[string]replayResult{}
-	for _, r := range runs {
-		res := r.result()
-		t.Logf("llm-replay-models mode=%s req/s=%.1f peak=%.2f×cap mean=%.2f×cap held=%.2f×cap whole-run: req/s=%.1f peak=%.2f×cap",
-			r.mode.name, res.reqPerSec, res.peak, res.mean, res.held, res.wholeReqPerSec, res.wholePeak)
-		results[r.mode.name] = res
+	results := replayResults(t, "llm-replay-models", replay(t, modelModes, trace))
+	for mode, res := range results {
 		if res.wholePeak > 1.1 {
-			t.Errorf("%s: real tokens in flight peaked at %.2f×cap, want at most 1.1", r.mode.name, res.wholePeak)
+			t.Errorf("%s: real tokens in flight peaked at %.2f×cap, want at most 1.1", mode, res.wholePeak)
 		}
 	}
 	perModel, oneModel := results["per-model"], results["one-model"]
