@@ -28,9 +28,9 @@ type requestBody struct {
 
 // readBody reads r's body, at most maxBody bytes (maxBody+1 when its length
 // is unknown), and its fields (readFields) if it is not longer, and puts it
-// back so that the next handler reads it byte for byte. A read error (the client left mid-body, a request_body max_size
-// exceeded) is returned wrapped; the body then returns the bytes read,
-// then that error.
+// back so that the next handler reads it byte for byte. A read error (the
+// client left mid-body, a request_body max_size exceeded) is returned
+// wrapped; the body then returns the bytes read, then that error.
 //
 // The bytes read are in a buffer of their own, exactly the Content-Length
 // when it is below maxBody, and not pooled: r.Body holds it until the next
