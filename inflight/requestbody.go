@@ -7,6 +7,8 @@ import (
 	"net/http"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/internal/replay"
 )
 
 // requestBody is the first bytes of a request's body, read before the
@@ -21,7 +23,7 @@ type requestBody struct {
 	// that it is longer than maxBody, so its JSON is not read.
 	present, whole, over bool
 	// replay is the request's body now.
-	replay *replayBody
+	replay *replay.Body
 	// fields are what the body names, read if it is not over maxBody.
 	fields requestFields
 }
@@ -43,15 +45,15 @@ func readBody(r *http.Request, maxBody int64) (requestBody, error) {
 		return requestBody{fields: requestFields{model: UnknownModel}}, nil
 	}
 	length := r.ContentLength
-	limit, size := maxBody+1, min(firstAheadBuffer, maxBody+1) // one byte more shows where it ends
+	limit, size := maxBody+1, min(replay.FirstBuffer, maxBody+1) // one byte more shows where it ends
 	if length >= 0 {
 		limit = min(length, maxBody)
 		size = limit
 	}
 	read, err := readPrefix(r.Body, size, limit)
-	replay := &replayBody{ReadCloser: r.Body, read: read, err: err}
-	r.Body = replay
-	b := requestBody{read: read, present: true, replay: replay}
+	rest := &replay.Body{ReadCloser: r.Body, Ahead: read, Err: err}
+	r.Body = rest
+	b := requestBody{read: read, present: true, replay: rest}
 	if err != nil && err != io.EOF {
 		return b, fmt.Errorf("inflight: reading the body: %w", err)
 	}
@@ -93,29 +95,4 @@ func readPrefix(body io.Reader, size, limit int64) ([]byte, error) {
 		}
 	}
 	return buf, nil
-}
-
-// replayBody is a request body whose first bytes were read before the next
-// handler: it returns them, then the rest of the body. Close closes the
-// request's own body.
-type replayBody struct {
-	io.ReadCloser        // the request's own body
-	read          []byte // read before, not yet returned
-	err           error  // what ended reading before, if the body did not go on: io.EOF or a read error
-}
-
-// Read returns the bytes read before, then the rest of the body.
-func (b *replayBody) Read(p []byte) (int, error) {
-	if len(b.read) > 0 {
-		n := copy(p, b.read)
-		b.read = b.read[n:]
-		if len(b.read) == 0 {
-			b.read = nil // give the buffer back as soon as it is passed on
-		}
-		return n, nil
-	}
-	if b.err != nil {
-		return 0, b.err
-	}
-	return b.ReadCloser.Read(p)
 }

@@ -23,7 +23,7 @@ func patterned(n int) []byte {
 func readAll(t *testing.T, wb *waitBody) (body []byte, buffered int, err error) {
 	t.Helper()
 	<-wb.done
-	buffered = cap(wb.read)
+	buffered = cap(wb.Ahead)
 	wb.stop.Store(true)
 	body, err = io.ReadAll(wb)
 	return body, buffered, err
@@ -37,8 +37,8 @@ func TestWaitBodyShorterThanBound(t *testing.T) {
 		if err != nil || !bytes.Equal(got, want) {
 			t.Fatalf("length %d: read %d bytes (%v), want the %d sent", length, len(got), err, len(want))
 		}
-		if wb.err != io.EOF {
-			t.Fatalf("length %d: reading ahead ended with %v, want the body's end", length, wb.err)
+		if wb.Err != io.EOF {
+			t.Fatalf("length %d: reading ahead ended with %v, want the body's end", length, wb.Err)
 		}
 		if length > 0 && buffered != 1001 {
 			t.Fatalf("length %d: buffer of %d bytes, want the length plus one", length, buffered)
@@ -55,8 +55,8 @@ func TestWaitBodyLongerThanBound(t *testing.T) {
 		if err != nil || !bytes.Equal(got, want) {
 			t.Fatalf("length %d: read %d bytes (%v), want the %d sent", length, len(got), err, len(want))
 		}
-		if buffered != limit || wb.err != nil {
-			t.Fatalf("length %d: read ahead into %d bytes, ended with %v; want exactly the bound %d, no end", length, buffered, wb.err, limit)
+		if buffered != limit || wb.Err != nil {
+			t.Fatalf("length %d: read ahead into %d bytes, ended with %v; want exactly the bound %d, no end", length, buffered, wb.Err, limit)
 		}
 	}
 }
