@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
+	"github.com/caddy-inflight/caddy-inflight/inflight/llm"
 )
 
 // compileCost checks a fixed cost and compiles a placeholder one, or
@@ -20,8 +21,8 @@ func (h *Handler) compileCost() error {
 		return fmt.Errorf("cost %q and cost tokens are not allowed together: want one of them", h.Cost)
 	}
 	if t := h.CostTokens; t != nil {
-		t.setDefaults()
-		if err := t.validate(); err != nil {
+		t.SetDefaults()
+		if err := t.Check(); err != nil {
 			return err
 		}
 		return nil
@@ -86,21 +87,10 @@ func (h *Handler) costed() bool { return h.cost != nil || h.CostTokens != nil }
 
 // costOf returns r's cost: its estimate in tokens with cost tokens, from
 // its body read (kept in a for its end), else h.cost's.
-func (h *Handler) costOf(r *http.Request, a *admission, body *requestBody) (int64, error) {
+func (h *Handler) costOf(r *http.Request, a *admission, body *llm.Body) (int64, error) {
 	if h.CostTokens == nil {
 		return h.cost(r)
 	}
-	a.tokens = h.estimateTokens(r, a.model, body)
-	return a.tokens.cost, nil
-}
-
-// estimateTokens is cost tokens' estimate of r's cost, counting the
-// output estimate learnt for its model with LearnOutput (see TokensCost).
-func (h *Handler) estimateTokens(r *http.Request, model string, body *requestBody) tokenEstimate {
-	t := h.CostTokens
-	output, learned := t.DefaultOutput, int64(0)
-	if t.LearnOutput {
-		output, learned = h.gate.OutputEstimate(model, output)
-	}
-	return t.estimate(r, body, output, learned)
+	a.tokens = h.meter.Estimate(r, body)
+	return a.tokens.Cost, nil
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/caddy-inflight/caddy-inflight/inflight/core"
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
+	"github.com/caddy-inflight/caddy-inflight/inflight/llm"
 )
 
 func init() {
@@ -47,7 +48,7 @@ const totalName = "total"
 // max, a priority, a weight or a `map` source can use it. The body is read
 // for it before the request is admitted, up to CostTokens' MaxBody (1 MiB
 // without cost tokens), only with CostTokens or when one of the handler's
-// templates names it (see readFields).
+// templates names it (see llm.ReadBody).
 type Handler struct {
 	// Limits, Total, Zone, DryRun, Replicas, Wait, MaxWaiting, Priority,
 	// Fair, Weight, MaxWaitingPerKey, MaxKeys, PerKeyMetrics, PlainKeys
@@ -143,10 +144,10 @@ type Handler struct {
 	Cost string `json:"cost,omitempty"`
 
 	// CostTokens estimates each request's cost in tokens from its body,
-	// for OpenAI- and Anthropic-style JSON APIs (see TokensCost); not with
+	// for OpenAI- and Anthropic-style JSON APIs (see llm.TokensCost); not with
 	// Cost. A body that cannot be read (the client left) is answered with
 	// 499 and takes nothing.
-	CostTokens *TokensCost `json:"cost_tokens,omitempty"`
+	CostTokens *llm.TokensCost `json:"cost_tokens,omitempty"`
 
 	// LimitHeaders names the limits (and `total`) whose level each client
 	// sees, on admitted responses and refusals alike, in the fields of the
@@ -168,6 +169,7 @@ type Handler struct {
 
 	logger     *zap.Logger
 	gate       *core.Gate
+	meter      *llm.Meter        // with cost tokens
 	engine     *limiter.Zone     // the zone's counts in this process
 	adaptive   *limiter.Adaptive // the zone's, with total_adaptive
 	keys       []valueFunc
@@ -225,6 +227,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	var err error
 	if h.gate, err = core.Join(ctx, &h.Config, edge); err != nil {
 		return err
+	}
+	if h.CostTokens != nil {
+		h.meter = llm.Join(h.gate, h.CostTokens)
 	}
 	h.compile()
 	return nil
@@ -416,11 +421,11 @@ type admission struct {
 	// the request's estimate, and usage reads the usage its response
 	// reports (made at its first use), with cost tokens.
 	model  string
-	tokens tokenEstimate
-	usage  *usageWriter
+	tokens llm.Estimate
+	usage  *llm.Writer
 	// Fill a 384-byte size class, whose objects start on cache lines:
 	// requests admitted on different cores then never write one line.
-	_ [384 - unsafe.Sizeof(core.Ticket{}) - unsafe.Sizeof(bodyWatch{}) - unsafe.Sizeof(measuredWriter{}) - unsafe.Sizeof("") - unsafe.Sizeof(tokenEstimate{}) - unsafe.Sizeof(&usageWriter{})]byte
+	_ [384 - unsafe.Sizeof(core.Ticket{}) - unsafe.Sizeof(bodyWatch{}) - unsafe.Sizeof(measuredWriter{}) - unsafe.Sizeof("") - unsafe.Sizeof(llm.Estimate{}) - unsafe.Sizeof(&llm.Writer{})]byte
 }
 
 // watchBody runs when a's request is queued: its client is watched while
@@ -437,9 +442,9 @@ func (h *Handler) recycle(a *admission) {
 	a.ticket.Reset()
 	a.watch.r, a.watch.body = nil, nil
 	a.measured = measuredWriter{}
-	a.model, a.tokens = "", tokenEstimate{}
+	a.model, a.tokens = "", llm.Estimate{}
 	if a.usage != nil {
-		a.usage.reset()
+		a.usage.Reset()
 	}
 	h.admissions.Put(a)
 }

@@ -8,15 +8,9 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
-)
 
-func patterned(n int) []byte {
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = byte(i * 7)
-	}
-	return b
-}
+	"github.com/caddy-inflight/caddy-inflight/inflight/internal/bodytest"
+)
 
 // readAll waits until reading ahead has stopped, reports the buffer it
 // used, and returns the whole body as the next handler reads it.
@@ -31,7 +25,7 @@ func readAll(t *testing.T, wb *waitBody) (body []byte, buffered int, err error) 
 
 func TestWaitBodyShorterThanBound(t *testing.T) {
 	for _, length := range []int64{1000, -1} { // Content-Length, chunked
-		want := patterned(1000)
+		want := bodytest.Patterned(1000)
 		wb := readAhead(io.NopCloser(bytes.NewReader(want)), length, 64<<10)
 		got, buffered, err := readAll(t, wb)
 		if err != nil || !bytes.Equal(got, want) {
@@ -49,7 +43,7 @@ func TestWaitBodyShorterThanBound(t *testing.T) {
 func TestWaitBodyLongerThanBound(t *testing.T) {
 	const limit = 10000
 	for _, length := range []int64{1 << 20, -1} {
-		want := patterned(1 << 20)
+		want := bodytest.Patterned(1 << 20)
 		wb := readAhead(io.NopCloser(bytes.NewReader(want)), length, limit)
 		got, buffered, err := readAll(t, wb)
 		if err != nil || !bytes.Equal(got, want) {

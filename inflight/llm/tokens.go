@@ -1,4 +1,4 @@
-package inflight
+package llm
 
 import (
 	"fmt"
@@ -109,7 +109,8 @@ type TokensCost struct {
 	IncludeUsage bool `json:"include_usage,omitempty"`
 }
 
-func (t *TokensCost) setDefaults() {
+// SetDefaults sets the zero values to their defaults.
+func (t *TokensCost) SetDefaults() {
 	if t.BytesPerToken == 0 {
 		t.BytesPerToken = DefaultBytesPerToken
 	}
@@ -123,9 +124,7 @@ func (t *TokensCost) setDefaults() {
 
 // Check reports the first value that is not allowed; zero values are the
 // defaults' and allowed.
-func (t *TokensCost) Check() error { return t.validate() }
-
-func (t *TokensCost) validate() error {
+func (t *TokensCost) Check() error {
 	switch {
 	case t.BytesPerToken < 0:
 		return fmt.Errorf("inflight: cost tokens: bytes_per_token %d is not allowed: want a positive integer (0 for the default, %d)", t.BytesPerToken, DefaultBytesPerToken)
@@ -137,32 +136,32 @@ func (t *TokensCost) validate() error {
 	return nil
 }
 
-// tokenEstimate is a request's estimated cost, and whether the output
-// count its model reports teaches the learned estimate: its body named no
+// Estimate is a request's estimated cost, and whether the output count
+// its model reports teaches the learned estimate: its body named no
 // output, or one at least default_output, so that its output was free up
 // to the estimate's ceiling at least.
 //
 // injected marks a body rewritten by include_usage: its response is
 // filtered back to what the client asked for.
-type tokenEstimate struct {
-	cost     int64
+type Estimate struct {
+	Cost     int64 // in tokens
 	teaches  bool
 	injected bool
 }
 
 // estimate returns the estimate of a request whose body b was read
-// (readBody, with MaxBody), counting defaultOutput as the output of a body
+// (ReadBody, with MaxBody), counting defaultOutput as the output of a body
 // that names none, and at most learned (if positive: a learned estimate)
 // as the output of one that names more. With IncludeUsage it may rewrite
 // r's body (includeUsage).
-func (t *TokensCost) estimate(r *http.Request, b *requestBody, defaultOutput, learned int64) tokenEstimate {
+func (t *TokensCost) estimate(r *http.Request, b *Body, defaultOutput, learned int64) Estimate {
 	switch {
 	case !b.present:
-		return tokenEstimate{cost: defaultOutput, teaches: true}
+		return Estimate{Cost: defaultOutput, teaches: true}
 	case r.ContentLength > t.MaxBody:
-		return tokenEstimate{cost: addTokens(t.inputTokens(r.ContentLength), defaultOutput), teaches: true}
+		return Estimate{Cost: addTokens(t.inputTokens(r.ContentLength), defaultOutput), teaches: true}
 	case b.over: // of unknown length
-		return tokenEstimate{cost: math.MaxInt64}
+		return Estimate{Cost: math.MaxInt64}
 	}
 	named, ok := b.fields.output, b.fields.named
 	output := defaultOutput
@@ -173,7 +172,7 @@ func (t *TokensCost) estimate(r *http.Request, b *requestBody, defaultOutput, le
 		}
 	}
 	injected := t.IncludeUsage && b.whole && includeUsage(r, b.read, b.replay)
-	return tokenEstimate{cost: addTokens(t.inputTokens(int64(len(b.read))), output), teaches: !ok || named >= t.DefaultOutput, injected: injected}
+	return Estimate{Cost: addTokens(t.inputTokens(int64(len(b.read))), output), teaches: !ok || named >= t.DefaultOutput, injected: injected}
 }
 
 // inputTokens is ceil(n / BytesPerToken), without overflow.

@@ -1,20 +1,17 @@
-package inflight
+package llm
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
 
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-
 	"github.com/caddy-inflight/caddy-inflight/inflight/internal/replay"
 )
 
-// requestBody is the first bytes of a request's body, read before the
-// request is admitted, by cost tokens and for {http.inflight.model}; the
-// request's body then hands them on to the next handler, then the rest.
-type requestBody struct {
+// Body is the first bytes of a request's body, read before the request
+// is admitted, by cost tokens and for {http.inflight.model}; the request's
+// body then hands them on to the next handler, then the rest.
+type Body struct {
 	// read is the bytes read: at most maxBody, maxBody+1 when the length
 	// is unknown, to tell a body that ends at maxBody from a longer one.
 	read []byte
@@ -28,7 +25,11 @@ type requestBody struct {
 	fields requestFields
 }
 
-// readBody reads r's body, at most maxBody bytes (maxBody+1 when its length
+// Model is the model the body names (see modelOf), UnknownModel if none
+// can be read.
+func (b *Body) Model() string { return b.fields.model }
+
+// ReadBody reads r's body, at most maxBody bytes (maxBody+1 when its length
 // is unknown), and its fields (readFields) if it is not longer, and puts it
 // back so that the next handler reads it byte for byte. A read error (the
 // client left mid-body, a request_body max_size exceeded) is returned
@@ -40,9 +41,9 @@ type requestBody struct {
 // (http.RoundTripper may read and close a request body in a goroutine of
 // its own even after RoundTrip returned), so a buffer put back in a pool
 // could still be read. r.Body drops it once it is read.
-func readBody(r *http.Request, maxBody int64) (requestBody, error) {
+func ReadBody(r *http.Request, maxBody int64) (Body, error) {
 	if r.Body == nil || r.Body == http.NoBody {
-		return requestBody{fields: requestFields{model: UnknownModel}}, nil
+		return Body{fields: requestFields{model: UnknownModel}}, nil
 	}
 	length := r.ContentLength
 	limit, size := maxBody+1, min(replay.FirstBuffer, maxBody+1) // one byte more shows where it ends
@@ -53,7 +54,7 @@ func readBody(r *http.Request, maxBody int64) (requestBody, error) {
 	read, err := readPrefix(r.Body, size, limit)
 	rest := &replay.Body{ReadCloser: r.Body, Ahead: read, Err: err}
 	r.Body = rest
-	b := requestBody{read: read, present: true, replay: rest}
+	b := Body{read: read, present: true, replay: rest}
 	if err != nil && err != io.EOF {
 		return b, fmt.Errorf("inflight: reading the body: %w", err)
 	}
@@ -65,16 +66,6 @@ func readBody(r *http.Request, maxBody int64) (requestBody, error) {
 		b.fields = readFields(read)
 	}
 	return b, nil
-}
-
-// bodyError is the error a request whose body could not be read is
-// answered with: the client's doing, 413 over a request_body limit, else
-// 499 (it left mid-body).
-func bodyError(err error) error {
-	if _, tooLarge := errors.AsType[*http.MaxBytesError](err); tooLarge {
-		return caddyhttp.Error(http.StatusRequestEntityTooLarge, err)
-	}
-	return caddyhttp.Error(499, err)
 }
 
 // readPrefix reads body until its end or limit bytes, into a buffer of size
