@@ -169,7 +169,7 @@ type Handler struct {
 
 	logger     *zap.Logger
 	gate       *core.Gate
-	meter      *llm.Meter        // with cost tokens
+	meter      *llm.Meter        // with costs; estimates with cost tokens
 	engine     *limiter.Zone     // the zone's counts in this process
 	adaptive   *limiter.Adaptive // the zone's, with total_adaptive
 	keys       []valueFunc
@@ -216,10 +216,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.compileRetryAfterMs(); err != nil {
 		return fmt.Errorf("inflight: %w", err)
 	}
-	edge := core.Edge{Site: siteOf(ctx), Noun: "request", AddressKeys: addressKeys, UnitMax: true, Costs: h.costed(), Show: ShortForm, EarlyRefusal: h.EarlyRefusal, RetryHints: h.retryAuto}
-	if t := h.CostTokens; t != nil && t.LearnOutput {
-		edge.OutputCeiling = t.DefaultOutput
-	}
+	edge := core.Edge{Site: siteOf(ctx), Noun: "request", AddressKeys: addressKeys, UnitMax: true, Costs: h.costed(), Show: ShortForm, EarlyRefusal: h.EarlyRefusal, RetryHints: h.retryAuto, Metrics: llm.Collectors()}
 	if at := h.TotalAdaptive; at != nil {
 		cfg := at.config()
 		edge.Adaptive = &cfg
@@ -228,7 +225,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.gate, err = core.Join(ctx, &h.Config, edge); err != nil {
 		return err
 	}
-	if h.CostTokens != nil {
+	if h.costed() {
 		h.meter = llm.Join(h.gate, h.CostTokens)
 	}
 	h.compile()

@@ -5,7 +5,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
-	"github.com/caddy-inflight/caddy-inflight/inflight/core"
 	"github.com/caddy-inflight/caddy-inflight/inflight/llm"
 )
 
@@ -44,7 +43,7 @@ func (h *Handler) serveNext(w http.ResponseWriter, r *http.Request, next caddyht
 }
 
 // setUsage sets the placeholders of the usage a model reported.
-func setUsage(r *http.Request, u core.TokenUsage) {
+func setUsage(r *http.Request, u llm.TokenUsage) {
 	repl := replacer(r)
 	repl.Set("http.inflight.usage.input_tokens", u.Input)
 	repl.Set("http.inflight.usage.output_tokens", u.Output)

@@ -41,9 +41,8 @@ type zone struct {
 	// its retry hints told (see RetryHint).
 	grants  grantRate
 	retries retrySchedule
-	// outputs learns the output estimate of requests in tokens, and sums
-	// up the usage they reported.
-	outputs outputLearner
+	// extension is what an edge keeps with the zone (Extension).
+	extension extensionSlot
 }
 
 // waiting returns the requests waiting in this zone, in this process and

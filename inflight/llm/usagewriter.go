@@ -7,8 +7,6 @@ import (
 	"sync"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-
-	"github.com/caddy-inflight/caddy-inflight/inflight/core"
 )
 
 // Writer passes a response through unchanged and reads the usage it
@@ -92,7 +90,7 @@ func (u *Writer) Begin(w http.ResponseWriter, e Estimate) {
 // reported, and whether it is final (see usageScanner.usage). A write
 // error is not returned: the client left, and the response was answered
 // already.
-func (u *Writer) End() (core.TokenUsage, bool) {
+func (u *Writer) End() (TokenUsage, bool) {
 	if u.filtering {
 		_ = u.events.finish(u.ResponseWriter.Write)
 	}

@@ -11,8 +11,6 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-
-	"github.com/caddy-inflight/caddy-inflight/inflight/core"
 )
 
 // recordingWriter records what reaches the client's writer, including the
@@ -98,7 +96,7 @@ func TestUsageWriterIgnores(t *testing.T) {
 			} else {
 				_, _ = u.Write([]byte(anthropicJSON))
 			}
-			if got, final := u.scan.usage(); got != (core.TokenUsage{}) || final || u.reading {
+			if got, final := u.scan.usage(); got != (TokenUsage{}) || final || u.reading {
 				t.Errorf("%s: read %+v, %v", c.name, got, final)
 			}
 			if rec.body.String() != anthropicJSON || rec.readFrom != readFrom || rec.codes[0] != c.code {

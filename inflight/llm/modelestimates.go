@@ -1,10 +1,12 @@
-package core
+package llm
 
 import (
 	"cmp"
 	"maps"
 	"slices"
 	"sync/atomic"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/core"
 )
 
 // A zone learns an output estimate per model its requests name, beside its
@@ -131,7 +133,7 @@ func (m *modelEstimates) shown(ceiling, zone int64) []ModelEstimate {
 		if e.series.total < modelSeriesFrom {
 			continue
 		}
-		me := ModelEstimate{Model: labelValue(name), Reports: e.series.total, OutputEstimate: zone}
+		me := ModelEstimate{Model: core.LabelValue(name), Reports: e.series.total, OutputEstimate: zone}
 		if e.series.learned.Load() > 0 {
 			me.OutputEstimate, me.Learned = e.series.estimate(ceiling), true
 		}
