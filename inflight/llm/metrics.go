@@ -6,27 +6,23 @@ import (
 	"github.com/caddy-inflight/caddy-inflight/inflight/core"
 )
 
-// The collectors are made once per process so their values outlive
-// reloads, and registered in every config's registry with the zones' (see
-// Collectors).
 // usageRatioBuckets are the bounds of reported ÷ estimated tokens: an
 // estimate ten times too high lands at 0.1, one twice too low at 2.
 var usageRatioBuckets = []float64{0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1, 1.1, 1.5, 2, 4}
 
+// The collectors are made once per process so their values outlive
+// reloads, and registered in every config's registry with the zones' (see
+// Collectors). Their names are written whole, as core's are.
 var (
 	reportedTokens = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: "caddy",
-		Subsystem: "inflight",
-		Name:      "reported_tokens_total",
-		Help:      "Tokens the model reported using, for requests with cost tokens, by zone and kind: input (the prompt, cached tokens included), cached (prompt tokens read from a cache), output.",
+		Name: "caddy_inflight_reported_tokens_total",
+		Help: "Tokens the model reported using, for requests with cost tokens, by zone and kind: input (the prompt, cached tokens included), cached (prompt tokens read from a cache), output.",
 	}, []string{"zone", "kind"})
 
 	usageRatio = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Namespace: "caddy",
-		Subsystem: "inflight",
-		Name:      "usage_ratio",
-		Help:      "Tokens the model reported (input + output) ÷ the tokens the request was estimated to hold (its cost), per request that reported its usage, by zone: below 1 the estimate held back room, above 1 the backend held more than was reserved.",
-		Buckets:   usageRatioBuckets,
+		Name:    "caddy_inflight_usage_ratio",
+		Help:    "Tokens the model reported (input + output) ÷ the tokens the request was estimated to hold (its cost), per request that reported its usage, by zone: below 1 the estimate held back room, above 1 the backend held more than was reserved.",
+		Buckets: usageRatioBuckets,
 	}, []string{"zone"})
 
 	outputEstimateDesc = prometheus.NewDesc("caddy_inflight_output_estimate_tokens",
