@@ -247,7 +247,7 @@ func TestUnitCountersBackAtZero(t *testing.T) {
 	})
 }
 
-// What Redis runs for a request of one unit, as docs/fleet.md counts it:
+// What Redis runs for a request of one unit, as docs/performance.md counts it:
 // into an empty set, ZCARD, ZADD and PEXPIRE, then its release's ZREM;
 // into a set with members, the set is read in two commands (ZCARD, then
 // its count and expired members in one ZRANGEBYSCORE), never a ZSCORE.

@@ -106,7 +106,7 @@ func TestLostReplyIsRecovered(t *testing.T) {
 // and whose second try could not reach Redis is refused (on_error closed)
 // and leaves a lease nobody holds; while connections go on being reset
 // every 200 ms, it is removed within one renewal interval (lease/3) plus
-// the removal's round trip (timeout), as docs/fleet.md promises.
+// the removal's round trip (timeout), as docs/fleet-guarantees.md promises.
 func TestLostReplyLeavesNoLeaseUnderResets(t *testing.T) {
 	const lease, timeout = 3 * time.Second, time.Second
 	addr, cli := startRedis(t)
