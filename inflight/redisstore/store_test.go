@@ -422,11 +422,12 @@ func TestOutageLoggedOnceEachWay(t *testing.T) {
 		eventually(t, "the store reachable", reachable)
 		p.setDown(true)
 		// A call sent before the latest answer is the outage's tail, not a
-		// flap (a renewal may answer after it started): fail until one counts.
-		eventually(t, "the store unreachable again", func() bool {
+		// flap (a renewal may answer after it started), though it too makes
+		// Health unreachable for the back-off: fail until an outage opens.
+		eventually(t, "the outage open again", func() bool {
 			s.book.downUntil.Store(0)
 			z.Acquire(context.Background(), request(limits, "k"), limiter.WaitOptions{})
-			return !z.(storestatus.Reporter).Health().Reachable
+			return s.book.outage.Load()
 		})
 	}
 	p.setDown(false)
