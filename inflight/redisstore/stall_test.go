@@ -57,7 +57,7 @@ func TestStallLongerThanLeaseLeavesNoGhost(t *testing.T) {
 	observeLogs(s.book)
 	warmUp(t, z, limits, cli)
 
-	stop, flush := p.holdRequests()
+	stop, flush := p.holdRequests(t)
 	if res := z.Acquire(context.Background(), request(limits, "k"), limiter.WaitOptions{}); res.Outcome != limiter.Unavailable {
 		t.Fatalf("acquire with its script held up: %v, want store_error (on_error closed)", res.Outcome)
 	}
@@ -99,7 +99,7 @@ func heldRenewalAfterRelease(t *testing.T, lease, timeout, skew time.Duration) (
 	mustAdmit(t, z, req, "acquire")
 
 	b := s.book
-	stop, flush := p.holdRequests()
+	stop, flush := p.holdRequests(t)
 	skewed := map[*redisClock]int64{}
 	b.mu.Lock()
 	if len(b.clocks) == 0 {
