@@ -235,7 +235,9 @@ func (p *faultProxy) forwardRequests(c, up net.Conn) {
 // holdRequests holds back the requests sent from now on. After stop, new
 // requests pass again, while those held wait for flush. Stop first waits
 // until a request is held: under load the proxy may read one that was
-// sent before stop only after it, and would let it pass.
+// sent before stop only after it, and would let it pass. Any held request
+// ends the wait, so one of the book's own (a tick's) held first still
+// leaves that race open.
 func (p *faultProxy) holdRequests(t testing.TB) (stop, flush func()) {
 	hold := make(chan struct{})
 	p.mu.Lock()
