@@ -95,8 +95,10 @@ type lease struct {
 	// ghost marks the members of an admission whose reply never came: the
 	// script may still run later, so they are removed at once and again on
 	// every tick until they would have expired.
-	ghost   bool
-	removed bool // a ghost removed at least once
+	ghost bool
+	// tried marks a ghost sent once: it goes again on ticks only, so a
+	// Redis that is down is not sent it at every poke (each probe's).
+	tried bool
 	// unsure marks a lease that a failed renewal wrote: its script may
 	// still run later, so once released the lease is removed as a ghost.
 	unsure bool
@@ -321,11 +323,7 @@ func (b *book) settle(tag string, sent sending, ok bool) {
 		if b.ended[tag][m] != l {
 			continue // forgotten meanwhile
 		}
-		switch {
-		case !ok || l.again:
-		case l.ghost:
-			l.removed = true
-		default:
+		if ok && !l.again && !l.ghost {
 			delete(b.ended[tag], m)
 		}
 	}
@@ -576,12 +574,12 @@ func (b *book) removeReleased(ticked bool) {
 				continue
 			case l.sends > 0:
 				continue
-			case l.ghost && l.removed && !ticked:
+			case l.ghost && l.tried && !ticked:
 				continue
 			case !l.ghost && (!ticked || now.Sub(l.released) < b.timeout):
 				continue // the zone's next call removes it
 			}
-			l.again = false
+			l.again, l.tried = false, l.ghost
 			l.sends++
 			e := byZone[tag]
 			if e == nil {

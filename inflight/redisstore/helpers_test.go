@@ -13,9 +13,11 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
+	"github.com/caddy-inflight/caddy-inflight/inflight/storestatus"
 )
 
 // startRedis starts a redis-server of its own on a free loopback port. It
@@ -343,4 +345,30 @@ func onlyLease(t testing.TB, b *book) string {
 		return m
 	}
 	return ""
+}
+
+// storeErrors reads caddy_inflight_store_errors_total for a zone's op.
+func storeErrors(t testing.TB, zone, op string) float64 {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(storestatus.Collectors()...)
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != "caddy_inflight_store_errors_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["store"] == "redis" && labels["zone"] == zone && labels["op"] == op {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
 }

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -45,6 +46,33 @@ func TestRejoinsWhenRedisAnswers(t *testing.T) {
 	t.Logf("reachable %v after Redis accepted again (the back-off is 1 s)", time.Since(back).Round(time.Millisecond))
 	if got := admit(); got != limiter.Admitted {
 		t.Fatalf("once the store is reachable again: outcome %v, want admitted", got)
+	}
+}
+
+// TestDownRedisIsSentAGhostOnce: while Redis refuses connections, the
+// members of an admission that failed (ghosts) are sent for removal at
+// once, then again only on the renewal ticks or once Redis answers: not at
+// every poke of the book, which each probe (every 10 ms) made. A book kept
+// open for its ghosts after its config went would otherwise dial a dead
+// Redis a hundred times a second until they expired.
+func TestDownRedisIsSentAGhostOnce(t *testing.T) {
+	addr, cli := startRedis(t)
+	p := newFaultProxy(t, addr)
+	s := newStore(t, store(p.addr, func(s *Store) { s.Lease = caddy.Duration(time.Minute) })) // ticks every 20 s
+	limits := &limiter.Limits{Max: []int64{5}}
+	zone := fmt.Sprint("ghost", time.Now().UnixNano()) // a count of its own (-count)
+	z, _ := zoneOf(s, zone, limits)
+	warmUp(t, z, limits, cli)
+	p.setDown(true)
+	req := request(limits, "k")
+	if res := z.Acquire(context.Background(), req, limiter.WaitOptions{}); res.Outcome == limiter.Admitted {
+		z.Release(req) // admitted locally (on_error open): its lease goes on a tick
+	}
+	releases := func() float64 { return storeErrors(t, zone, "release") }
+	eventually(t, "the ghost sent at once", func() bool { return releases() >= 1 })
+	time.Sleep(time.Second) // about a hundred probes
+	if n := releases(); n != 1 {
+		t.Errorf("in a second of Redis down with one ghost and no tick: %v failed removals, want 1", n)
 	}
 }
 
