@@ -49,6 +49,23 @@ func (s *adaptiveState) current() *limiter.Adaptive {
 	return s.a
 }
 
+// ObserveAnswer tells the adaptive total that a unit admitted at admitted was
+// answered with code: a latency sample, or an overload. A window that
+// closes with a higher limit lets the waiters it held back in. Only for a
+// gate with an adaptive total.
+func (g *Gate) ObserveAnswer(admitted time.Time, code int) {
+	if g.adaptive.Observe(time.Now(), admitted, code, g.zone.Held(limiter.TotalDim)) {
+		g.zone.Kick()
+	}
+}
+
+// ObserveFailure tells the adaptive total that a unit failed with status before
+// it was answered: an overload if status is one. Only for a gate with an
+// adaptive total.
+func (g *Gate) ObserveFailure(status int) {
+	g.adaptive.Fail(time.Now(), status, g.zone.Held(limiter.TotalDim))
+}
+
 var (
 	adaptiveLimitDesc = prometheus.NewDesc("caddy_inflight_adaptive_limit",
 		"The adaptive total's current limit, by zone (the first zone of a name that has one).",
