@@ -107,18 +107,14 @@ func (h *Handler) sendLevels(w http.ResponseWriter, a *admission, res limiter.Re
 			}
 		}
 		var capacity, used int64
-		switch {
-		case !local:
+		if local {
+			capacity, used = h.gate.Level(&a.ticket, d)
+		} else {
 			l, ok := res.Levels.Of(d)
 			if !ok {
 				continue
 			}
 			capacity, used = l.Cap, l.Held
-		case d == limiter.TotalDim:
-			capacity = h.capOf(a, d)
-			used, _ = h.engine.Load(limiter.TotalDim)
-		default:
-			capacity, used = h.capOf(a, d), h.engine.KeyUnits(d, key)
 		}
 		if capacity <= 0 {
 			continue
@@ -141,11 +137,4 @@ func (h *Handler) sendLevels(w http.ResponseWriter, a *admission, res limiter.Re
 		w.Header().Set(policyField, string(policy))
 		w.Header().Set(levelField, string(level))
 	}
-}
-
-// capOf returns the cap this instance enforces on a's key in dimension d
-// (limiter.TotalDim: the total's), in units: as the engine counts it, the
-// fixed max or a's own, split by replicas, or the adaptive total's limit.
-func (h *Handler) capOf(a *admission, d int) int64 {
-	return h.gate.Limits().Cap(&a.ticket.Req, d)
 }
