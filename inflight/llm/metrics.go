@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/caddy-inflight/caddy-inflight/inflight/core"
+	"github.com/caddy-inflight/caddy-inflight/inflight/metric"
 )
 
 // usageRatioBuckets are the bounds of reported ÷ estimated tokens: an
@@ -12,18 +13,15 @@ var usageRatioBuckets = []float64{0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1, 1.1, 1.
 
 // The collectors are made once per process so their values outlive
 // reloads, and registered in every config's registry with the zones' (see
-// Collectors). Their names are written whole, as core's are.
+// Collectors).
 var (
-	reportedTokens = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "caddy_inflight_reported_tokens_total",
-		Help: "Tokens the model reported using, for requests with cost tokens, by zone and kind: input (the prompt, cached tokens included), cached (prompt tokens read from a cache), output.",
-	}, []string{"zone", "kind"})
+	reportedTokens = metric.Counter("caddy_inflight_reported_tokens_total",
+		"Tokens the model reported using, for requests with cost tokens, by zone and kind: input (the prompt, cached tokens included), cached (prompt tokens read from a cache), output.",
+		"zone", "kind")
 
-	usageRatio = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name:    "caddy_inflight_usage_ratio",
-		Help:    "Tokens the model reported (input + output) ÷ the tokens the request was estimated to hold (its cost), per request that reported its usage, by zone: below 1 the estimate held back room, above 1 the backend held more than was reserved.",
-		Buckets: usageRatioBuckets,
-	}, []string{"zone"})
+	usageRatio = metric.Histogram("caddy_inflight_usage_ratio",
+		"Tokens the model reported (input + output) ÷ the tokens the request was estimated to hold (its cost), per request that reported its usage, by zone: below 1 the estimate held back room, above 1 the backend held more than was reserved.",
+		usageRatioBuckets, "zone")
 
 	outputEstimateDesc = prometheus.NewDesc("caddy_inflight_output_estimate_tokens",
 		"Output tokens counted now for a request that names no max_tokens, by zone and model, for zones whose handlers learn it (cost tokens with default_output auto): the learned estimate, or default_output until learnt. model is empty for the zone's own, which models without an estimate of their own count; a model has a series from its 20th report, at most 64 models per zone.",
