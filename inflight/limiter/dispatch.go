@@ -46,7 +46,7 @@ func (z *Zone) dispatch() reservation {
 			z.grant(f.head)
 		} else {
 			f.tried = z.epoch
-			z.file(f, o, d)
+			z.fileRefusal(f, o, d)
 		}
 		// A grant, or a refusal that found a flow's keys with room, may
 		// change the holders; room they no longer hold goes to freed.

@@ -35,6 +35,10 @@ type flow struct {
 	eligible *listing
 	// tried is the dispatch epoch in which it was last tried and refused.
 	tried uint64
+	// asks says that its head needs the fleet (with a ledger): it was
+	// short of this instance's allowance, or the fleet refused it; fresh,
+	// that it has not been asked for since it became so (see asking.go).
+	asks, fresh bool
 	// refused lists the dimensions (TotalDim: the total) whose counts
 	// refused it since it started waiting, for a ledger's holds (see
 	// Claim.Hold).
@@ -172,6 +176,7 @@ func (q *queue) enqueue(req *Request, opt WaitOptions, perKey uint64) *waiter {
 
 // dequeue takes w out of its flow, and drops the flow once empty.
 func (q *queue) dequeue(w *waiter) {
+	w.left = true
 	f := w.flow
 	wasHead := f.head == w
 	if w.prev == nil {

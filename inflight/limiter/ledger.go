@@ -1,104 +1,118 @@
 package limiter
 
-// A Ledger keeps a zone's counts outside the process: a store shared by a
-// fleet, such as leases in Redis. It answers claims and never calls back
-// into the engine: the queue over it (SharedQueue) decides who is tried,
-// in what order, what each holds and who waits, with the same code as the
-// zone's own queue, and counts what the ledger admits in the zone (its
-// local mirror).
+import "time"
+
+// A Ledger keeps a zone's counts for a fleet of instances, such as blocks
+// of units in Redis. It grants this instance allowances: units of a set
+// (the key of a limit, or the total) that the fleet counts as this
+// instance's, whether they are in flight or idle, so that the zone admits
+// within them with no round trip (see allowance.go). The zone asks it for
+// more, and gives back what it no longer needs, in calls it makes one at a
+// time (Ask); the ledger never calls into the zone: what happens in the
+// fleet meanwhile (another instance's hand-off, room freed), it announces
+// on Changed, and the zone asks again.
+//
+// The sum of the allowances of a set, over the fleet, is never above its
+// cap: the fleet admits no more than the cap, whichever instance admits.
 type Ledger interface {
-	// Take tries claims in order, each all or nothing, and returns the
-	// verdict of each: Admitted with the lease that identifies what it
-	// took (for Give), or Full with the refusing dimension. A claim that
-	// waits and is refused holds, against every later claim of the call,
-	// the room of the dimension that refused it and of each in its Hold:
-	// what the first waits for is not taken by those behind it. An error
-	// means no answer: nothing was taken.
-	Take(claims []Claim) ([]Verdict, error)
-	// Give gives back what the claim admitted with lease took. handOff
-	// says that the queue has waiters and makes a call for them at once
-	// (or, if none is left, says Idle): the ledger may leave the release
-	// to that call, so that a waiter it frees is admitted in the same
-	// round trip.
-	Give(lease string, handOff bool)
-	// Correct moves the tag of key (of dimension dim) on the ledger's fair
-	// clock by delta, the correction of a charge to what its grant held
-	// (see settle), with a later call: a correction lost to a failure
-	// costs only that grant's ordering.
+	// Ask sends c in one round trip: its returns first, then its wants, in
+	// order, each granted all or none (a want refused that will wait holds
+	// the room of its Hold against the later wants of the call). It sets
+	// each want's answer, and c.Grants: the allowance the fleet gave this
+	// instance in the call, per set, beyond the wants' own (room ahead,
+	// hand-offs announced since the last call). An error means no answer:
+	// nothing was granted; the returns are the ledger's to give back in a
+	// later call.
+	Ask(c *Call) error
+	// Changed receives when the fleet may have room for this instance's
+	// wants, or granted it allowance that the next Ask brings.
+	Changed() <-chan struct{}
+	// Tight reports whether the fleet is near the cap of set s, or another
+	// instance wants its room: this instance then keeps no idle allowance
+	// there, and gives back at once what its requests free.
+	Tight(s Set) bool
+	// Correct moves the tag of key (of dimension dim's fair set) on the
+	// ledger's fair clock by delta, the correction of a charge to what its
+	// grant held (see settle), with a later call: a correction lost to a
+	// failure costs only that grant's ordering.
 	Correct(dim int, key string, delta float64)
-	// Record enters a claim that the zone admitted alone while the ledger
-	// could not answer (a store that fails open), once it answers again,
-	// and returns its lease.
-	Record(c Claim) string
-	// Idle says that the queue has no call under way and none to follow:
-	// the ledger may do work it defers while calls follow one another (a
-	// shared store removes the leases released meanwhile, which the next
-	// call would have removed).
-	Idle()
 }
 
-// A Claim is what one request asks of a Ledger: Units in the count of each
-// dimension it has a key in, and in the total, each within its cap (the
-// fleet's, in units: see Limits.units).
-type Claim struct {
-	// Keys holds one key per dimension; "" means none.
-	Keys []string
-	// Caps holds the cap of each dimension's key.
-	Caps []int64
-	// Total is the total's cap, if the zone counts one.
-	Total int64
+// A Set is a set a ledger keeps: dimension Dim's key of hash Hash (the
+// zone's hash of it), or the total (Dim TotalDim, Hash 0).
+type Set struct {
+	Dim  int
+	Hash uint64
+}
+
+// A Call is what a zone asks of its ledger in one round trip.
+type Call struct {
+	// Returns are the allowance this instance gives back, by set.
+	Returns []Units
+	// Wants are the requests that need more allowance than this instance
+	// holds, waiters first in the queue order, then newcomers.
+	Wants []Want
+	// Grants are set by Ask: allowance granted beyond the wants' (see Ask).
+	Grants []Units
+}
+
+// Units are units of one set. In Returns, Spare is the idle allowance
+// this instance keeps there from now on; in Grants, the idle allowance the
+// fleet lets it keep (see allowance.go).
+type Units struct {
+	Set   Set
 	Units int64
+	Spare int64
+}
+
+// A Want asks for the allowance one request needs beyond what this
+// instance holds idle: Units in each of Sets (its keys' sets and the
+// total's), all or none, each within its cap (Caps: the fleet's, the
+// total's last).
+type Want struct {
+	Req   *Request
+	Keys  []string // the request's keys, by dimension ("" for none)
+	Sets  []Set
+	Caps  []int64
+	Units int64
+	// Spares are the idle allowance this instance would like to keep in
+	// each of Sets beyond the want (0 for a set it has not used lately):
+	// granted, where the fleet has room beyond its reserve, in Grants.
+	Spares []int64
 	// Waits says that the request waits if refused.
 	Waits bool
-	// Hold lists the dimensions (TotalDim: the total) whose room the claim
-	// holds if refused: the dimensions whose counts refused it since it
-	// started waiting.
+	// Hold lists the dimensions (TotalDim: the total) whose room the want
+	// holds, if refused, against the later wants of the call: those that
+	// refused it since it started waiting.
 	Hold []int
-	// Fair, if set, puts the claim on the zone's fair clock in the ledger:
-	// the one clock of the fleet.
-	Fair *FairClaim
+	// Fair, if set, puts the want on the zone's fair clock in the ledger.
+	Fair *FairWant
+
+	// Set by Ask: Admitted (the allowance now covers it), Full by the set
+	// of dimension Dim (TotalDim: the total), or Unavailable (the ledger
+	// cannot answer and fails closed).
+	Outcome Outcome
+	Dim     int
+	// Levels, if not nil, is the fleet's level of the request's
+	// dimensions as the ledger read it.
+	Levels Levels
 }
 
-// A FairClaim places a claim on the ledger's fair clock of its zone, kept
-// as the engine's (see fair.go) but for every instance at once: its keys'
-// tags, virtual time, and the keys waiting anywhere, each listed under the
-// dimension that refused it. The ledger admits a fair claim only if no
-// other key listed under one of its dimensions has a smaller tag than the
-// claim's key starts at; a claim refused so holds nothing (the room is
-// kept for the key that goes first) and, if it waits, is listed under that
-// dimension. Admitted, it charges its key Work/Weight, and moves virtual
-// time on by Work shared among the weights waiting in the fleet.
-type FairClaim struct {
+// A FairWant places a want on the ledger's fair clock of its zone, the one
+// clock of the fleet (see fair.go for the engine's): its key's tag orders
+// it against the keys waiting at every instance, each listed under the set
+// that refused it. Admitted, it charges its key Work/Weight.
+type FairWant struct {
 	Dim    int     // the dimension whose keys share
-	Weight float64 // the key's weight, within MinWeight to MaxWeight
+	Weight float64 // within MinWeight to MaxWeight
 	Work   float64 // units × estimated hold, in unit-seconds
 	// Waiting is the weight of the keys waiting under fair in this
-	// process, the same in every claim of a call: the fleet's is the sum
-	// of every instance's.
+	// process, the same in every want of a call.
 	Waiting float64
-	// More says that other requests of the key wait in this process
-	// besides this one: admitted, the key stays listed as waiting, at its
-	// new start, rather than unlisted until its next refusal.
+	// More says that other requests of the key wait here besides this one.
 	More bool
 }
 
-// Verdict is a Ledger's answer for one claim: Admitted with its Lease, or
-// Full by dimension Dim (TotalDim: the total). The queue also answers
-// KeysFull, for max_keys, which it checks itself.
-type Verdict struct {
-	Outcome Outcome
-	Dim     int
-	Lease   string
-	// Held, if not nil, is the units the fleet holds in each of the
-	// claim's dimensions once the ledger decided it (this claim's
-	// included if admitted): index d for dimension d, len(Keys) for the
-	// total; -1 where the ledger did not read it (a dimension it did not
-	// reach before refusing, or one the claim has no key in). Data only:
-	// the queue passes it on in Result.Levels.
-	Held []int64
-}
-
-// adopt makes req hold what the queue took for from, its copy.
-func (req *Request) adopt(from *Request) {
-	req.lease, req.taken, req.held, req.hashes, req.fair = from.lease, from.taken, from.held, from.hashes, from.fair
-}
+// fleetPoll bounds how long a want can miss an announcement (a lost
+// notice) before it is asked again.
+const fleetPoll = 250 * time.Millisecond

@@ -142,13 +142,16 @@ func (z *Zone) firstWithRoom(r *reservation, now time.Time) *flow {
 }
 
 // keysFit reports whether f's head fits in each of its keys beyond r's
-// hold, and if not, the first dimension it does not fit in.
+// hold, and if not, the first dimension it does not fit in. With a ledger
+// the caps are the fleet's: a waiter short only of this instance's
+// allowance has room in its keys, as far as the zone knows, and holds the
+// shared constraints while its allowance is asked for.
 func (z *Zone) keysFit(f *flow, r *reservation) (int, bool) {
 	req := f.head.req
 	lim := z.limitsFor(req)
 	units := z.unitsOf(f)
 	for d := range f.hashes {
-		if f.keyed(d) && z.countOf(d, f.hashes[d])+units+r.holdsKey(d, f.hashes[d]) > capFor(lim, req, d) {
+		if f.keyed(d) && z.countOf(d, f.hashes[d])+units+r.holdsKey(d, f.hashes[d]) > z.capFor(lim, req, d) {
 			return d, false
 		}
 	}
