@@ -1,40 +1,47 @@
 package limiter
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"strconv"
 	"sync/atomic"
 	"time"
 )
 
 // With a ledger, a zone admits within allowances: in each set a request
 // needs (its keys' and the total's), the units in flight plus its own may
-// not pass this instance's allowance there, nor the cap. A request short
-// of allowance is asked for (see asking.go). Units a request gives back
-// stay in the allowance, idle, up to the set's spare (what the fleet lets
-// this instance keep idle there, granted from the room beyond the fleet's
-// reserve): the zone's next request takes them with no round trip. The
-// rest goes back to the ledger in the zone's next call, and so does all
-// of it where the ledger says the set is tight (another instance wants
-// it), or once no request used it for linger.
+// not pass this instance's allowance there, nor the fleet's cap. A request
+// short of allowance is asked for (see asking.go). Units a request gives
+// back stay in the allowance, idle, as far as keep allows: for this
+// instance's waiters that need the set, up to its target where other
+// instances wait too (see target.go); else up to the set's spare (what
+// the fleet lets it keep idle, from the room beyond its reserve), or none
+// where another instance waits (Tight). The zone's next request takes them
+// with no round trip. The rest is written back in the zone's next call,
+// and so is all of it once no request used it for linger.
 //
 // Invariants, besides the zone's:
 //   - A set's allowance changes only under mu and its shard's lock (the
 //     total's: under mu), so an admission under the shard locks reads one
-//     value. It grows only by what an Ask answered (the wants admitted,
-//     its Grants), and shrinks only by the returns the zone hands the
-//     ledger in its next call: the fleet always counts at least what the
-//     zone admits within.
-//   - Idle allowance (units not in flight) is at most the set's spare once
-//     a release has given back the excess, but while a want's grant waits
-//     to be taken (a waiter that left meanwhile).
+//     value. It grows only by what a call granted (or, while the ledger
+//     cannot answer and the zone fails open, by what it admitted within
+//     its share: see fallback), and shrinks only by what the zone writes
+//     back in a later call: so the ledger counts at least what the zone
+//     admits within, at every moment, but for a fallback's admissions
+//     until they are written.
+//   - Idle allowance (units not in flight) is at most what keep allows
+//     once a release has written back the excess, but while a grant waits
+//     for its waiter's turn in the queue order.
 
 // linger is how long allowance no request used is kept before it goes
-// back, where the set is not tight.
+// back, and a key's empty entry forgotten.
 const linger = 100 * time.Millisecond
 
-// allowance is this instance's allowance in one set: the units the fleet
-// counts for it, in flight or idle, how many may stay idle (spare), and
-// when a request last took units of it.
+// allowance is this instance's allowance in one set: its name in the
+// ledger, the units the fleet counts for it, in flight or idle, how many
+// may stay idle (spare), and when a request last took units of it.
 type allowance struct {
+	name  string
 	units int64
 	spare int64
 	used  int64 // the zone's clock, unix nanoseconds
@@ -47,18 +54,27 @@ type totalAllowance struct {
 	used  atomic.Int64
 }
 
+// totalSet names the total in a ledger.
+const totalSet = "t"
+
+// setName names dimension d's key in a ledger: the same on every instance
+// (the fleet's zones share their shape), and no raw key leaves the
+// process.
+func setName(d int, key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return strconv.Itoa(d) + ":" + hex.EncodeToString(sum[:12])
+}
+
 // allowanceOf returns the allowance of a key hash in shard s (nil: none).
 // s's lock must be held.
 func (s *shard) allowanceOf(hash uint64) *allowance { return s.allow[hash] }
 
-// grow adds units to set's allowance, and sets its spare if spare is not
-// negative. mu must be held.
-func (z *Zone) grow(set Set, units, spare, now int64) {
+// grow adds units to set's allowance, named name, spare of them to its
+// spare. mu must be held.
+func (z *Zone) grow(set Set, name string, units, spare, now int64) {
 	if set.Dim == TotalDim {
 		z.totalAllow.units.Add(units)
-		if spare >= 0 {
-			z.totalAllow.spare.Store(spare)
-		}
+		z.totalAllow.spare.Add(spare)
 		z.totalAllow.used.Store(now)
 		return
 	}
@@ -69,19 +85,18 @@ func (z *Zone) grow(set Set, units, spare, now int64) {
 		if s.allow == nil {
 			s.allow = map[uint64]*allowance{}
 		}
-		a = &allowance{}
+		a = &allowance{name: name}
 		s.allow[set.Hash] = a
 	}
 	a.units += units
-	if spare >= 0 {
-		a.spare = spare
-	}
+	a.spare += spare
 	a.used = now
 	s.mu.Unlock()
 }
 
 // allowanceState is a set's allowance as one read sees it.
 type allowanceState struct {
+	name                         string
 	units, spare, inFlight, used int64
 	exists                       bool
 }
@@ -92,7 +107,7 @@ func (a allowanceState) idle() int64 { return a.units - a.inFlight }
 // stateOf reads set's allowance and its units in flight.
 func (z *Zone) stateOf(set Set) allowanceState {
 	if set.Dim == TotalDim {
-		return allowanceState{units: z.totalAllow.units.Load(), spare: z.totalAllow.spare.Load(),
+		return allowanceState{name: totalSet, units: z.totalAllow.units.Load(), spare: z.totalAllow.spare.Load(),
 			inFlight: z.total.Load() & MaxCost, used: z.totalAllow.used.Load(), exists: true}
 	}
 	s := z.shardOf(set.Dim, set.Hash)
@@ -102,12 +117,11 @@ func (z *Zone) stateOf(set Set) allowanceState {
 	if a == nil {
 		return allowanceState{inFlight: s.count(set.Hash)}
 	}
-	return allowanceState{units: a.units, spare: a.spare, inFlight: s.count(set.Hash), used: a.used, exists: true}
+	return allowanceState{name: a.name, units: a.units, spare: a.spare, inFlight: s.count(set.Hash), used: a.used, exists: true}
 }
 
 // shrink takes units off set's allowance and sets its spare, for a
-// return; a key's allowance is dropped once nothing is left of it. mu must
-// be held.
+// write back. mu must be held.
 func (z *Zone) shrink(set Set, units, spare int64) {
 	if set.Dim == TotalDim {
 		z.totalAllow.units.Add(-units)
@@ -119,9 +133,20 @@ func (z *Zone) shrink(set Set, units, spare int64) {
 	if a := s.allow[set.Hash]; a != nil {
 		a.units -= units
 		a.spare = spare
-		if a.units <= 0 && s.count(set.Hash) == 0 {
-			delete(s.allow, set.Hash)
-		}
+	}
+	s.mu.Unlock()
+}
+
+// forget drops a key's allowance entry once it holds nothing and nothing
+// is in flight: its name is not written again. mu must be held.
+func (z *Zone) forget(set Set) {
+	if set.Dim == TotalDim {
+		return
+	}
+	s := z.shardOf(set.Dim, set.Hash)
+	s.mu.Lock()
+	if a := s.allow[set.Hash]; a != nil && a.units <= 0 && a.spare == 0 && s.count(set.Hash) == 0 {
+		delete(s.allow, set.Hash)
 	}
 	s.mu.Unlock()
 }
@@ -140,31 +165,45 @@ func (z *Zone) setsOf(req *Request) []Set {
 	return sets
 }
 
-// excess reports whether one of sets holds more idle allowance than the
-// zone keeps: its spare, or nothing where the ledger says it is tight.
+// A Set is a set of the zone's allowances: dimension Dim's key of hash
+// Hash (the zone's hash of it), or the total (Dim TotalDim, Hash 0).
+type Set struct {
+	Dim  int
+	Hash uint64
+}
+
+// excess reports whether one of sets may hold more idle allowance than
+// the zone keeps: a hint, read without mu, for Release (trim decides).
 func (z *Zone) excess(sets []Set) bool {
 	for _, set := range sets {
-		if a := z.stateOf(set); a.idle() > z.keep(set, a) {
+		a := z.stateOf(set)
+		if a.idle() > a.spare || a.idle() > 0 && (z.asks.closed.Load() || z.ledger.Tight(a.name)) {
 			return true
 		}
 	}
 	return false
 }
 
-// keep is how much idle allowance the zone keeps in set: its spare, or
-// all of it while waiters here need the set (they take it at their next
-// try), or nothing where the ledger says it is tight.
+// keep is how much idle allowance the zone keeps in set: for waiters here
+// that need it, all of it, or what brings its units up to its target
+// where other instances wait too; else its spare, or nothing where
+// another instance waits or the zone is closed.
 func (z *Zone) keep(set Set, a allowanceState) int64 {
 	switch {
-	case z.asks.closed || z.ledger.Tight(set):
+	case z.asks.closed.Load():
 		return 0
 	case z.filed(set.blocker()):
-		return a.units
+		if t, ok := z.targetOf(set); ok {
+			return max(0, t-a.inFlight)
+		}
+		return a.idle()
+	case z.ledger.Tight(a.name):
+		return 0
 	}
 	return a.spare
 }
 
-// trim gives back, in the next call, the idle allowance of sets beyond
+// trim writes back, in the next call, the idle allowance of sets beyond
 // what the zone keeps there. mu must be held.
 func (z *Zone) trim(sets []Set) {
 	for _, set := range sets {

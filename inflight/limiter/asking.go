@@ -1,16 +1,20 @@
 package limiter
 
+import (
+	"sync/atomic"
+	"time"
+)
 
-// A zone with a ledger asks it for allowance in calls, one at a time,
-// made by one goroutine of the zone (the asker) while it has something to
-// ask, to give back or to keep: the requests short of allowance (waiters,
-// in the queue order, then requests that do not wait, in their order of
-// arrival, which wait only for the call's answer), and the allowance its
-// requests left idle (see allowance.go). A request that arrives while a
-// call is under way goes in the next one, so a busy zone makes one call
-// per round trip whatever its rate. Waiters the fleet refused are asked
-// for again when the ledger announces a change, and at least every
-// fleetPoll.
+// A zone with a ledger makes its calls one at a time, from one goroutine
+// of its own (the asker), while it has anything to send: requests short of
+// allowance (waiters, in the queue order, then requests that do not wait,
+// in their order of arrival, which wait only for the call's answer),
+// allowance to write back, reports of its waiters (see report.go), and
+// every allowance it holds to write again (renewal, every Lease/3, and
+// after a call that got no answer). A request that arrives while a call is
+// under way goes in the next one, so a busy zone makes one call per round
+// trip whatever its rate. Waiters the fleet refused are asked for again
+// when the ledger announces a change, and at least every fleetPoll.
 //
 // What a call granted for its waiters goes to them in the queue order (see
 // dispatch): a waiter better than the one it was granted for takes it
@@ -20,13 +24,21 @@ package limiter
 // asking is the state of a zone's calls. Guarded by the zone's mu.
 type asking struct {
 	running bool          // the asker runs
-	wake    chan struct{} // something new to ask or give back
+	wake    chan struct{} // something new to send
 	// changed says the fleet changed since the last call: every waiter
 	// that needs allowance is asked for again, not only those new to it.
 	changed   bool
-	newcomers []*newcomer    // requests that do not wait, for the next call
-	returns   map[Set]*Units // allowance to give back in the next call
-	closed    bool           // the zone is no longer used: keep no idle allowance
+	newcomers []*newcomer
+	dirty     map[Set]bool // allowances to write in the next call
+	// rewrite lists every allowance to write again, and renewed is when
+	// the last such round started.
+	rewrite []Set
+	renewed time.Time
+	// reports are the sets the zone reports on (see report.go).
+	reports map[Set]*reported
+	// targets are its targets where other instances wait too (target.go).
+	targets map[Set]*target
+	closed  atomic.Bool // the zone is no longer used: keep no idle allowance
 }
 
 // newcomer is a request that arrived short of allowance: the next call
@@ -37,12 +49,19 @@ type newcomer struct {
 	done  chan Result
 }
 
+// maxWrites bounds the writes of one call, so that no call holds the
+// ledger for long: a renewal of more goes over several calls.
+const maxWrites = 512
+
 // SetLedger makes l the zone's ledger: from then on it admits within the
 // allowances l grants. Call it once, before the zone admits anything.
 func (z *Zone) SetLedger(l Ledger) {
 	z.ledger = l
 	z.asks.wake = make(chan struct{}, 1)
-	z.asks.returns = map[Set]*Units{}
+	z.asks.dirty = map[Set]bool{}
+	z.asks.reports = map[Set]*reported{}
+	z.asks.targets = map[Set]*target{}
+	z.asks.renewed = z.clock.Now()
 }
 
 // askFor has the asker decide req, a newcomer short of allowance, in its
@@ -69,57 +88,59 @@ func (z *Zone) startAsking() {
 	}
 }
 
-// giveBackLater has units of set's idle allowance given back in the next
-// call, taken off it now, and keeps spare idle there from now on. mu must
-// be held.
+// giveBackLater takes units off set's idle allowance, to be written back
+// in the next call, and keeps spare idle there from now on. mu must be
+// held.
 func (z *Zone) giveBackLater(set Set, units, spare int64) {
 	if units <= 0 {
 		return
 	}
 	z.shrink(set, units, spare)
-	r := z.asks.returns[set]
-	if r == nil {
-		r = &Units{Set: set}
-		z.asks.returns[set] = r
-	}
-	r.Units += units
-	r.Spare = spare
+	z.asks.dirty[set] = true
 	z.startAsking()
 }
 
-// asker makes the zone's calls while it has anything to ask, to give back
-// or to keep.
+// asker makes the zone's calls while it has anything to send or to keep.
 func (z *Zone) asker() {
 	for {
 		z.mu.Lock()
-		c, ws := z.nextCall()
+		c, st := z.nextCall()
 		if c == nil {
+			if z.asks.closed.Load() {
+				z.sweep(z.clock.Now().UnixNano()) // forgets what was written back
+			}
 			if !z.askerHasWork() {
 				z.asks.running = false
 				z.mu.Unlock()
 				return
 			}
-			wanting := z.wanting()
+			poll := z.pollEvery()
 			z.mu.Unlock()
-			z.waitForWork(wanting)
+			z.waitForWork(poll)
 			continue
 		}
 		z.mu.Unlock()
 		err := z.ledger.Ask(c)
 		z.mu.Lock()
-		z.answer(c, ws, err)
+		z.answer(c, st, err)
 		z.mu.Unlock()
 	}
 }
 
-// waitForWork waits for something new: a request to ask for, a change
-// the ledger announces, the poll if waiters want allowance, and the sweep
-// of idle allowance.
-func (z *Zone) waitForWork(wanting bool) {
-	poll := linger
-	if wanting {
-		poll = min(poll, fleetPoll)
+// pollEvery is how long the asker waits for news before it looks again:
+// fleetPoll while it reports (to renew the reports and ask again), else
+// linger (to give back what no request uses). mu must be held.
+func (z *Zone) pollEvery() time.Duration {
+	if len(z.asks.reports) > 0 || z.wanting() {
+		return fleetPoll
 	}
+	return linger
+}
+
+// waitForWork waits for something new: a request to ask for, a change
+// the ledger announces, the poll, the renewal and the sweep of idle
+// allowance.
+func (z *Zone) waitForWork(poll time.Duration) {
 	timer, stop := z.clock.After(poll)
 	defer stop()
 	select {
@@ -135,10 +156,10 @@ func (z *Zone) waitForWork(wanting bool) {
 }
 
 // askerHasWork reports whether the asker has to stay: waiters want
-// allowance (to ask for again), or the zone holds allowance (to sweep; a
-// closed zone keeps none idle). mu must be held.
+// allowance or are reported, or the zone holds allowance (to renew and
+// sweep). mu must be held.
 func (z *Zone) askerHasWork() bool {
-	return z.wanting() || !z.asks.closed && z.holdsAllowance()
+	return z.wanting() || len(z.asks.reports) > 0 || len(z.asks.dirty) > 0 || z.holdsAllowance()
 }
 
 // Close gives back the zone's idle allowance, and keeps none from then
@@ -149,8 +170,11 @@ func (z *Zone) Close() {
 		return
 	}
 	z.mu.Lock()
-	z.asks.closed = true
+	z.asks.closed.Store(true)
 	z.sweep(z.clock.Now().UnixNano())
+	if z.asks.running {
+		z.startAsking() // to forget what it holds, and end
+	}
 	z.mu.Unlock()
 }
 
@@ -166,118 +190,268 @@ func (z *Zone) wanting() bool {
 	return false
 }
 
-// asked pairs a call's want with the waiter it asks for; nil for a
-// newcomer.
+// asked is what the zone knows of a call's want: the waiter or newcomer
+// it asks for, its sets, and this instance's share of their caps (for a
+// fallback).
 type asked struct {
-	w *waiter
-	n *newcomer
+	w      *waiter
+	n      *newcomer
+	sets   []Set
+	shares []int64
 }
 
-// nextCall returns the call to make now, and who each want is for; nil if
-// there is nothing to ask or give back. mu must be held.
-func (z *Zone) nextCall() (*Call, []asked) {
+// sent is what the zone knows of a call under way: whom each want is
+// for, and the sets its tables may name.
+type sent struct {
+	asked []asked
+	named map[string]namedSet
+}
+
+// nextCall returns the call to make now; nil if there is nothing to
+// send. mu must be held.
+func (z *Zone) nextCall() (*Call, *sent) {
+	now := z.clock.Now()
 	c := &Call{}
-	for _, r := range z.asks.returns {
-		c.Returns = append(c.Returns, *r)
-	}
-	clear(z.asks.returns)
-	var ws []asked
-	for _, w := range z.order(z.clock.Now()) {
+	z.writes(c, now)
+	st := &sent{named: map[string]namedSet{}}
+	order := z.order(now)
+	idle := map[Set]int64{}
+	for _, w := range order {
 		f := w.flow
 		if w != f.head || !f.asks || !(z.asks.changed || f.fresh) {
 			continue
 		}
 		f.fresh = false
-		c.Wants = append(c.Wants, z.wantOf(w.req, true, f))
-		ws = append(ws, asked{w: w})
+		want, a := z.wantOf(w.req, true, f, idle)
+		a.w = w
+		c.Wants = append(c.Wants, want)
+		st.asked = append(st.asked, a)
 	}
 	z.asks.changed = false
 	for _, n := range z.asks.newcomers {
-		c.Wants = append(c.Wants, z.wantOf(n.req, n.waits, nil))
-		ws = append(ws, asked{n: n})
+		want, a := z.wantOf(n.req, n.waits, nil, idle)
+		a.n = n
+		c.Wants = append(c.Wants, want)
+		st.asked = append(st.asked, a)
 	}
 	z.asks.newcomers = z.asks.newcomers[:0]
-	if len(c.Returns) == 0 && len(c.Wants) == 0 {
+	c.Reports = z.reportsFor(order, now, len(c.Wants)+len(c.Writes) > 0)
+	if len(c.Writes) == 0 && len(c.Reports) == 0 && len(c.Wants) == 0 {
 		return nil, nil
 	}
-	return c, ws
+	for set, r := range z.asks.reports {
+		st.named[r.name] = namedSet{set: set, cap: r.cap}
+	}
+	for i, want := range c.Wants {
+		for k, name := range want.Sets {
+			st.named[name] = namedSet{set: st.asked[i].sets[k], cap: want.Caps[k]}
+		}
+	}
+	return c, st
 }
 
-// wantOf returns what req needs of the fleet: its units in each of its
-// sets where this instance holds less idle, within the fleet's caps. f is
-// its flow if it waits. mu must be held.
-func (z *Zone) wantOf(req *Request, waits bool, f *flow) Want {
+// writes adds to c the allowances to write: those that shrank, and,
+// once a renewal or a failed call made the zone write them all again, up
+// to maxWrites of all it holds. mu must be held.
+func (z *Zone) writes(c *Call, now time.Time) {
+	if len(z.asks.rewrite) == 0 && now.Sub(z.asks.renewed) >= z.ledger.Lease()/3 {
+		z.rewriteAll(now)
+	}
+	for set := range z.asks.dirty {
+		c.Writes = append(c.Writes, z.writeOf(set))
+		delete(z.asks.dirty, set)
+	}
+	for len(z.asks.rewrite) > 0 && len(c.Writes) < maxWrites {
+		set := z.asks.rewrite[len(z.asks.rewrite)-1]
+		z.asks.rewrite = z.asks.rewrite[:len(z.asks.rewrite)-1]
+		if a := z.stateOf(set); a.exists {
+			c.Writes = append(c.Writes, z.writeOf(set))
+		}
+	}
+}
+
+// writeOf is set's allowance as the ledger is to count it: an entry is
+// forgotten only once written (see sweep).
+func (z *Zone) writeOf(set Set) Write {
+	a := z.stateOf(set)
+	return Write{Set: a.name, Units: max(0, a.units), Spare: a.spare}
+}
+
+// rewriteAll has every allowance the zone holds written again, from the
+// next call on. mu must be held.
+func (z *Zone) rewriteAll(now time.Time) {
+	z.asks.renewed = now
+	z.asks.rewrite = z.asks.rewrite[:0]
+	z.eachAllowance(func(set Set, a *allowance) {
+		if a.units > 0 || a.spare > 0 {
+			z.asks.rewrite = append(z.asks.rewrite, set)
+		}
+	})
+}
+
+// eachAllowance calls fn for each allowance the zone holds, the total's
+// included (with a nil allowance). mu must be held; fn must not lock a
+// shard.
+func (z *Zone) eachAllowance(fn func(Set, *allowance)) {
+	if z.hasTotal && (z.totalAllow.units.Load() > 0 || z.totalAllow.spare.Load() > 0) {
+		fn(Set{Dim: TotalDim}, &allowance{name: totalSet, units: z.totalAllow.units.Load(), spare: z.totalAllow.spare.Load()})
+	}
+	dims := len(z.shards) / numShards
+	for d := range dims {
+		for i := range numShards {
+			s := &z.shards[d*numShards+i]
+			s.mu.Lock()
+			for h, a := range s.allow {
+				fn(Set{Dim: d, Hash: h}, a)
+			}
+			s.mu.Unlock()
+		}
+	}
+}
+
+// wantOf returns what req needs of the fleet: in each of its sets, its
+// units beyond the idle ones this instance holds there that the call's
+// earlier wants did not count on (idle), within the fleet's caps; and
+// what the zone keeps of it. f is its flow if it waits. mu must be held.
+func (z *Zone) wantOf(req *Request, waits bool, f *flow, idle map[Set]int64) (Want, asked) {
 	lim := z.limitsFor(req)
 	units := lim.units(req, z.hasTotal, true)
-	want := Want{Req: req, Keys: req.Keys, Units: units, Waits: waits}
+	want := Want{Waits: waits}
+	var a asked
 	for _, set := range z.setsOf(req) {
-		a := z.stateOf(set)
-		if a.idle() >= units {
+		st := z.stateOf(set)
+		left, ok := idle[set]
+		if !ok {
+			left = max(0, st.idle())
+		}
+		idle[set] = max(0, left-units)
+		if left >= units {
 			continue
 		}
-		spare := int64(0) // a set used lately asks for room ahead: twice what it holds
-		if a.exists {
-			spare = a.units + units
+		spare := int64(0) // a set used lately asks for room ahead: what it holds
+		if st.exists {
+			spare = st.units + units
 		}
-		want.Sets = append(want.Sets, set)
+		name := st.name
+		if !st.exists {
+			name = z.nameOf(req, set.Dim)
+		}
+		want.Sets = append(want.Sets, name)
+		want.Units = append(want.Units, units-left)
 		want.Caps = append(want.Caps, lim.capOf(req, set.Dim, true))
 		want.Spares = append(want.Spares, spare)
+		want.Holds = append(want.Holds, f != nil && containsDim(f.refused, set.Dim))
+		a.sets = append(a.sets, set)
+		a.shares = append(a.shares, lim.capOf(req, set.Dim, false))
 	}
-	if f != nil {
-		want.Hold = f.refused
-		if f.fair {
-			want.Fair = z.fairWant(f, units)
-		}
-	}
-	return want
+	return want, a
 }
 
-// answer applies a call's answer: the grants, then each want's verdict. A
-// want granted is admitted at once with its allowance; a waiter refused
-// goes on waiting, to be asked for again at the next change. mu must be
-// held.
-func (z *Zone) answer(c *Call, ws []asked, err error) {
+// nameOf names req's set of dimension d in the ledger.
+func (z *Zone) nameOf(req *Request, d int) string {
+	if d == TotalDim {
+		return totalSet
+	}
+	return setName(d, req.Keys[d])
+}
+
+// answer applies a call's answer: each want's verdict, then the tables
+// (see target.go). A want granted is admitted at once with its allowance
+// if a newcomer; a waiter's grant goes by the queue order. A waiter
+// refused goes on waiting, to be asked for again at the next change. If
+// the call got no answer, the zone writes every allowance again in the
+// next, and decides the wants alone (see fallback). mu must be held.
+func (z *Zone) answer(c *Call, st *sent, err error) {
 	now := z.clock.Now()
-	for _, g := range c.Grants {
-		z.grow(g.Set, g.Units, g.Spare, now.UnixNano())
-		z.freed = append(z.freed, g.Set.blocker())
+	if err != nil {
+		z.rewriteAll(now)
 	}
 	for i := range c.Wants {
-		want, a := &c.Wants[i], ws[i]
-		if err != nil {
-			want.Outcome, want.Dim = Unavailable, firstDim(want.Req)
-		}
-		if want.Outcome == Admitted {
-			for _, set := range want.Sets {
-				z.grow(set, want.Units, -1, now.UnixNano())
-				z.freed = append(z.freed, set.blocker())
-			}
-		}
+		want, a := &c.Wants[i], st.asked[i]
+		res := z.verdict(want, a, err, now.UnixNano())
 		switch {
 		case a.n != nil:
-			z.decide(a.n, want)
+			z.decide(a.n, res)
 		case a.w.left: // it left meanwhile
-		case want.Outcome == Admitted: // what it was granted goes by the queue order
-			a.w.levels = want.Levels
-		case want.Outcome == Unavailable:
-			z.refuseWaiter(a.w, Unavailable, want.Dim)
+		case res.Outcome == Admitted: // what it was granted goes by the queue order
+			a.w.levels = res.Levels
+		case res.Outcome == Unavailable:
+			z.refuseWaiter(a.w, Unavailable, res.Dim)
 		default: // full in the fleet: it holds that room in the next calls
-			a.w.levels = want.Levels
-			a.w.flow.refusedBy(want.Dim)
+			a.w.levels = res.Levels
+			a.w.flow.refusedBy(res.Dim)
+			a.w.flow.fleetSet = &a.sets[want.Refused-1]
 		}
+	}
+	if err == nil {
+		z.readTables(c.Tables, st.named, now)
 	}
 	z.dispatch()
 }
 
+// verdict applies want's answer to the allowances, and returns what its
+// request gets: Admitted (its allowance covers it now), Full by the
+// dimension of the set that refused it, or Unavailable.
+func (z *Zone) verdict(want *Want, a asked, err error, now int64) Result {
+	if err != nil {
+		return z.fallback(want, a, now)
+	}
+	if want.Refused > 0 {
+		return Result{Outcome: Full, Dim: a.sets[want.Refused-1].Dim, Levels: z.levelsOf(a, want)}
+	}
+	for k, set := range a.sets {
+		z.grow(set, want.Sets[k], want.Units[k]+want.Granted[k], want.Granted[k], now)
+		z.freed = append(z.freed, set.blocker())
+	}
+	return Result{Outcome: Admitted, Levels: z.levelsOf(a, want)}
+}
+
+// fallback decides a want the ledger did not answer: admitted within this
+// instance's share of each cap if the ledger fails open (the allowance it
+// takes is written once the ledger answers again), else Unavailable.
+func (z *Zone) fallback(want *Want, a asked, now int64) Result {
+	if !z.ledger.FailOpen() {
+		return Result{Outcome: Unavailable, Dim: firstDim(a.sets)}
+	}
+	for k, set := range a.sets {
+		if z.stateOf(set).units+want.Units[k] > a.shares[k] {
+			return Result{Outcome: Full, Dim: set.Dim}
+		}
+	}
+	for k, set := range a.sets {
+		z.grow(set, want.Sets[k], want.Units[k], 0, now)
+		z.freed = append(z.freed, set.blocker())
+	}
+	return Result{Outcome: Admitted}
+}
+
+// levelsOf turns a want's levels into its request's, by dimension (the
+// total last); nil if the want had no sets.
+func (z *Zone) levelsOf(a asked, want *Want) Levels {
+	if len(a.sets) == 0 || len(want.Levels) == 0 {
+		return nil
+	}
+	dims := len(z.shards) / numShards
+	out := make(Levels, dims+1)
+	for k, set := range a.sets {
+		if want.Levels[k] < 0 {
+			continue
+		}
+		d := set.Dim
+		if d == TotalDim {
+			d = dims
+		}
+		out[d] = Level{Cap: want.Caps[k], Held: want.Levels[k]}
+	}
+	return out
+}
+
 // decide answers a newcomer: admitted with the allowance granted for it,
 // or refused.
-func (z *Zone) decide(n *newcomer, want *Want) {
-	res := Result{Outcome: want.Outcome, Dim: want.Dim, Levels: want.Levels}
-	if want.Outcome == Admitted {
+func (z *Zone) decide(n *newcomer, res Result) {
+	if res.Outcome == Admitted {
 		if o, d := z.tryAcquire(n.req, nil); o != Admitted {
-			res = Result{Outcome: Full, Dim: d, Levels: want.Levels}
-		} else if f := want.Fair; f != nil { // charged on the fleet's clock alone
-			z.charged(n.req, &fairCharge{fleet: z.ledger, dim: f.Dim, weight: f.Weight, est: f.Work / float64(want.Units)})
+			res = Result{Outcome: Full, Dim: d, Levels: res.Levels}
 		}
 	}
 	n.done <- res
@@ -291,62 +465,43 @@ func (s Set) blocker() blocker {
 	return keyBlocker(s.Dim, s.Hash)
 }
 
-// firstDim is req's first dimension with a key, or the total.
-func firstDim(req *Request) int {
-	for d, k := range req.Keys {
-		if k != "" {
-			return d
-		}
+// firstDim is the dimension of the first of sets, or the total.
+func firstDim(sets []Set) int {
+	if len(sets) == 0 {
+		return TotalDim
 	}
-	return TotalDim
+	return sets[0].Dim
 }
 
-// sweep gives back the idle allowance of sets no request holds nor took
-// for linger, and of those the ledger says are tight. mu must be held.
+// sweep gives back the idle allowance beyond what the zone keeps, and
+// all of it where no request took units for linger and none is in flight
+// or waits; it forgets the keys' entries that hold nothing. mu must be
+// held.
 func (z *Zone) sweep(now int64) {
 	old := now - int64(linger)
-	visit := func(set Set) {
-		a := z.stateOf(set)
-		if a.exists && (z.asks.closed || a.inFlight == 0 && a.used < old || z.ledger.Tight(set)) {
-			z.giveBackLater(set, a.idle(), 0)
-			if a.idle() == 0 && a.inFlight == 0 {
-				z.shrink(set, 0, 0) // drops a key's empty allowance
-			}
-		}
-	}
-	if z.hasTotal {
-		visit(Set{Dim: TotalDim})
-	}
 	var sets []Set
-	for i := range z.shards {
-		s := &z.shards[i]
-		s.mu.Lock()
-		for h := range s.allow {
-			sets = append(sets, Set{Dim: i / numShards, Hash: h})
-		}
-		s.mu.Unlock()
-	}
+	z.eachAllowance(func(set Set, _ *allowance) { sets = append(sets, set) })
 	for _, set := range sets {
-		visit(set)
+		a := z.stateOf(set)
+		keep := z.keep(set, a)
+		if a.used < old && a.inFlight == 0 && !z.filed(set.blocker()) {
+			keep = 0
+		}
+		if a.idle() > keep {
+			z.giveBackLater(set, a.idle()-keep, min(a.spare, keep))
+		}
+		if (a.used < old || z.asks.closed.Load()) && !z.asks.dirty[set] {
+			z.forget(set)
+		}
 	}
 }
 
 // holdsAllowance reports whether the zone holds any allowance. mu must be
 // held.
 func (z *Zone) holdsAllowance() bool {
-	if z.totalAllow.units.Load() > 0 {
-		return true
-	}
-	for i := range z.shards {
-		s := &z.shards[i]
-		s.mu.Lock()
-		n := len(s.allow)
-		s.mu.Unlock()
-		if n > 0 {
-			return true
-		}
-	}
-	return false
+	held := false
+	z.eachAllowance(func(Set, *allowance) { held = true })
+	return held
 }
 
 // refuseWaiter takes w out of the queue with outcome o by dimension d, and
@@ -398,4 +553,13 @@ func (z *Zone) acquireNow(req *Request) Result {
 		return Result{Outcome: o, Dim: d}
 	}
 	return z.askFor(req, false)
+}
+
+func containsDim(dims []int, d int) bool {
+	for _, x := range dims {
+		if x == d {
+			return true
+		}
+	}
+	return false
 }

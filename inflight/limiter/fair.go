@@ -264,8 +264,9 @@ func (c *virtualClock) rebase() {
 func (q *queue) chargeGrant(w *waiter) {
 	f := w.flow
 	est := q.vclock.estimate(f.fairKey)
-	q.vclock.charge(f.fairKey, w.req.taken, f.weight, est)
-	q.charged(w.req, &fairCharge{local: true, dim: f.keyDim, key: f.fairKey, weight: f.weight, est: est})
+	wt := f.weight * f.fleetShare()
+	q.vclock.charge(f.fairKey, w.req.taken, wt, est)
+	q.charged(w.req, &fairCharge{key: f.fairKey, weight: wt, est: est})
 }
 
 // charged records what req's grant charged, for its Release to correct.
@@ -278,9 +279,6 @@ func (q *queue) charged(req *Request, c *fairCharge) {
 // the correction at its Release.
 type fairCharge struct {
 	q      *queue
-	local  bool   // charged on q's clock
-	fleet  Ledger // charged on this ledger's clock, if set
-	dim    int
 	key    uint64
 	weight float64
 	est    float64 // seconds
@@ -307,15 +305,10 @@ func (q *queue) settle(req *Request) {
 	charged := min(max(held, minHold), maxHold)
 	delta := c.delta(req.taken, charged)
 	q.mu.Lock()
-	if !c.local {
-		q.vclock.learn(c.key, charged)
-	} else if q.vclock.correct(c.key, delta, charged) {
+	if q.vclock.correct(c.key, delta, charged) {
 		q.moveBack(c.key)
 	}
 	q.mu.Unlock()
-	if c.fleet != nil {
-		c.fleet.Correct(c.dim, req.Keys[c.dim], delta)
-	}
 }
 
 // before reports whether f's head goes before g's at time now.

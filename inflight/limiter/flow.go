@@ -41,8 +41,25 @@ type flow struct {
 	asks, fresh bool
 	// refused lists the dimensions (TotalDim: the total) whose counts
 	// refused it since it started waiting, for a ledger's holds (see
-	// Claim.Hold).
-	refused []int
+	// Want.Holds), and fleetSet the set the fleet last refused its head
+	// by, which the zone reports on (see report.go).
+	refused  []int
+	fleetSet *Set
+	// fleetKey names its fair key in the ledger's tables (made when first
+	// reported), and share is its part of that key's demand in the fleet,
+	// as the latest table said (0: not known), which scales its weight on
+	// this instance's clock (see target.go).
+	fleetKey string
+	share    float64
+}
+
+// fleetShare is the factor of f's weight on this instance's clock: its
+// part of its key's demand in the fleet, if known, else 1.
+func (f *flow) fleetShare() float64 {
+	if f.share > 0 {
+		return f.share
+	}
+	return 1
 }
 
 // keyed reports whether f has a key in dimension d.

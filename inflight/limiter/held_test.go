@@ -114,12 +114,16 @@ func TestWaiterNeedingTwoCapsIsNotPassedForEver(t *testing.T) {
 func TestFleetWaiterNeedingTwoCapsIsNotPassedForEver(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const rounds, service = 50, time.Second
-		fleet := newMemFleet()
+		fleet := newRefFleet(); debugFleet = true; defer func() { debugFleet = false }()
 		here, there := NewZone(2, false, nil), NewZone(2, false, nil)
 		here.SetLedger(fleet.join())
 		there.SetLedger(fleet.join())
+		t.Cleanup(here.Close)
+		t.Cleanup(there.Close)
 		s := newTwoCaps()
-		s.try = func(r *Request) bool { return there.Acquire(context.Background(), r, WaitOptions{}).Outcome == Admitted }
+		s.try = func(r *Request) bool {
+			return there.Acquire(context.Background(), r, WaitOptions{}).Outcome == Admitted
+		}
 		s.release = func(r *Request) { there.Release(r); synctest.Wait() }
 		s.waiting = func() int64 { synctest.Wait(); return here.Waiting() }
 		s.pass = func() { time.Sleep(service) }
@@ -147,7 +151,7 @@ func TestFleetWaiterNeedingTwoCapsIsNotPassedForEver(t *testing.T) {
 			}
 		}
 		time.Sleep(2 * linger) // idle allowance goes back
-		for _, name := range []string{"0/T", "1/C"} {
+		for _, name := range []string{setName(0, "T"), setName(1, "C")} {
 			if held := fleet.held(name); held != 0 {
 				t.Fatalf("after every release: the fleet counts %d units in %s, want 0", held, name)
 			}

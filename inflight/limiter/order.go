@@ -64,17 +64,6 @@ func (h *candidates) Pop() any {
 	return c
 }
 
-// fairWant puts a want of f's head, of units, on the ledger's fair clock:
-// its key's weight, and its work at the key's estimated hold. mu must be
-// held.
-func (z *Zone) fairWant(f *flow, units int64) *FairWant {
-	if f.fairKey == 0 {
-		return nil
-	}
-	return &FairWant{Dim: f.keyDim, Weight: f.weight, Work: float64(units) * z.vclock.estimate(f.fairKey),
-		Waiting: z.vclock.active, More: z.waitingOf(f.fairKey) > 1}
-}
-
 // waitingOf returns the requests of key waiting in the queue. mu must be
 // held.
 func (q *queue) waitingOf(key uint64) int {

@@ -333,6 +333,9 @@ func (z *Zone) Release(req *Request) {
 	if z.pending.Load() > 0 {
 		z.mu.Lock()
 		z.giveBack(req, true)
+		if sets != nil { // above its target, the zone's waiters do not get them
+			z.trim(sets)
+		}
 		z.dispatch()
 		if sets != nil {
 			z.trim(sets)

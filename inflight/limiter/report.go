@@ -1,0 +1,175 @@
+package limiter
+
+import (
+	"strconv"
+	"strings"
+	"time"
+)
+
+// A zone with a ledger reports the sets its waiters need from the fleet:
+// those the fleet refused a waiter's head by since it started waiting (so
+// that the room it was owed in one stays held while it waits for
+// another), and those where another instance waits too (Tight) that a
+// waiter here needs. A report tells
+// the units of the first waiter needing the set (its head), the zone's
+// target there (target.go), and its demand by key: for each fair key
+// waiting, its weight and its units waiting or in flight here; for the
+// rest, one entry whose weight is its demand. Every instance reads the
+// others' reports in its calls' tables, and computes from them the same
+// targets: so the fleet's fair arithmetic lives here, once, and the
+// ledger only keeps the reports current and the holds they make.
+//
+// A report lives in the ledger for Listing: the zone sends it again with
+// every call, and at least every fleetPoll, and withdraws it (Head 0) once
+// no waiter needs the set.
+
+// reported is a set the zone reports on: its name, its cap, and the head
+// it last reported (another head takes a new place).
+type reported struct {
+	name string
+	cap  int64
+	head *waiter
+	sent time.Time
+}
+
+// reportsFor returns the reports of the next call, by the queue order:
+// those due (the sets reported changed, or fleetPoll passed), or all if
+// the call is made anyway. mu must be held.
+func (z *Zone) reportsFor(order []*waiter, now time.Time, anyway bool) []Report {
+	cur := z.reportedSets(order)
+	due := anyway || len(cur) != len(z.asks.reports)
+	for set, r := range z.asks.reports {
+		if c := cur[set]; c == nil || c.head != r.head || now.Sub(r.sent) >= fleetPoll {
+			due = true
+		}
+	}
+	if !due {
+		return nil
+	}
+	var out []Report
+	for set, r := range z.asks.reports {
+		if cur[set] == nil {
+			out = append(out, Report{Set: r.name})
+		}
+	}
+	for set, c := range cur {
+		old := z.asks.reports[set]
+		c.sent = now
+		out = append(out, Report{Set: c.name, New: old != nil && old.head != c.head, Head: c.head.req.cost(),
+			Target: z.reportedTarget(set, c), Entries: z.entries(set, order)})
+	}
+	z.asks.reports = cur
+	return out
+}
+
+// reportedSets returns the sets to report on, each with its head: the
+// first waiter in order that needs it. mu must be held.
+func (z *Zone) reportedSets(order []*waiter) map[Set]*reported {
+	cur := map[Set]*reported{}
+	for _, w := range order {
+		f := w.flow
+		if w != f.head {
+			continue
+		}
+		lim := z.limitsFor(w.req)
+		for _, set := range z.setsOf(w.req) {
+			if _, ok := cur[set]; ok {
+				continue
+			}
+			name := z.nameOf(w.req, set.Dim)
+			if f.asks && (f.fleetSet != nil && *f.fleetSet == set || containsDim(f.refused, set.Dim)) || z.ledger.Tight(name) {
+				cur[set] = &reported{name: name, cap: lim.capOf(w.req, set.Dim, true)}
+			}
+		}
+	}
+	for _, w := range order { // the head of each: the first that needs it
+		for _, set := range z.setsOf(w.req) {
+			if r := cur[set]; r != nil && r.head == nil {
+				r.head = w
+			}
+		}
+	}
+	return cur
+}
+
+// reportedTarget is the target the zone reports on set: the latest it
+// computed, or, before any, what it holds plus its head's units.
+func (z *Zone) reportedTarget(set Set, r *reported) float64 {
+	if t := z.asks.targets[set]; t != nil {
+		return t.units
+	}
+	return float64(z.stateOf(set).inFlight + r.head.req.cost())
+}
+
+// entries is the zone's demand in set, by key, as a report carries it:
+// "id weight units" per key, ";" between them. A fair key's id is its
+// set's name (the same on every instance); the rest is "-". mu must be
+// held.
+func (z *Zone) entries(set Set, order []*waiter) string {
+	type demand struct {
+		weight float64
+		units  int64
+	}
+	byKey := map[string]*demand{}
+	var ids []string
+	rest := z.stateOf(set).inFlight
+	var restWaiting int64
+	for _, w := range order {
+		if !z.needs(w.req, set) {
+			continue
+		}
+		f := w.flow
+		if !f.fair {
+			restWaiting += w.req.cost()
+			continue
+		}
+		if f.fleetKey == "" {
+			f.fleetKey = setName(f.keyDim, w.req.Keys[f.keyDim])
+		}
+		d := byKey[f.fleetKey]
+		if d == nil {
+			inFlight := z.keyUnits(f.keyDim, f.hashes[f.keyDim])
+			d = &demand{weight: f.weight, units: inFlight}
+			rest -= inFlight
+			byKey[f.fleetKey] = d
+			ids = append(ids, f.fleetKey)
+		}
+		d.units += w.req.cost()
+	}
+	var b strings.Builder
+	for _, id := range ids {
+		d := byKey[id]
+		writeEntry(&b, id, d.weight, d.units)
+	}
+	if n := max(0, rest) + restWaiting; n > 0 {
+		writeEntry(&b, "-", float64(n), n)
+	}
+	return b.String()
+}
+
+func writeEntry(b *strings.Builder, id string, weight float64, units int64) {
+	if b.Len() > 0 {
+		b.WriteByte(';')
+	}
+	b.WriteString(id)
+	b.WriteByte(' ')
+	b.WriteString(strconv.FormatFloat(weight, 'g', -1, 64))
+	b.WriteByte(' ')
+	b.WriteString(strconv.FormatInt(units, 10))
+}
+
+// needs reports whether req needs set.
+func (z *Zone) needs(req *Request, set Set) bool {
+	if set.Dim == TotalDim {
+		return z.hasTotal
+	}
+	return set.Dim < len(req.Keys) && req.Keys[set.Dim] != "" && z.hash(req, set.Dim) == set.Hash
+}
+
+// keyUnits returns the units in flight of dimension d's key of hash h.
+func (z *Zone) keyUnits(d int, h uint64) int64 {
+	s := z.shardOf(d, h)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.count(h)
+}
