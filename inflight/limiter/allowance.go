@@ -185,18 +185,24 @@ func (z *Zone) excess(sets []Set) bool {
 }
 
 // keep is how much idle allowance the zone keeps in set: for waiters here
-// that need it, all of it, or what brings its units up to its target
-// where other instances wait too; else its spare, or nothing where
-// another instance waits or the zone is closed.
+// that need it, all of it, or, where another instance is owed units there,
+// what brings its units up to its target (nothing if that is too few for
+// the first waiter); else its spare, or nothing where another instance
+// waits or the zone is closed.
 func (z *Zone) keep(set Set, a allowanceState) int64 {
 	switch {
 	case z.asks.closed.Load():
 		return 0
 	case z.filed(set.blocker()):
-		if t, ok := z.targetOf(set); ok {
-			return max(0, t-a.inFlight)
+		t, ok := z.targetOf(set)
+		if !ok {
+			return a.idle()
 		}
-		return a.idle()
+		keep := max(0, t-a.inFlight)
+		if r := z.asks.reports[set]; r != nil && keep < r.head.req.cost() {
+			return 0 // too few for the waiter that needs them here: they serve elsewhere
+		}
+		return keep
 	case z.ledger.Tight(a.name):
 		return 0
 	}

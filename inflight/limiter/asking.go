@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"slices"
 	"sync/atomic"
 	"time"
 )
@@ -36,8 +37,10 @@ type asking struct {
 	renewed time.Time
 	// reports are the sets the zone reports on (see report.go).
 	reports map[Set]*reported
-	// targets are its targets where other instances wait too (target.go).
+	// targets are its targets where other instances wait too (target.go),
+	// and demand its keys' demand in the sets it reports on, smoothed.
 	targets map[Set]*target
+	demand  map[demandKey]*smoothed
 	closed  atomic.Bool // the zone is no longer used: keep no idle allowance
 }
 
@@ -61,6 +64,7 @@ func (z *Zone) SetLedger(l Ledger) {
 	z.asks.dirty = map[Set]bool{}
 	z.asks.reports = map[Set]*reported{}
 	z.asks.targets = map[Set]*target{}
+	z.asks.demand = map[demandKey]*smoothed{}
 	z.asks.renewed = z.clock.Now()
 }
 
@@ -104,6 +108,11 @@ func (z *Zone) giveBackLater(set Set, units, spare int64) {
 func (z *Zone) asker() {
 	for {
 		z.mu.Lock()
+		select {
+		case <-z.ledger.Changed(): // announced while a call was under way
+			z.asks.changed = true
+		default:
+		}
 		c, st := z.nextCall()
 		if c == nil {
 			if z.asks.closed.Load() {
@@ -218,11 +227,15 @@ func (z *Zone) nextCall() (*Call, *sent) {
 	idle := map[Set]int64{}
 	for _, w := range order {
 		f := w.flow
-		if w != f.head || !f.asks || !(z.asks.changed || f.fresh) {
+		if w != f.head {
 			continue
 		}
-		f.fresh = false
+		// Every head counts on the idle units in the queue order, asked
+		// for or not: a waiter does not ask for what a better one takes.
 		want, a := z.wantOf(w.req, true, f, idle)
+		if !f.asks || len(want.Sets) == 0 || z.turnedDown(f, a.sets, now) {
+			continue
+		}
 		a.w = w
 		c.Wants = append(c.Wants, want)
 		st.asked = append(st.asked, a)
@@ -347,6 +360,16 @@ func (z *Zone) wantOf(req *Request, waits bool, f *flow, idle map[Set]int64) (Wa
 	return want, a
 }
 
+// turnedDown reports whether f's head still needs, in sets, the set the
+// fleet last refused it by, with no change announced since and within
+// fleetPoll: it is not asked for again yet. mu must be held.
+func (z *Zone) turnedDown(f *flow, sets []Set, now time.Time) bool {
+	if f.turned.IsZero() || z.asks.changed || now.Sub(f.turned) >= fleetPoll || f.fleetSet == nil {
+		return false
+	}
+	return slices.Contains(sets, *f.fleetSet)
+}
+
 // nameOf names req's set of dimension d in the ledger.
 func (z *Zone) nameOf(req *Request, d int) string {
 	if d == TotalDim {
@@ -375,12 +398,16 @@ func (z *Zone) answer(c *Call, st *sent, err error) {
 		case a.w.left: // it left meanwhile
 		case res.Outcome == Admitted: // what it was granted goes by the queue order
 			a.w.levels = res.Levels
+			for _, set := range z.setsOf(a.w.req) { // tried again, even if idle units covered it
+				z.freed = append(z.freed, set.blocker())
+			}
 		case res.Outcome == Unavailable:
 			z.refuseWaiter(a.w, Unavailable, res.Dim)
 		default: // full in the fleet: it holds that room in the next calls
 			a.w.levels = res.Levels
 			a.w.flow.refusedBy(res.Dim)
 			a.w.flow.fleetSet = &a.sets[want.Refused-1]
+			a.w.flow.turned = now
 		}
 	}
 	if err == nil {
@@ -524,10 +551,16 @@ func (z *Zone) fileRefusal(f *flow, o Outcome, d int) {
 	}
 	switch {
 	case o == fleetFull: // asked for just now: again at the fleet's next change
-		f.asks = true
+		f.asks, f.turned = true, z.clock.Now()
+		f.refusedBy(d)
+		set := Set{Dim: TotalDim}
+		if d != TotalDim {
+			set = Set{Dim: d, Hash: f.hashes[d]}
+		}
+		f.fleetSet = &set
 		z.startAsking()
-	case o == short && !f.asks:
-		f.asks, f.fresh = true, true
+	case o == short: // short of what this instance holds: asked for in the next call
+		f.asks, f.turned = true, time.Time{}
 		z.startAsking()
 	case o != short:
 		f.asks = false

@@ -21,8 +21,9 @@ type refFleet struct {
 	ref     *fleetref.Ledger
 	members []*refMember
 	lease   time.Duration
-	fail    bool // every Ask fails
-	open    bool // members fail open
+	fail    bool          // every Ask fails
+	open    bool          // members fail open
+	latency time.Duration // each call's round trip
 }
 
 // refMember is one instance's ledger on a refFleet.
@@ -61,6 +62,8 @@ func (f *refFleet) held(name string) int64 {
 
 func (m *refMember) Ask(c *Call) error {
 	f := m.fleet
+	time.Sleep(f.latency / 2)
+	defer time.Sleep(f.latency / 2)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	m.calls++
@@ -80,7 +83,9 @@ func (m *refMember) Ask(c *Call) error {
 	}
 	now := time.Now()
 	ans := f.ref.Apply(now.UnixMilli(), rc)
-	if debugFleet { fmt.Printf("%s %s call %+v\n   -> refused %v levels %v tables %v notices %v\n", now.Format("05.000"), m.id, rc, ans.Refused, ans.Levels, ans.Tables, ans.Notices) }
+	if debugFleet {
+		fmt.Printf("%s %s call %+v\n   -> refused %v levels %v tables %v notices %v\n", now.Format("05.000"), m.id, rc, ans.Refused, ans.Levels, ans.Tables, ans.Notices)
+	}
 	if ans.Stale {
 		return errors.New("refFleet: stale call")
 	}
@@ -130,6 +135,21 @@ func signal(c chan struct{}) {
 func sharedStore(t *testing.T) store {
 	z := NewZone(1, true, nil)
 	z.SetLedger(newRefFleet().join())
-	t.Cleanup(z.Close)
+	t.Cleanup(func() { closeZone(z) })
 	return store{acquire: z.Acquire, release: z.Release}
+}
+
+// closeZone closes z and waits for its asker to end (its calls under way,
+// the allowance it gives back), so that a synctest bubble can end.
+func closeZone(z *Zone) {
+	z.Close()
+	for {
+		z.mu.Lock()
+		running := z.asks.running
+		z.mu.Unlock()
+		if !running {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"hash/maphash"
 	"math"
 	"slices"
+	"time"
 	"unsafe"
 )
 
@@ -36,9 +37,12 @@ type flow struct {
 	// tried is the dispatch epoch in which it was last tried and refused.
 	tried uint64
 	// asks says that its head needs the fleet (with a ledger): it was
-	// short of this instance's allowance, or the fleet refused it; fresh,
-	// that it has not been asked for since it became so (see asking.go).
-	asks, fresh bool
+	// short of this instance's allowance, or the fleet refused it; turned
+	// is when the fleet last refused it (zero: it has not since it was
+	// last short): it is asked for again at the fleet's next change, or
+	// after fleetPoll (see asking.go).
+	asks   bool
+	turned time.Time
 	// refused lists the dimensions (TotalDim: the total) whose counts
 	// refused it since it started waiting, for a ledger's holds (see
 	// Want.Holds), and fleetSet the set the fleet last refused its head

@@ -114,12 +114,14 @@ func TestWaiterNeedingTwoCapsIsNotPassedForEver(t *testing.T) {
 func TestFleetWaiterNeedingTwoCapsIsNotPassedForEver(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const rounds, service = 50, time.Second
-		fleet := newRefFleet(); debugFleet = true; defer func() { debugFleet = false }()
+		fleet := newRefFleet()
+		debugFleet = true
+		defer func() { debugFleet = false }()
 		here, there := NewZone(2, false, nil), NewZone(2, false, nil)
 		here.SetLedger(fleet.join())
 		there.SetLedger(fleet.join())
-		t.Cleanup(here.Close)
-		t.Cleanup(there.Close)
+		t.Cleanup(func() { closeZone(here) })
+		t.Cleanup(func() { closeZone(there) })
 		s := newTwoCaps()
 		s.try = func(r *Request) bool {
 			return there.Acquire(context.Background(), r, WaitOptions{}).Outcome == Admitted

@@ -241,7 +241,7 @@ func (z *Zone) Acquire(ctx context.Context, req *Request, opt WaitOptions) Resul
 	z.mu.Lock()
 	z.pending.Add(1)
 	o, d := z.tryNewcomer(req)
-	if o == short { // the fleet decides first: admitted, or it waits here
+	if o == short && !z.wanting() { // the fleet decides first: admitted, or it waits here (behind any waiter asking)
 		z.pending.Add(-1)
 		res := z.askFor(req, true)
 		if res.Outcome != Full {

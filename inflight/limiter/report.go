@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -96,7 +97,7 @@ func (z *Zone) reportedSets(order []*waiter) map[Set]*reported {
 // computed, or, before any, what it holds plus its head's units.
 func (z *Zone) reportedTarget(set Set, r *reported) float64 {
 	if t := z.asks.targets[set]; t != nil {
-		return t.units
+		return t.effective()
 	}
 	return float64(z.stateOf(set).inFlight + r.head.req.cost())
 }
@@ -136,26 +137,73 @@ func (z *Zone) entries(set Set, order []*waiter) string {
 		}
 		d.units += w.req.cost()
 	}
+	now := z.clock.Now()
 	var b strings.Builder
 	for _, id := range ids {
 		d := byKey[id]
-		writeEntry(&b, id, d.weight, d.units)
+		writeEntry(&b, id, d.weight, z.smooth(set, id, float64(d.units), now))
 	}
 	if n := max(0, rest) + restWaiting; n > 0 {
-		writeEntry(&b, "-", float64(n), n)
+		d := z.smooth(set, "-", float64(n), now)
+		writeEntry(&b, "-", d, d)
 	}
 	return b.String()
 }
 
-func writeEntry(b *strings.Builder, id string, weight float64, units int64) {
+// demandFade is how long a key's demand takes to count, as it is
+// smoothed: the units waiting and in flight at one instance come and go
+// with each request, and targets that followed them would move units
+// between instances for nothing.
+const demandFade = time.Second
+
+// smoothed is a key's demand in a set, smoothed, and when it was last
+// brought up to date.
+type smoothed struct {
+	units float64
+	at    time.Time
+}
+
+// smooth brings the smoothed demand of key id in set up to date with
+// units at now, and returns it. mu must be held.
+func (z *Zone) smooth(set Set, id string, units float64, now time.Time) float64 {
+	k := demandKey{set, id}
+	d := z.asks.demand[k]
+	if d == nil {
+		if len(z.asks.demand) >= 4096 { // forget keys no report carried lately
+			for k, d := range z.asks.demand {
+				if now.Sub(d.at) > 10*demandFade {
+					delete(z.asks.demand, k)
+				}
+			}
+		}
+		d = &smoothed{units: units, at: now}
+		z.asks.demand[k] = d
+		return units
+	}
+	if dt := now.Sub(d.at); dt > 10*demandFade {
+		d.units = units
+	} else {
+		d.units += (units - d.units) * (1 - math.Exp(-dt.Seconds()/demandFade.Seconds()))
+	}
+	d.at = now
+	return d.units
+}
+
+// demandKey is a key's demand in a set.
+type demandKey struct {
+	set Set
+	id  string
+}
+
+func writeEntry(b *strings.Builder, id string, weight, units float64) {
 	if b.Len() > 0 {
 		b.WriteByte(';')
 	}
 	b.WriteString(id)
 	b.WriteByte(' ')
-	b.WriteString(strconv.FormatFloat(weight, 'g', -1, 64))
+	b.WriteString(strconv.FormatFloat(weight, 'g', 6, 64))
 	b.WriteByte(' ')
-	b.WriteString(strconv.FormatInt(units, 10))
+	b.WriteString(strconv.FormatFloat(units, 'g', 6, 64))
 }
 
 // needs reports whether req needs set.

@@ -39,20 +39,50 @@ import (
 // move from the instances above their target to those below.
 
 // target is the zone's target in one set, as computed from the latest
-// table, and when that was read.
+// table, and when that was read. A target is rarely whole (2.7 units),
+// and units are: owed counts the unit-seconds the zone held below it
+// (above: negative), fading over owedFade, and moves the target the zone
+// acts on (effective) by owed/owedFade, within a unit: so it holds 3 units
+// part of the time and 2 the rest, and 2.7 on average.
 type target struct {
 	units float64
 	read  time.Time
+	owed  float64
+	at    time.Time // when owed was last brought up to date
+	// others says that another instance was below its target in the
+	// table: only then do this instance's waiters go without units
+	// beyond its own target, so units move only to where they are owed.
+	others bool
 }
 
-// targetOf returns the zone's target in set, in whole units, if the fleet
-// has told it one lately (another instance waits there too).
+// owedFade is how long the unit-seconds a zone is owed (or owes) count.
+const owedFade = 2 * time.Second
+
+// effective is the target the zone acts on: units moved by what it is
+// owed, within a unit either way.
+func (t *target) effective() float64 {
+	return t.units + max(-1, min(1, t.owed/owedFade.Seconds()))
+}
+
+// account brings what the zone is owed up to date at now, as it held
+// inFlight units since the last time.
+func (t *target) account(now time.Time, inFlight int64) {
+	if dt := now.Sub(t.at).Seconds(); dt > 0 && !t.at.IsZero() {
+		fade := math.Exp(-dt / owedFade.Seconds())
+		t.owed = t.owed*fade + (t.units-float64(inFlight))*owedFade.Seconds()*(1-fade)
+	}
+	t.at = now
+}
+
+// targetOf returns the zone's effective target in set, in whole units,
+// if the fleet has told it one lately and another instance is owed units
+// there.
 func (z *Zone) targetOf(set Set) (int64, bool) {
 	t := z.asks.targets[set]
-	if t == nil || z.clock.Now().Sub(t.read) > Listing {
+	if t == nil || !t.others || z.clock.Now().Sub(t.read) > Listing {
 		return 0, false
 	}
-	return int64(math.Floor(t.units + 1e-9)), true
+	return int64(math.Floor(t.effective() + 1e-9)), true
 }
 
 // readTables computes the zone's targets from a call's tables, where
@@ -64,12 +94,18 @@ func (z *Zone) readTables(tables []Table, named map[string]namedSet, now time.Ti
 		if !ok {
 			continue
 		}
-		units, parts, shared := targetIn(t, n.cap)
+		units, parts, others, shared := targetIn(t, n.cap)
 		if !shared {
 			delete(z.asks.targets, n.set)
 			continue
 		}
-		z.asks.targets[n.set] = &target{units: units, read: now}
+		t := z.asks.targets[n.set]
+		if t == nil {
+			t = &target{}
+			z.asks.targets[n.set] = t
+		}
+		t.account(now, z.stateOf(n.set).inFlight)
+		t.units, t.read, t.others = units, now, others
 		for _, f := range z.byID {
 			for ; f != nil; f = f.collide {
 				if p, ok := parts[f.fleetKey]; ok && f.fleetKey != "" {
@@ -100,10 +136,11 @@ type keyDemand struct {
 	units  float64
 }
 
-// targetIn returns this instance's target in a table's set of cap c, and
-// its part of each of its fair keys' demand; shared is false if no other
-// instance reports there.
-func targetIn(t Table, c int64) (mine float64, parts map[string]float64, shared bool) {
+// targetIn returns this instance's target in a table's set of cap c, its
+// part of each of its fair keys' demand, and whether another instance
+// holds less than the target it reported (owed); shared is false if no
+// other instance reports there.
+func targetIn(t Table, c int64) (mine float64, parts map[string]float64, owed, shared bool) {
 	room := float64(c)
 	self, first := -1, -1
 	var entries []keyDemand
@@ -117,6 +154,7 @@ func targetIn(t Table, c int64) (mine float64, parts map[string]float64, shared 
 		}
 		if !m.Self {
 			shared = true
+			owed = owed || m.Units < int64(math.Floor(m.Target+1e-9))
 		}
 		if first < 0 || m.Seq < t.Members[first].Seq {
 			first = i
@@ -124,7 +162,7 @@ func targetIn(t Table, c int64) (mine float64, parts map[string]float64, shared 
 		entries = append(entries, parseEntries(i, m.Entries)...)
 	}
 	if !shared || self < 0 {
-		return 0, nil, shared && self >= 0
+		return 0, nil, false, shared && self >= 0
 	}
 	room = max(0, room)
 	keys := map[string]*fleetKey{}
@@ -163,7 +201,7 @@ func targetIn(t Table, c int64) (mine float64, parts map[string]float64, shared 
 		}
 		targets[first] = need
 	}
-	return targets[self], parts, true
+	return targets[self], parts, owed, true
 }
 
 // fleetKey is a key being shared: its weight, its demand over the fleet,

@@ -19,9 +19,10 @@
 //   - Exact: the allowances of a set sum to at most its cap whenever a
 //     want is granted (a write that lowers an allowance is always applied;
 //     a reload that lowers a cap only refuses more).
-//   - Holds: each report holds, against the wants of instances that
-//     reported after it or not at all, the room its instance is owed:
-//     min(head, floor(target) - allowance), not below 0.
+//   - Holds: each report holds the room its instance is owed,
+//     min(head, floor(target) - allowance) and not below 0, against the
+//     wants of the instances that reported after it, that do not report,
+//     or that would pass their own target with the want.
 //   - Reserve: a set keeps a tenth of its cap (rounded down) free of
 //     spare. Spare (units granted ahead, which the instance may keep idle)
 //     is granted only to a want that asks for some, only while no other
@@ -228,7 +229,7 @@ func (l *Ledger) Apply(now int64, c Call) Answer {
 			s := l.sets[name]
 			level := s.level()
 			levels[k] = level
-			if reserved[name] || level+w.Units[k]+s.holds(me) > w.Caps[k] {
+			if reserved[name] || level+w.Units[k]+s.holds(me, w.Units[k]) > w.Caps[k] {
 				refused = k + 1
 				for j := k + 1; j < len(w.Sets); j++ {
 					levels[j] = -1
@@ -303,22 +304,28 @@ func (s *set) othersReport(me string) bool {
 	return false
 }
 
-// holds sums the room the reports placed before me's (all, if me has
-// none) hold against its wants.
-func (s *set) holds(me string) int64 {
+// holds sums the room the reports hold against a want of units by me:
+// those placed before me's, or all if me reports none or would pass its
+// target.
+func (s *set) holds(me string, units int64) int64 {
 	mine := s.reports[me]
+	all := mine == nil || s.units(me)+units > int64(math.Floor(mine.Target))
 	var n int64
 	for inst, r := range s.reports {
-		if inst == me || mine != nil && r.Seq > mine.Seq {
+		if inst == me || !all && r.Seq > mine.Seq {
 			continue
 		}
-		var units int64
-		if a := s.allow[inst]; a != nil {
-			units = a.Units
-		}
-		n += max(0, min(r.Head, int64(math.Floor(r.Target))-units))
+		n += max(0, min(r.Head, int64(math.Floor(r.Target))-s.units(inst)))
 	}
 	return n
+}
+
+// units is inst's allowance in s.
+func (s *set) units(inst string) int64 {
+	if a := s.allow[inst]; a != nil {
+		return a.Units
+	}
+	return 0
 }
 
 func (s *set) table(name string) Table {
