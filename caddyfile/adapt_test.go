@@ -5,6 +5,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -12,6 +13,7 @@ import (
 	_ "github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
+	"github.com/caddy-inflight/caddy-inflight/caddyfile/options"
 	_ "github.com/caddy-inflight/caddy-inflight/inflight/redisstore"
 )
 
@@ -135,4 +137,15 @@ func canonical(b []byte) (string, error) {
 	}
 	out, err := json.MarshalIndent(v, "", "\t")
 	return string(out), err
+}
+
+// TestSubdirectivesNameTheSharedOptions: the list of options in the HTTP
+// directive's refusals names every option every protocol shares.
+func TestSubdirectivesNameTheSharedOptions(t *testing.T) {
+	listed := strings.Split(subdirectives, ", ")
+	for _, opt := range options.Shared {
+		if !slices.Contains(listed, opt) {
+			t.Errorf("subdirectives %q lacks %s", subdirectives, opt)
+		}
+	}
 }

@@ -11,7 +11,7 @@ import (
 
 // parseCost reads `cost <n|placeholder>` or `cost tokens [{ ... }]`.
 func parseCost(h httpcaddyfile.Helper, hd *inflight.Handler) error {
-	v, err := oneArg(h.Dispenser, "cost", "a positive integer, a placeholder such as {http.request.header.X-Cost}, or tokens")
+	v, err := read.OneArg(h.Dispenser, "cost", "a positive integer, a placeholder such as {http.request.header.X-Cost}, or tokens")
 	if err != nil {
 		return err
 	}
@@ -44,7 +44,7 @@ func parseTokens(h httpcaddyfile.Helper, hd *inflight.Handler) error {
 		switch opt {
 		case "bytes_per_token":
 			var n int
-			n, err = positiveInt(h.Dispenser, "cost tokens: "+opt)
+			n, err = read.PositiveInt(h.Dispenser, "cost tokens: "+opt)
 			t.BytesPerToken = int64(n)
 		case "default_output":
 			t.DefaultOutput, t.LearnOutput, err = parseDefaultOutput(h)

@@ -8,11 +8,13 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/dustin/go-humanize"
 
+	"github.com/caddy-inflight/caddy-inflight/caddyfile/options"
 	"github.com/caddy-inflight/caddy-inflight/inflight"
 	"github.com/caddy-inflight/caddy-inflight/inflight/core"
 )
@@ -28,6 +30,14 @@ func init() {
 	httpcaddyfile.RegisterHandlerDirective("inflight_ui", parseUI)
 	httpcaddyfile.RegisterDirectiveOrder("inflight_ui", httpcaddyfile.After, "forward_auth")
 }
+
+// read reads the arguments of the HTTP options, and shows placeholders
+// in messages with the Caddyfile's shorthands.
+var read = options.Reader{Show: inflight.ShortForm}
+
+// adaptWarning, if set, receives the directive's warnings instead of the
+// log: tests set it to see them.
+var adaptWarning func(caddyconfig.Warning)
 
 // subdirectives lists the block's options, for error messages.
 const subdirectives = "limit, total, cost, zone, status, retry_after, retry_after_ms, dry_run, replicas, wait, max_waiting, priority, max_keys, metrics, store, fair, weight, max_waiting_per_key, wait_body_buffer, limit_headers, deadline, early_refusal, grpc_status"
@@ -78,7 +88,8 @@ const subdirectives = "limit, total, cost, zone, status, retry_after, retry_afte
 // a placeholder that resolves to a positive integer per request.
 func parse(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 	hd := new(inflight.Handler)
-	err := ParseBlock(h.Dispenser, &hd.Config, Block{
+	err := options.ParseBlock(h.Dispenser, &hd.Config, options.Block{
+		Reader:        read,
 		DefaultKey:    inflight.DefaultKey,
 		Subdirectives: subdirectives,
 		Placeholder:   "{tenant_*}",
@@ -86,7 +97,8 @@ func parse(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 		Own: func(_ *caddyfile.Dispenser, opt string) (bool, error) {
 			return parseHTTPOption(h, hd, opt)
 		},
-		Done: func(written Written) error { return checkHTTP(hd, written) },
+		Done: func(written options.Written) error { return checkHTTP(hd, written) },
+		Warn: adaptWarning,
 	})
 	if err != nil {
 		return nil, err
@@ -96,7 +108,7 @@ func parse(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 
 // checkHTTP makes the checks of the HTTP options that need the whole
 // block, at the line of the option they refuse or warn of.
-func checkHTTP(hd *inflight.Handler, written Written) error {
+func checkHTTP(hd *inflight.Handler, written options.Written) error {
 	if err := hd.CheckRetryAfterMs(); err != nil {
 		return written.At("retry_after_ms").Errf("inflight: %v", err)
 	}
@@ -122,10 +134,10 @@ func parseHTTPOption(h httpcaddyfile.Helper, hd *inflight.Handler, opt string) (
 		hd.StatusCode, err = statusCode(h)
 	case "retry_after":
 		var d time.Duration
-		d, err = duration(h.Dispenser, opt, false)
+		d, err = read.Duration(h.Dispenser, opt, false)
 		hd.RetryAfter = caddy.Duration(d)
 	case "retry_after_ms": // checked against retry_after once the block is read
-		hd.RetryAfterMs, err = oneArg(h.Dispenser, opt, "auto or a duration such as 250ms")
+		hd.RetryAfterMs, err = read.OneArg(h.Dispenser, opt, "auto or a duration such as 250ms")
 	case "wait_body_buffer":
 		hd.WaitBodyBuffer, err = byteSize(h, opt)
 	case "grpc_status":
@@ -156,7 +168,7 @@ func parseHTTPOption(h httpcaddyfile.Helper, hd *inflight.Handler, opt string) (
 func parseDeadlineOption(h httpcaddyfile.Helper) (string, error) {
 	args := h.RemainingArgs()
 	if len(args) != 1 {
-		return "", h.Errf("inflight: deadline %q: want one argument, a placeholder such as {header.X-Request-Timeout} that resolves to a duration (300ms) or seconds (0.3) per request", shortForms(args))
+		return "", h.Errf("inflight: deadline %q: want one argument, a placeholder such as {header.X-Request-Timeout} that resolves to a duration (300ms) or seconds (0.3) per request", read.Shown(args))
 	}
 	if err := inflight.CheckDeadline(args[0]); err != nil {
 		return "", h.Errf("inflight: %v", err)
@@ -181,7 +193,7 @@ func parseTotal(h httpcaddyfile.Helper, hd *inflight.Handler) error {
 		return h.Errf("inflight: total %q: want one argument, a positive integer or adaptive", args)
 	}
 	if args[0] != "adaptive" {
-		n, ok := fixedCap(args[0])
+		n, ok := options.FixedCap(args[0])
 		if !ok {
 			return h.Errf("inflight: total %q is not allowed: want %s, or adaptive", args[0], core.CapRange)
 		}
@@ -198,16 +210,16 @@ func parseTotal(h httpcaddyfile.Helper, hd *inflight.Handler) error {
 		var err error
 		switch opt {
 		case "min":
-			at.Min, err = positiveInt(h.Dispenser, "total adaptive: "+opt)
+			at.Min, err = read.PositiveInt(h.Dispenser, "total adaptive: "+opt)
 		case "max":
-			at.Max, err = positiveInt(h.Dispenser, "total adaptive: "+opt)
+			at.Max, err = read.PositiveInt(h.Dispenser, "total adaptive: "+opt)
 		case "initial":
-			at.Initial, err = positiveInt(h.Dispenser, "total adaptive: "+opt)
+			at.Initial, err = read.PositiveInt(h.Dispenser, "total adaptive: "+opt)
 		case "tolerance":
 			at.Tolerance, err = tolerance(h)
 		case "window":
 			var d time.Duration
-			d, err = duration(h.Dispenser, "total adaptive: window", false)
+			d, err = read.Duration(h.Dispenser, "total adaptive: window", false)
 			at.Window = caddy.Duration(d)
 		case "overload_status":
 			at.OverloadStatus, err = overloadStatus(h)
@@ -226,7 +238,7 @@ func parseTotal(h httpcaddyfile.Helper, hd *inflight.Handler) error {
 
 // tolerance reads a fraction such as 0.2, above 0 and at most 10.
 func tolerance(h httpcaddyfile.Helper) (float64, error) {
-	v, err := oneArg(h.Dispenser, "total adaptive: tolerance", "a fraction such as 0.2")
+	v, err := read.OneArg(h.Dispenser, "total adaptive: tolerance", "a fraction such as 0.2")
 	if err != nil {
 		return 0, err
 	}
@@ -256,7 +268,7 @@ func overloadStatus(h httpcaddyfile.Helper) ([]int, error) {
 
 // byteSize reads a positive size in bytes, such as 65536, 64KiB or 1MB.
 func byteSize(h httpcaddyfile.Helper, opt string) (int, error) {
-	v, err := oneArg(h.Dispenser, opt, "a size such as 64KiB")
+	v, err := read.OneArg(h.Dispenser, opt, "a size such as 64KiB")
 	if err != nil {
 		return 0, err
 	}
@@ -268,7 +280,7 @@ func byteSize(h httpcaddyfile.Helper, opt string) (int, error) {
 }
 
 func statusCode(h httpcaddyfile.Helper) (int, error) {
-	v, err := oneArg(h.Dispenser, "status", "a status code 400-599")
+	v, err := read.OneArg(h.Dispenser, "status", "a status code 400-599")
 	if err != nil {
 		return 0, err
 	}

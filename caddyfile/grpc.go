@@ -8,7 +8,7 @@ import (
 
 // grpcStatus reads `grpc_status resource_exhausted|unavailable`.
 func grpcStatus(h httpcaddyfile.Helper) (string, error) {
-	v, err := oneArg(h.Dispenser, "grpc_status", inflight.GRPCResourceExhausted+" or "+inflight.GRPCUnavailable)
+	v, err := read.OneArg(h.Dispenser, "grpc_status", inflight.GRPCResourceExhausted+" or "+inflight.GRPCUnavailable)
 	if err == nil && v == "" {
 		v = "\"\"" // the empty string is the JSON default, not a name
 	}

@@ -1,19 +1,13 @@
 package layer4
 
 import (
-	"strconv"
-
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
-	inflightfile "github.com/caddy-inflight/caddy-inflight/caddyfile"
+	"github.com/caddy-inflight/caddy-inflight/caddyfile/options"
 )
 
-// subdirectives lists the block's options, for error messages.
-const subdirectives = "limit, total, zone, key_prefix, dry_run, replicas, wait, max_waiting, max_waiting_per_key, priority, fair, weight, max_keys, metrics, store"
-
 // UnmarshalCaddyfile reads the handler inside a layer4 route, with the
-// options of the HTTP directive that apply to connections (see
-// inflightfile.ParseBlock), and key_prefix:
+// options every protocol shares (see options.ParseBlock), and key_prefix:
 //
 //	inflight [<max>] {
 //		limit       <name> <key> <max>   # repeatable; all must admit
@@ -35,10 +29,10 @@ const subdirectives = "limit, total, zone, key_prefix, dry_run, replicas, wait, 
 //
 // `inflight <max>` is short for `limit client {l4.conn.remote_ip} <max>`.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	return inflightfile.ParseBlock(d, &h.Config, inflightfile.Block{
+	return options.ParseBlock(d, &h.Config, options.Block{
 		DefaultKey:    RemoteIP,
 		FixedMax:      true,
-		Subdirectives: subdirectives,
+		Subdirectives: options.List("key_prefix"),
 		Placeholder:   "{l4.vars.*}",
 		CheckKey:      checkKey,
 		Own: func(d *caddyfile.Dispenser, opt string) (bool, error) {
@@ -58,13 +52,9 @@ func (h *Handler) parseKeyPrefix(d *caddyfile.Dispenser) error {
 	}
 	p := new(KeyPrefix)
 	for i, v := range args {
-		family, most := "ipv4", 32
-		if i == 1 {
-			family, most = "ipv6", 128
-		}
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > most {
-			return d.Errf("inflight: key_prefix %s %q is not allowed: want a prefix length 1-%d", family, v, most)
+		n, err := prefixLength(i, v)
+		if err != nil {
+			return d.Errf("%v", err)
 		}
 		if i == 0 {
 			p.IPv4 = n

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strconv"
 	"sync"
 
 	"github.com/caddyserver/caddy/v2"
@@ -194,17 +195,33 @@ func hijacked(err error) bool {
 	return err != nil && err.Error() == "hijacked connection"
 }
 
-// validate checks the prefix lengths.
+// check refuses a prefix length out of its family's range; 0 is unset.
 func (p *KeyPrefix) check() error {
-	switch {
-	case p == nil:
+	if p == nil {
 		return nil
-	case p.IPv4 < 0 || p.IPv4 > 32:
-		return fmt.Errorf("inflight: key_prefix ipv4 %d is not allowed: want a prefix length 1-32", p.IPv4)
-	case p.IPv6 < 0 || p.IPv6 > 128:
-		return fmt.Errorf("inflight: key_prefix ipv6 %d is not allowed: want a prefix length 1-128", p.IPv6)
+	}
+	for i, n := range [...]int{p.IPv4, p.IPv6} {
+		if n != 0 {
+			if _, err := prefixLength(i, strconv.Itoa(n)); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
+}
+
+// prefixLength reads v, the IPv4 (i 0) or IPv6 (i 1) prefix length of
+// key_prefix.
+func prefixLength(i int, v string) (int, error) {
+	family, bits := "ipv4", 32
+	if i == 1 {
+		family, bits = "ipv6", 128
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > bits {
+		return 0, fmt.Errorf("inflight: key_prefix %s %q is not allowed: want a prefix length 1-%d", family, v, bits)
+	}
+	return n, nil
 }
 
 var errNoCloseWrite = errors.New("inflight: the connection cannot be half-closed")

@@ -28,25 +28,19 @@ var keyWaitBuckets = []float64{.01, .05, .25, 1, 5, 30, 120}
 
 var (
 	keyRequests = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Namespace: "caddy",
-		Subsystem: "inflight",
-		Name:      "key_requests",
-		Help:      "Slots held now per key (hashed unless plain_keys), for handlers with per_key_metrics; at most 1000 keys per zone, the rest under key _overflow.",
+		Name: "caddy_inflight_key_requests",
+		Help: "Slots held now per key (hashed unless plain_keys), for handlers with per_key_metrics; at most 1000 keys per zone, the rest under key _overflow.",
 	}, []string{"zone", "limit", "key"})
 
 	keyWaitSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Namespace: "caddy",
-		Subsystem: "inflight",
-		Name:      "key_wait_seconds",
-		Help:      "Time requests spent waiting for an inflight slot per key (hashed unless plain_keys) and outcome (admitted, timeout, aborted), for handlers with per_key_metrics; at most 1000 keys per zone, the rest under key _overflow; a key's series go 5 minutes after its last wait once it holds no slot and has no request waiting.",
-		Buckets:   keyWaitBuckets,
+		Name:    "caddy_inflight_key_wait_seconds",
+		Help:    "Time requests spent waiting for an inflight slot per key (hashed unless plain_keys) and outcome (admitted, timeout, aborted), for handlers with per_key_metrics; at most 1000 keys per zone, the rest under key _overflow; a key's series go 5 minutes after its last wait once it holds no slot and has no request waiting.",
+		Buckets: keyWaitBuckets,
 	}, []string{"zone", "limit", "key", "outcome"})
 
 	keyGivenSeconds = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: "caddy",
-		Subsystem: "inflight",
-		Name:      "key_given_seconds_total",
-		Help:      "Unit-seconds (slot-seconds, or the cost's units × seconds) held by the requests of each key that waited, counted as each request ends, for handlers with per_key_metrics: one key's rate over the sum of its limit's is its share of what the backend gave, to set beside its weight under fair; the series goes with the key's wait series.",
+		Name: "caddy_inflight_key_given_seconds_total",
+		Help: "Unit-seconds (slot-seconds, or the cost's units × seconds) held by the requests of each key that waited, counted as each request ends, for handlers with per_key_metrics: one key's rate over the sum of its limit's is its share of what the backend gave, to set beside its weight under fair; the series goes with the key's wait series.",
 	}, []string{"zone", "limit", "key"})
 )
 

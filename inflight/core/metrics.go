@@ -11,21 +11,19 @@ import (
 )
 
 // The collectors are made once per process so their values outlive reloads,
-// and registered in every config's registry.
+// and registered in every config's registry. Every family is declared with
+// its full name, as prometheus.NewDesc takes it, so that a search for a
+// metric's name finds it.
 var (
 	rejectedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: "caddy",
-		Subsystem: "inflight",
-		Name:      "rejected_total",
-		Help:      "Requests refused by an inflight limit, by zone, limit and reason (full, timeout, queue_full, keys_full, store_error, dry_run).",
+		Name: "caddy_inflight_rejected_total",
+		Help: "Requests refused by an inflight limit, by zone, limit and reason (full, timeout, queue_full, keys_full, store_error, dry_run).",
 	}, []string{"zone", "limit", "reason"})
 
 	waitSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Namespace: "caddy",
-		Subsystem: "inflight",
-		Name:      "wait_seconds",
-		Help:      "Time requests spent waiting for an inflight slot, by zone and outcome (admitted, timeout, aborted).",
-		Buckets:   waitBuckets[:],
+		Name:    "caddy_inflight_wait_seconds",
+		Help:    "Time requests spent waiting for an inflight slot, by zone and outcome (admitted, timeout, aborted).",
+		Buckets: waitBuckets[:],
 	}, []string{"zone", "outcome"})
 
 	requestsDesc = prometheus.NewDesc("caddy_inflight_requests",

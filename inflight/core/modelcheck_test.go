@@ -165,8 +165,8 @@ func (sc *mScenario) drawCaps(src *mSource, c *mConfig) {
 	}
 	c.MaxWaiting = 2 + src.intn(10)
 	c.PerKey = 0
-	if src.chance(25) {
-		c.PerKey = 1 + src.intn(3)
+	if src.chance(25) { // at most max_waiting: a config refuses more
+		c.PerKey = 1 + src.intn(min(3, c.MaxWaiting))
 	}
 }
 

@@ -26,11 +26,9 @@ var (
 		[]string{"zone"}, nil)
 
 	requestCost = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Namespace: "caddy",
-		Subsystem: "inflight",
-		Name:      "request_cost",
-		Help:      "Units each admitted request held (its cost, clamped to the smallest cap it was checked against), by zone.",
-		Buckets:   costBuckets,
+		Name:    "caddy_inflight_request_cost",
+		Help:    "Units each admitted request held (its cost, clamped to the smallest cap it was checked against), by zone.",
+		Buckets: costBuckets,
 	}, []string{"zone"})
 )
 

@@ -12,18 +12,14 @@ import (
 
 var (
 	errorsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: "caddy",
-		Subsystem: "inflight",
-		Name:      "store_errors_total",
-		Help:      "Failed operations on a shared store, by store, zone and operation (acquire, release, renew).",
+		Name: "caddy_inflight_store_errors_total",
+		Help: "Failed operations on a shared store, by store, zone and operation (acquire, release, renew).",
 	}, []string{"store", "zone", "op"})
 
 	seconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Namespace: "caddy",
-		Subsystem: "inflight",
-		Name:      "store_seconds",
-		Help:      "Latency of shared store operations, by store, zone and operation.",
-		Buckets:   []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1},
+		Name:    "caddy_inflight_store_seconds",
+		Help:    "Latency of shared store operations, by store, zone and operation.",
+		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1},
 	}, []string{"store", "zone", "op"})
 )
 

@@ -15,7 +15,7 @@
 # the integration package share BenchmarkCaddyRoute's admin port.
 set -euo pipefail
 cd "$(dirname "$0")"
-root=$(cd ../.. && pwd)
+. ./cleanup.sh
 
 if [[ -n ${QUICK:-} ]]; then
 	run_mode="QUICK (the figures mean nothing)" count=1 benchtime=100x e2e_secs=1 warmup_secs=1 overload=2s tenants_secs=1
@@ -27,17 +27,6 @@ started=$(date -u '+%Y-%m-%d %H:%M UTC')
 # Other work on the machine skews every figure; the table shows this.
 load_at_start=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo unknown)
 tool=${E2E_TOOL:-$(command -v wrk >/dev/null && echo wrk || echo loadgen)}
-
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-	for pid in "${pids[@]}"; do
-		kill "$pid" 2>/dev/null || true
-		wait "$pid" 2>/dev/null || true
-	done
-	rm -rf "$tmp"
-}
-trap cleanup EXIT
 
 say() { echo "== $*" >&2; }
 

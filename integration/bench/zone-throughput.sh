@@ -16,21 +16,10 @@
 # runs on a host of its own.
 set -euo pipefail
 cd "$(dirname "$0")"
-root=$(cd ../.. && pwd)
+. ./cleanup.sh
 duration=${DURATION:-5s}
 redis_port=${REDIS_PORT:-16399}
 http_port=${HTTP_PORT:-18399}
-
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-	for pid in "${pids[@]}"; do
-		kill "$pid" 2>/dev/null || true
-		wait "$pid" 2>/dev/null || true
-	done
-	rm -rf "$tmp"
-}
-trap cleanup EXIT
 
 on_caddy=() on_redis=()
 if [[ ${PIN:-} == 1 ]]; then

@@ -1,8 +1,11 @@
-package caddyfile
+// Package options reads, in a Caddyfile, the options every protocol's
+// inflight directive shares (core.Config): the HTTP directive and the
+// caddy-l4 handler both read their blocks with ParseBlock, and add their
+// own options through Block.Own. It imports neither of them.
+package options
 
 import (
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
@@ -10,21 +13,26 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
-	"github.com/caddy-inflight/caddy-inflight/inflight"
 	"github.com/caddy-inflight/caddy-inflight/inflight/core"
-	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
+
+// Shared names the options ParseBlock reads, in the order of its
+// reference.
+var Shared = []string{"limit", "total", "zone", "dry_run", "replicas", "wait", "max_waiting", "max_waiting_per_key", "priority", "fair", "weight", "max_keys", "metrics", "store"}
 
 // Block is how one protocol's inflight directive reads its block: the
 // options every protocol shares (core.Config) are read here, the
 // protocol's own by Own.
 type Block struct {
+	// Reader reads the options' arguments, and shows them in messages.
+	Reader
 	// DefaultKey is the key of `inflight <max>`: the client's address.
 	DefaultKey string
 	// FixedMax refuses a placeholder max (they are resolved per HTTP
 	// request only).
 	FixedMax bool
-	// Subdirectives lists the block's options, for error messages.
+	// Subdirectives lists the block's options, for error messages (such
+	// as List(own...)).
 	Subdirectives string
 	// Placeholder is an example placeholder of the protocol, for messages
 	// (such as {tenant_priority}).
@@ -41,6 +49,15 @@ type Block struct {
 	// (the shared options' checks passed); written says where each option
 	// stands.
 	Done func(written Written) error
+	// Warn, if set, receives the block's warnings instead of the log (see
+	// logWarning): tests set it to see them.
+	Warn func(caddyconfig.Warning)
+}
+
+// List lists the shared options, then a protocol's own, for
+// Block.Subdirectives.
+func List(own ...string) string {
+	return strings.Join(append(Shared[:len(Shared):len(Shared)], own...), ", ")
 }
 
 // ParseBlock reads an inflight directive into cfg, the dispenser on the
@@ -79,9 +96,9 @@ func ParseBlock(d *caddyfile.Dispenser, cfg *core.Config, b Block) error {
 		}
 		cfg.Limits = append(cfg.Limits, core.Limit{Name: "client", Key: b.DefaultKey, Max: max})
 	default:
-		return d.Errf("inflight: too many arguments %q: want at most one, the max per client IP", shortForms(args))
+		return d.Errf("inflight: too many arguments %q: want at most one, the max per client IP", b.Shown(args))
 	}
-	var written Written
+	written := Written{warn: b.warn()}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		opt := d.Val()
 		if written.Has(opt) && opt != "limit" {
@@ -132,40 +149,48 @@ func (b Block) parseOption(d *caddyfile.Dispenser, cfg *core.Config, opt string,
 	case "limit":
 		err = b.parseLimit(d, cfg, shorthand)
 	case "total":
-		cfg.Total, err = capInt(d, opt)
+		cfg.Total, err = b.capInt(d, opt)
 	case "zone":
-		cfg.Zone, err = checked(d, opt, "a zone name", core.CheckZone)
+		cfg.Zone, err = b.checked(d, opt, "a zone name", core.CheckZone)
 	case "dry_run":
 		if d.NextArg() {
 			return d.Errf("inflight: dry_run takes no arguments, got %q", d.Val())
 		}
 		cfg.DryRun = true
 	case "replicas":
-		cfg.Replicas, err = positiveInt(d, opt)
+		cfg.Replicas, err = b.PositiveInt(d, opt)
 	case "wait":
 		var dur time.Duration
-		dur, err = duration(d, opt, true)
+		dur, err = b.Duration(d, opt, true)
 		cfg.Wait = caddy.Duration(dur)
 	case "max_waiting":
-		cfg.MaxWaiting, err = positiveInt(d, opt)
+		cfg.MaxWaiting, err = b.PositiveInt(d, opt)
 	case "max_waiting_per_key":
-		cfg.MaxWaitingPerKey, err = positiveInt(d, opt)
+		cfg.MaxWaitingPerKey, err = b.PositiveInt(d, opt)
 	case "priority":
-		cfg.Priority, err = checked(d, opt, "high, normal or low, or a placeholder such as "+b.placeholder("priority"), core.CheckPriority)
+		cfg.Priority, err = b.checked(d, opt, "high, normal or low, or a placeholder such as "+b.placeholder("priority"), core.CheckPriority)
 	case "fair":
-		cfg.Fair, err = oneArg(d, opt, "the name of a limit, such as fair tenant")
+		cfg.Fair, err = b.OneArg(d, opt, "the name of a limit, such as fair tenant")
 	case "weight":
-		cfg.Weight, err = checked(d, opt, "a placeholder such as "+b.placeholder("weight")+", or a number", core.CheckWeight)
+		cfg.Weight, err = b.checked(d, opt, "a placeholder such as "+b.placeholder("weight")+", or a number", core.CheckWeight)
 	case "max_keys":
-		cfg.MaxKeys, err = positiveInt(d, opt)
+		cfg.MaxKeys, err = b.PositiveInt(d, opt)
 	case "metrics":
 		err = parseMetrics(d, cfg)
 	case "store":
-		err = parseStore(d, cfg)
+		err = parseStore(d, cfg, b.warn())
 	default:
 		return d.Errf("inflight: unknown subdirective %q: want one of %s", opt, b.Subdirectives)
 	}
 	return err
+}
+
+// warn returns where the block's warnings go.
+func (b Block) warn() func(caddyconfig.Warning) {
+	if b.Warn != nil {
+		return b.Warn
+	}
+	return logWarning
 }
 
 // placeholder is an example placeholder named after what it gives.
@@ -187,7 +212,7 @@ func (b Block) parseMax(v string) (core.Max, error) {
 func (b Block) parseLimit(d *caddyfile.Dispenser, cfg *core.Config, shorthand bool) error {
 	args := d.RemainingArgs()
 	if len(args) != 3 {
-		return d.Errf("inflight: limit %q: want three arguments, limit <name> <key> <max>", shortForms(args))
+		return d.Errf("inflight: limit %q: want three arguments, limit <name> <key> <max>", b.Shown(args))
 	}
 	if err := core.CheckLimitName(args[0]); err != nil {
 		return d.Errf("inflight: limit %s", err)
@@ -205,7 +230,7 @@ func (b Block) parseLimit(d *caddyfile.Dispenser, cfg *core.Config, shorthand bo
 		switch {
 		case l.Name != args[0]:
 		case i == 0 && shorthand:
-			return d.Errf("inflight: limit %q is already defined by the max after inflight (inflight <max> means limit client %s <max>): give this limit another name", args[0], inflight.ShortForm(b.DefaultKey))
+			return d.Errf("inflight: limit %q is already defined by the max after inflight (inflight <max> means limit client %s <max>): give this limit another name", args[0], b.show(b.DefaultKey))
 		default:
 			return d.Errf("inflight: limit %q is given twice: each limit needs its own name", args[0])
 		}
@@ -226,8 +251,8 @@ func parseMetrics(d *caddyfile.Dispenser, cfg *core.Config) error {
 }
 
 // parseStore reads `store <type> { ... }` with the store module's own
-// Caddyfile syntax.
-func parseStore(d *caddyfile.Dispenser, cfg *core.Config) error {
+// Caddyfile syntax, and hands its warnings to warn.
+func parseStore(d *caddyfile.Dispenser, cfg *core.Config, warn func(caddyconfig.Warning)) error {
 	if !d.NextArg() {
 		return d.Errf("inflight: store: want a store type, such as store redis { address 127.0.0.1:6379 }")
 	}
@@ -242,7 +267,7 @@ func parseStore(d *caddyfile.Dispenser, cfg *core.Config) error {
 	}
 	if w, ok := unm.(warner); ok {
 		for _, warning := range w.CaddyfileWarnings() {
-			adaptWarning(warning)
+			warn(warning)
 		}
 	}
 	cfg.StoreRaw = caddyconfig.JSONModuleObject(unm, "type", name, nil)
@@ -254,82 +279,4 @@ func parseStore(d *caddyfile.Dispenser, cfg *core.Config) error {
 // dispenser, so it keeps them for the directive to report.
 type warner interface {
 	CaddyfileWarnings() []caddyconfig.Warning
-}
-
-// checked reads one argument and refuses it, at its line, if check does.
-func checked(d *caddyfile.Dispenser, opt, want string, check func(string) error) (string, error) {
-	v, err := oneArg(d, opt, want)
-	if err == nil {
-		if err = check(v); err != nil {
-			err = d.Errf("inflight: %v", err)
-		}
-	}
-	return v, err
-}
-
-func oneArg(d *caddyfile.Dispenser, opt, want string) (string, error) {
-	args := d.RemainingArgs()
-	if len(args) != 1 {
-		return "", d.Errf("inflight: %s %q: want one argument, %s", opt, shortForms(args), want)
-	}
-	return args[0], nil
-}
-
-func positiveInt(d *caddyfile.Dispenser, opt string) (int, error) {
-	v, err := oneArg(d, opt, "a positive integer")
-	if err != nil {
-		return 0, err
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n <= 0 {
-		return 0, d.Errf("inflight: %s %q is not allowed: want a positive integer", opt, v)
-	}
-	return n, nil
-}
-
-// capInt reads a fixed cap: an integer within the units' range.
-func capInt(d *caddyfile.Dispenser, opt string) (int, error) {
-	v, err := oneArg(d, opt, core.CapRange)
-	if err != nil {
-		return 0, err
-	}
-	n, ok := fixedCap(v)
-	if !ok {
-		return 0, d.Errf("inflight: %s %q is not allowed: want %s", opt, v, core.CapRange)
-	}
-	return n, nil
-}
-
-// fixedCap reads v as a fixed cap, within core.CapRange.
-func fixedCap(v string) (int, bool) {
-	n, err := strconv.Atoi(v)
-	return n, err == nil && n > 0 && n <= limiter.MaxCost
-}
-
-// duration reads a Caddy duration (such as 1s, 1m30s or 1d); zero is
-// allowed only where it means "off".
-func duration(d *caddyfile.Dispenser, opt string, zeroOK bool) (time.Duration, error) {
-	v, err := oneArg(d, opt, "a duration such as 30s")
-	if err != nil {
-		return 0, err
-	}
-	dur, err := caddy.ParseDuration(v)
-	if err != nil || dur < 0 || (dur == 0 && !zeroOK) {
-		want := "a positive duration such as 30s"
-		if zeroOK {
-			want = "a duration such as 30s, or 0"
-		}
-		return 0, d.Errf("inflight: %s %q is not allowed: want %s", opt, v, want)
-	}
-	return dur, nil
-}
-
-// shortForms writes placeholder arguments as the user wrote them: Caddy
-// expands the shorthands before the directive sees its tokens.
-func shortForms(args []string) []string {
-	out := make([]string, len(args))
-	for i, a := range args {
-		out[i] = inflight.ShortForm(a)
-	}
-	return out
 }

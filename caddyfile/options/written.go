@@ -1,4 +1,4 @@
-package caddyfile
+package options
 
 import (
 	"github.com/caddyserver/caddy/v2"
@@ -11,8 +11,9 @@ import (
 // checks that need the whole block: their errors and warnings then name
 // the option's line, not the block's end.
 type Written struct {
-	at  map[string]caddyfile.Dispenser
-	end caddyfile.Dispenser
+	at   map[string]caddyfile.Dispenser
+	end  caddyfile.Dispenser
+	warn func(caddyconfig.Warning)
 }
 
 // mark records that opt is written where d stands, if it was not already.
@@ -45,15 +46,15 @@ func (w Written) At(opt string) *caddyfile.Dispenser {
 // mistake.
 func (w Written) Warn(opt, msg string) {
 	d := w.At(opt)
-	adaptWarning(caddyconfig.Warning{File: d.File(), Line: d.Line(), Message: msg})
+	w.warn(caddyconfig.Warning{File: d.File(), Line: d.Line(), Message: msg})
 }
 
-// adaptWarning reports a warning of the adapter. httpcaddyfile.Helper
+// logWarning reports a warning of the adapter. httpcaddyfile.Helper
 // keeps the adapter's list of warnings to itself (Caddy v2.11 gives a
 // directive no way to add one), so the warning is logged as Caddy logs
 // that list: at WARN, with the file and line, by `caddy adapt`, `caddy
 // run`, `caddy validate` and the admin API's /load, whichever adapts the
-// Caddyfile. Tests replace it to see the warnings.
-var adaptWarning = func(w caddyconfig.Warning) {
+// Caddyfile.
+func logWarning(w caddyconfig.Warning) {
 	caddy.Log().Named("caddyfile").Warn(w.Message, zap.String("file", w.File), zap.Int("line", w.Line))
 }
