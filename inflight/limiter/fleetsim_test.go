@@ -99,7 +99,7 @@ func runFleet(t *testing.T, zones []*Zone, lim *Limits, fair bool, homeShare flo
 		}
 	}
 	wg.Wait()
-	t.Logf("held by instance and tenant: %.2f", perZone)
+	t.Logf("units held by instance (rows) and tenant (columns): %.2f", perZone)
 	var sum float64
 	for _, u := range unitSecs {
 		sum += u

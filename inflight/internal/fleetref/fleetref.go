@@ -19,10 +19,12 @@
 //   - Exact: the allowances of a set sum to at most its cap whenever a
 //     want is granted (a write that lowers an allowance is always applied;
 //     a reload that lowers a cap only refuses more).
-//   - Holds: each report holds the room its instance is owed,
-//     min(head, floor(target) - allowance) and not below 0, against the
-//     wants of the instances that reported after it, that do not report,
-//     or that would pass their own target with the want.
+//   - Holds: each report whose instance is owed room for its head
+//     (floor(target) - allowance is at least head) holds head units
+//     against the wants of the instances that reported after it, that do
+//     not report, or that would pass their own target with the want. A
+//     report owed less holds nothing: room it could not use would be
+//     idle.
 //   - Reserve: a set keeps a tenth of its cap (rounded down) free of
 //     spare. Spare (units granted ahead, which the instance may keep idle)
 //     is granted only to a want that asks for some, only while no other
@@ -315,7 +317,9 @@ func (s *set) holds(me string, units int64) int64 {
 		if inst == me || !all && r.Seq > mine.Seq {
 			continue
 		}
-		n += max(0, min(r.Head, int64(math.Floor(r.Target))-s.units(inst)))
+		if int64(math.Floor(r.Target))-s.units(inst) >= r.Head {
+			n += r.Head
+		}
 	}
 	return n
 }
