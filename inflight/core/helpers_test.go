@@ -45,11 +45,11 @@ func joinTestGate(t *testing.T, label string, cfg *Config, edge Edge) *Gate {
 	}
 	hasTotal := cfg.Total > 0
 	g.zoneID = zoneID(label, true, cfg.Limits, hasTotal)
-	z, err := loadZone(g.zoneID, label, cfg.Limits, hasTotal)
+	z, err := loadZone(g.zoneID, label, cfg.Limits, hasTotal, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	g.zone, g.store = z, z.Zone
+	g.zone = z
 	g.initMetrics()
 	g.zone.view.Store(g.view())
 	g.zone.Adopt(g.limits)

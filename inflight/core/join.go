@@ -151,8 +151,9 @@ func (g *Gate) compile(edge Edge) {
 	}
 }
 
-// joinZone takes a reference to the gate's zone and binds the shared store
-// if any.
+// joinZone takes a reference to the gate's zone: with a shared store, the
+// zone of that store's setup, which admits within the allowances of its
+// ledger.
 func (g *Gate) joinZone(ctx caddy.Context, edge Edge) error {
 	c := g.cfg
 	hasTotal := c.Total > 0 || edge.Adaptive != nil
@@ -168,19 +169,22 @@ func (g *Gate) joinZone(ctx caddy.Context, edge Edge) error {
 	if err := claimZone(ctx.GetMetricsRegistry(), c.Zone, g.zoneID, describeShape(c.Limits, hasTotal, show)); err != nil {
 		return fmt.Errorf("inflight: %w", err)
 	}
-	z, err := loadZone(g.zoneID, g.label, c.Limits, hasTotal)
+	id, ledger := g.zoneID, func() limiter.Ledger(nil)
+	if c.StoreRaw != nil {
+		mod, err := ctx.LoadModule(c, "StoreRaw")
+		if err != nil {
+			return fmt.Errorf("inflight: loading store: %v", err)
+		}
+		store := mod.(SharedStore)
+		id += "\x00store=" + store.Identity()
+		fleet := fleetID(g.label, g.zoneID)
+		ledger = func() limiter.Ledger { return store.Ledger(fleet) }
+	}
+	z, err := loadZone(id, g.label, c.Limits, hasTotal, ledger)
 	if err != nil {
 		return fmt.Errorf("inflight: zone %q: %v", g.label, err)
 	}
-	g.zone, g.store = z, z.Zone
-	if c.StoreRaw == nil {
-		return nil
-	}
-	mod, err := ctx.LoadModule(c, "StoreRaw")
-	if err != nil {
-		return fmt.Errorf("inflight: loading store: %v", err)
-	}
-	g.store = mod.(SharedStore).Bind(fleetID(g.label, g.zoneID), names(c.Limits), hasTotal, z.Zone)
+	g.zone = z
 	return nil
 }
 

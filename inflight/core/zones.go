@@ -44,17 +44,17 @@ type zone struct {
 	// outputs learns the output estimate of requests in tokens, and sums
 	// up the usage they reported.
 	outputs outputLearner
+	// ledger keeps the zone's counts for a fleet, if it has a store.
+	ledger limiter.Ledger
 }
 
-// waiting returns the requests waiting in this zone, in this process and
-// in shared stores' queues.
-func (z *zone) waiting() int64 {
-	return z.Waiting() + z.WaitingOutside()
-}
+// waiting returns the requests waiting in this zone.
+func (z *zone) waiting() int64 { return z.Waiting() }
 
-// idle reports whether the zone has no request in flight or waiting.
+// idle reports whether the zone has no request in flight or waiting, and
+// no allowance of a fleet left to give back.
 func (z *zone) idle() bool {
-	if z.waiting() > 0 || (z.HasTotal() && z.Held(limiter.TotalDim) > 0) {
+	if z.waiting() > 0 || (z.HasTotal() && z.Held(limiter.TotalDim) > 0) || z.HoldsAllowance() {
 		return false
 	}
 	for d := range z.limits {
@@ -137,14 +137,21 @@ func names(limits []Limit) []string {
 	return out
 }
 
-// loadZone takes a reference to the zone for id, making it if it is new (or
-// taking it back from the retired zones).
-func loadZone(id, label string, limits []Limit, hasTotal bool) (*zone, error) {
+// loadZone takes a reference to the zone for id, making it if it is new
+// (with the ledger that ledger returns, if not nil) or taking it back from
+// the retired zones.
+func loadZone(id, label string, limits []Limit, hasTotal bool, ledger func() limiter.Ledger) (*zone, error) {
 	v, _, err := zones.LoadOrNew(id, func() (caddy.Destructor, error) {
 		if z := takeRetired(id); z != nil {
+			z.Reopen()
 			return z, nil
 		}
-		return &zone{Zone: limiter.NewZone(len(limits), hasTotal, nil), id: id, label: label, limits: names(limits)}, nil
+		z := &zone{Zone: limiter.NewZone(len(limits), hasTotal, nil), id: id, label: label, limits: names(limits)}
+		if ledger != nil {
+			z.ledger = ledger()
+			z.SetLedger(z.ledger)
+		}
+		return z, nil
 	})
 	if err != nil {
 		return nil, err

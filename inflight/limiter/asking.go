@@ -4,6 +4,8 @@ import (
 	"slices"
 	"sync/atomic"
 	"time"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/fleet"
 )
 
 // A zone with a ledger makes its calls one at a time, from one goroutine
@@ -171,6 +173,20 @@ func (z *Zone) askerHasWork() bool {
 	return z.wanting() || len(z.asks.reports) > 0 || len(z.asks.dirty) > 0 || z.holdsAllowance()
 }
 
+// Reopen undoes Close: the zone is used again.
+func (z *Zone) Reopen() { z.asks.closed.Store(false) }
+
+// HoldsAllowance reports whether the zone holds allowance of its ledger,
+// in flight or not yet written back.
+func (z *Zone) HoldsAllowance() bool {
+	if z.ledger == nil {
+		return false
+	}
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	return z.holdsAllowance() || len(z.asks.dirty) > 0
+}
+
 // Close gives back the zone's idle allowance, and keeps none from then
 // on: the zone is no longer used. The requests still in flight give
 // theirs back as they end.
@@ -218,9 +234,9 @@ type sent struct {
 
 // nextCall returns the call to make now; nil if there is nothing to
 // send. mu must be held.
-func (z *Zone) nextCall() (*Call, *sent) {
+func (z *Zone) nextCall() (*fleet.Call, *sent) {
 	now := z.clock.Now()
-	c := &Call{}
+	c := &fleet.Call{}
 	z.writes(c, now)
 	st := &sent{named: map[string]namedSet{}}
 	order := z.order(now)
@@ -266,7 +282,7 @@ func (z *Zone) nextCall() (*Call, *sent) {
 // writes adds to c the allowances to write: those that shrank, and,
 // once a renewal or a failed call made the zone write them all again, up
 // to maxWrites of all it holds. mu must be held.
-func (z *Zone) writes(c *Call, now time.Time) {
+func (z *Zone) writes(c *fleet.Call, now time.Time) {
 	if len(z.asks.rewrite) == 0 && now.Sub(z.asks.renewed) >= z.ledger.Lease()/3 {
 		z.rewriteAll(now)
 	}
@@ -285,9 +301,9 @@ func (z *Zone) writes(c *Call, now time.Time) {
 
 // writeOf is set's allowance as the ledger is to count it: an entry is
 // forgotten only once written (see sweep).
-func (z *Zone) writeOf(set Set) Write {
+func (z *Zone) writeOf(set Set) fleet.Write {
 	a := z.stateOf(set)
-	return Write{Set: a.name, Units: max(0, a.units), Spare: a.spare}
+	return fleet.Write{Set: a.name, Units: max(0, a.units), Spare: a.spare}
 }
 
 // rewriteAll has every allowance the zone holds written again, from the
@@ -326,10 +342,10 @@ func (z *Zone) eachAllowance(fn func(Set, *allowance)) {
 // units beyond the idle ones this instance holds there that the call's
 // earlier wants did not count on (idle), within the fleet's caps; and
 // what the zone keeps of it. f is its flow if it waits. mu must be held.
-func (z *Zone) wantOf(req *Request, waits bool, f *flow, idle map[Set]int64) (Want, asked) {
+func (z *Zone) wantOf(req *Request, waits bool, f *flow, idle map[Set]int64) (fleet.Want, asked) {
 	lim := z.limitsFor(req)
 	units := lim.units(req, z.hasTotal, true)
-	want := Want{Waits: waits}
+	want := fleet.Want{Waits: waits}
 	var a asked
 	for _, set := range z.setsOf(req) {
 		st := z.stateOf(set)
@@ -384,7 +400,7 @@ func (z *Zone) nameOf(req *Request, d int) string {
 // refused goes on waiting, to be asked for again at the next change. If
 // the call got no answer, the zone writes every allowance again in the
 // next, and decides the wants alone (see fallback). mu must be held.
-func (z *Zone) answer(c *Call, st *sent, err error) {
+func (z *Zone) answer(c *fleet.Call, st *sent, err error) {
 	now := z.clock.Now()
 	if err != nil {
 		z.rewriteAll(now)
@@ -419,7 +435,7 @@ func (z *Zone) answer(c *Call, st *sent, err error) {
 // verdict applies want's answer to the allowances, and returns what its
 // request gets: Admitted (its allowance covers it now), Full by the
 // dimension of the set that refused it, or Unavailable.
-func (z *Zone) verdict(want *Want, a asked, err error, now int64) Result {
+func (z *Zone) verdict(want *fleet.Want, a asked, err error, now int64) Result {
 	if err != nil {
 		return z.fallback(want, a, now)
 	}
@@ -436,7 +452,7 @@ func (z *Zone) verdict(want *Want, a asked, err error, now int64) Result {
 // fallback decides a want the ledger did not answer: admitted within this
 // instance's share of each cap if the ledger fails open (the allowance it
 // takes is written once the ledger answers again), else Unavailable.
-func (z *Zone) fallback(want *Want, a asked, now int64) Result {
+func (z *Zone) fallback(want *fleet.Want, a asked, now int64) Result {
 	if !z.ledger.FailOpen() {
 		return Result{Outcome: Unavailable, Dim: firstDim(a.sets)}
 	}
@@ -454,7 +470,7 @@ func (z *Zone) fallback(want *Want, a asked, now int64) Result {
 
 // levelsOf turns a want's levels into its request's, by dimension (the
 // total last); nil if the want had no sets.
-func (z *Zone) levelsOf(a asked, want *Want) Levels {
+func (z *Zone) levelsOf(a asked, want *fleet.Want) Levels {
 	if len(a.sets) == 0 || len(want.Levels) == 0 {
 		return nil
 	}

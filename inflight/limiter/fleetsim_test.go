@@ -10,6 +10,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/internal/fleetref"
 )
 
 // A fleet in virtual time: zones of one refFleet (the ledger's reference
@@ -113,11 +115,11 @@ func runFleet(t *testing.T, zones []*Zone, lim *Limits, fair bool, homeShare flo
 
 // fleetZones returns n zones of one fleet over f, each with dims
 // dimensions and a total if total, closed when t ends.
-func fleetZones(t *testing.T, f *refFleet, n, dims int, total bool) []*Zone {
+func fleetZones(t *testing.T, f *fleetref.Fleet, n, dims int, total bool) []*Zone {
 	zones := make([]*Zone, n)
 	for i := range zones {
 		zones[i] = NewZone(dims, total, nil)
-		zones[i].SetLedger(f.join())
+		zones[i].SetLedger(f.Join())
 		z := zones[i]
 		t.Cleanup(func() { closeZone(z) })
 	}
@@ -146,7 +148,7 @@ func TestFleetFairWeightsAcrossInstances(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				total := int64(6) * max(1, c.cost)
-				zones := fleetZones(t, newRefFleet(), 3, 1, true)
+				zones := fleetZones(t, fleetref.NewFleet(), 3, 1, true)
 				lim := &Limits{Max: []int64{1000}, Total: total}
 				var tenants []fleetTenant
 				for i, w := range c.weights {
@@ -174,8 +176,8 @@ func TestFleetFairWeightsAcrossInstances(t *testing.T) {
 // goes to a waiter of the same instance with no call.
 func TestFleetOccupancyUnderLatency(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		f := newRefFleet()
-		f.latency = 100 * time.Millisecond
+		f := fleetref.NewFleet()
+		f.Latency = 100 * time.Millisecond
 		zones := fleetZones(t, f, 3, 1, false)
 		lim := &Limits{Max: []int64{6}}
 		var tenants []fleetTenant

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/internal/fleetref"
 )
 
 // twoCaps is the scenario of a request that needs two keyed caps (tenant T
@@ -114,12 +116,10 @@ func TestWaiterNeedingTwoCapsIsNotPassedForEver(t *testing.T) {
 func TestFleetWaiterNeedingTwoCapsIsNotPassedForEver(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const rounds, service = 50, time.Second
-		fleet := newRefFleet()
-		debugFleet = true
-		defer func() { debugFleet = false }()
+		fleet := fleetref.NewFleet()
 		here, there := NewZone(2, false, nil), NewZone(2, false, nil)
-		here.SetLedger(fleet.join())
-		there.SetLedger(fleet.join())
+		here.SetLedger(fleet.Join())
+		there.SetLedger(fleet.Join())
 		t.Cleanup(func() { closeZone(here) })
 		t.Cleanup(func() { closeZone(there) })
 		s := newTwoCaps()
@@ -154,7 +154,7 @@ func TestFleetWaiterNeedingTwoCapsIsNotPassedForEver(t *testing.T) {
 		}
 		time.Sleep(2 * linger) // idle allowance goes back
 		for _, name := range []string{setName(0, "T"), setName(1, "C")} {
-			if held := fleet.held(name); held != 0 {
+			if held := fleet.Held(name); held != 0 {
 				t.Fatalf("after every release: the fleet counts %d units in %s, want 0", held, name)
 			}
 		}

@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/fleet"
 )
 
 // A zone with a ledger reports the sets its waiters need from the fleet:
@@ -20,7 +22,7 @@ import (
 // targets: so the fleet's fair arithmetic lives here, once, and the
 // ledger only keeps the reports current and the holds they make.
 //
-// A report lives in the ledger for Listing: the zone sends it again with
+// A report lives in the ledger for fleet.Listing: the zone sends it again with
 // every call, and at least every fleetPoll, and withdraws it (Head 0) once
 // no waiter needs the set.
 
@@ -36,7 +38,7 @@ type reported struct {
 // reportsFor returns the reports of the next call, by the queue order:
 // those due (the sets reported changed, or fleetPoll passed), or all if
 // the call is made anyway. mu must be held.
-func (z *Zone) reportsFor(order []*waiter, now time.Time, anyway bool) []Report {
+func (z *Zone) reportsFor(order []*waiter, now time.Time, anyway bool) []fleet.Report {
 	cur := z.reportedSets(order)
 	due := anyway || len(cur) != len(z.asks.reports)
 	for set, r := range z.asks.reports {
@@ -47,16 +49,16 @@ func (z *Zone) reportsFor(order []*waiter, now time.Time, anyway bool) []Report 
 	if !due {
 		return nil
 	}
-	var out []Report
+	var out []fleet.Report
 	for set, r := range z.asks.reports {
 		if cur[set] == nil {
-			out = append(out, Report{Set: r.name})
+			out = append(out, fleet.Report{Set: r.name})
 		}
 	}
 	for set, c := range cur {
 		old := z.asks.reports[set]
 		c.sent = now
-		out = append(out, Report{Set: c.name, New: old != nil && old.head != c.head, Head: c.head.req.cost(),
+		out = append(out, fleet.Report{Set: c.name, New: old != nil && old.head != c.head, Head: c.head.req.cost(),
 			Target: z.reportedTarget(set, c), Entries: z.entries(set, order)})
 	}
 	z.asks.reports = cur

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/fleet"
 )
 
 // Where instances wait for the same set, each has a target there: its
@@ -79,7 +81,7 @@ func (t *target) account(now time.Time, inFlight int64) {
 // there.
 func (z *Zone) targetOf(set Set) (int64, bool) {
 	t := z.asks.targets[set]
-	if t == nil || !t.others || z.clock.Now().Sub(t.read) > Listing {
+	if t == nil || !t.others || z.clock.Now().Sub(t.read) > fleet.Listing {
 		return 0, false
 	}
 	return int64(math.Floor(t.effective() + 1e-9)), true
@@ -88,7 +90,7 @@ func (z *Zone) targetOf(set Set) (int64, bool) {
 // readTables computes the zone's targets from a call's tables, where
 // another instance reports too, and each fair flow's part of its key's
 // demand. named gives each table's set and cap. mu must be held.
-func (z *Zone) readTables(tables []Table, named map[string]namedSet, now time.Time) {
+func (z *Zone) readTables(tables []fleet.Table, named map[string]namedSet, now time.Time) {
 	for _, t := range tables {
 		n, ok := named[t.Set]
 		if !ok {
@@ -115,7 +117,7 @@ func (z *Zone) readTables(tables []Table, named map[string]namedSet, now time.Ti
 		}
 	}
 	for set, t := range z.asks.targets {
-		if now.Sub(t.read) > Listing {
+		if now.Sub(t.read) > fleet.Listing {
 			delete(z.asks.targets, set)
 		}
 	}
@@ -140,7 +142,7 @@ type keyDemand struct {
 // part of each of its fair keys' demand, and whether another instance
 // holds less than the target it reported (owed); shared is false if no
 // other instance reports there.
-func targetIn(t Table, c int64) (mine float64, parts map[string]float64, owed, shared bool) {
+func targetIn(t fleet.Table, c int64) (mine float64, parts map[string]float64, owed, shared bool) {
 	room := float64(c)
 	self, first := -1, -1
 	var entries []keyDemand

@@ -45,6 +45,8 @@ package fleetref
 import (
 	"math"
 	"slices"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/fleet"
 )
 
 // Ledger is one zone's sets, and the sequence of its reports' places.
@@ -74,68 +76,12 @@ type Report struct {
 	Notified int64 // ms: when it last announced itself
 }
 
-// Call is one call of an instance.
-type Call struct {
+// Caller is who makes a call, and how long what it writes lives.
+type Caller struct {
 	Instance string
 	Version  int64
 	Lease    int64 // ms an allowance written lives
 	Listing  int64 // ms a report lives
-	Writes   []Write
-	Reports  []ReportIn
-	Wants    []Want
-}
-
-// Write sets the instance's allowance in a set, absolute: what it holds
-// after its returns.
-type Write struct {
-	Set          string
-	Units, Spare int64
-}
-
-// ReportIn (re)places the instance's report on a set; Head 0 withdraws
-// it. New gives it a new place (its first waiter changed).
-type ReportIn struct {
-	Set     string
-	New     bool
-	Head    int64
-	Target  float64
-	Entries string
-}
-
-// Want asks for Units[k] in each set Sets[k], all or none, each within its
-// cap. Spares are the idle units asked beyond them (0: none). A want that
-// Waits, refused, holds against the call's later wants its refusing set
-// and each set with Holds.
-type Want struct {
-	Sets   []string
-	Caps   []int64
-	Units  []int64
-	Spares []int64
-	Waits  bool
-	Holds  []bool
-}
-
-// Answer is what a call gets back.
-type Answer struct {
-	Now   int64
-	Stale bool // the call was older than a write: nothing applied
-	// Per want: 0 granted, else the 1-based index of its set that
-	// refused it; its sets' levels once it was decided (-1: not read);
-	// and the spare granted in each (units granted idle beyond it).
-	Refused []int
-	Levels  [][]int64
-	Spares  [][]int64
-	// Tables are the sets reported on, then those that refused a waiting
-	// want, once each in that order: every live allowance and report.
-	Tables  []Table
-	Notices []string
-}
-
-// Table is a set's allowances and reports, by instance.
-type Table struct {
-	Set     string
-	Allow   map[string]Allowance
-	Reports map[string]Report
 }
 
 // New returns an empty ledger.
@@ -161,10 +107,11 @@ func (l *Ledger) load(name string, now int64) *set {
 	return s
 }
 
-// Apply runs c at now (ms).
-func (l *Ledger) Apply(now int64, c Call) Answer {
-	ans := Answer{Now: now}
-	me := c.Instance
+// Apply runs c, made by who, at now (ms), and sets its answers. It
+// returns the notices it publishes, and stale if the call was older than
+// a write of its instance (then nothing is applied nor answered).
+func (l *Ledger) Apply(now int64, who Caller, c *fleet.Call) (notices []string, stale bool) {
+	me := who.Instance
 	var touched []string
 	for _, w := range c.Writes {
 		touched = append(touched, w.Set)
@@ -176,24 +123,20 @@ func (l *Ledger) Apply(now int64, c Call) Answer {
 		touched = append(touched, w.Sets...)
 	}
 	for _, name := range touched {
-		if a := l.load(name, now).allow[me]; a != nil && a.Version > c.Version {
-			ans.Stale = true
-			return ans
+		if a := l.load(name, now).allow[me]; a != nil && a.Version > who.Version {
+			return nil, true
 		}
 	}
 	for _, w := range c.Writes {
 		s := l.sets[w.Set]
-		old := int64(0)
-		if a := s.allow[me]; a != nil {
-			old = a.Units
-		}
+		old := s.units(me)
 		if w.Units == 0 && w.Spare == 0 {
 			delete(s.allow, me)
 		} else {
-			s.allow[me] = &Allowance{Units: w.Units, Spare: w.Spare, Expiry: now + c.Lease, Version: c.Version}
+			s.allow[me] = &Allowance{Units: w.Units, Spare: w.Spare, Expiry: now + who.Lease, Version: who.Version}
 		}
 		if w.Units < old && s.othersReport(me) {
-			ans.Notices = append(ans.Notices, "f "+w.Set)
+			notices = append(notices, "f "+w.Set)
 		}
 	}
 	var tables []string
@@ -208,8 +151,8 @@ func (l *Ledger) Apply(now int64, c Call) Answer {
 		if old != nil {
 			notified = old.Notified
 		}
-		if old == nil || now-notified >= c.Listing/2 {
-			ans.Notices = append(ans.Notices, "w "+r.Set)
+		if old == nil || now-notified >= who.Listing/2 {
+			notices = append(notices, "w "+r.Set)
 			notified = now
 		}
 		seq := int64(0)
@@ -219,27 +162,28 @@ func (l *Ledger) Apply(now int64, c Call) Answer {
 			l.seq++
 			seq = l.seq
 		}
-		s.reports[me] = &Report{Seq: seq, Head: r.Head, Target: r.Target, Entries: r.Entries, Expiry: now + c.Listing, Notified: notified}
+		s.reports[me] = &Report{Seq: seq, Head: r.Head, Target: r.Target, Entries: r.Entries, Expiry: now + who.Listing, Notified: notified}
 		tables = appendOnce(tables, r.Set)
 	}
 	reserved := map[string]bool{}
-	for _, w := range c.Wants {
-		levels := make([]int64, len(w.Sets))
-		spares := make([]int64, len(w.Sets))
-		refused := 0
+	for i := range c.Wants {
+		w := &c.Wants[i]
+		w.Levels = make([]int64, len(w.Sets))
+		w.Granted = make([]int64, len(w.Sets))
+		w.Refused = 0
 		for k, name := range w.Sets {
 			s := l.sets[name]
 			level := s.level()
-			levels[k] = level
+			w.Levels[k] = level
 			if reserved[name] || level+w.Units[k]+s.holds(me, w.Units[k]) > w.Caps[k] {
-				refused = k + 1
+				w.Refused = k + 1
 				for j := k + 1; j < len(w.Sets); j++ {
-					levels[j] = -1
+					w.Levels[j] = -1
 				}
 				break
 			}
 		}
-		if refused == 0 {
+		if w.Refused == 0 {
 			for k, name := range w.Sets {
 				s := l.sets[name]
 				a := s.allow[me]
@@ -248,18 +192,18 @@ func (l *Ledger) Apply(now int64, c Call) Answer {
 					s.allow[me] = a
 				}
 				a.Units += w.Units[k]
-				a.Expiry, a.Version = now+c.Lease, c.Version
+				a.Expiry, a.Version = now+who.Lease, who.Version
 				if w.Spares[k] > 0 && !s.othersReport(me) {
 					reserve := w.Caps[k] / 10
 					spare := max(0, min(w.Spares[k], reserve-s.spares(), w.Caps[k]-reserve-s.level()))
 					a.Units += spare
 					a.Spare += spare
-					spares[k] = spare
+					w.Granted[k] = spare
 				}
-				levels[k] = s.level()
+				w.Levels[k] = s.level()
 			}
 		} else if w.Waits {
-			name := w.Sets[refused-1]
+			name := w.Sets[w.Refused-1]
 			reserved[name] = true
 			for k, hold := range w.Holds {
 				if hold {
@@ -268,14 +212,12 @@ func (l *Ledger) Apply(now int64, c Call) Answer {
 			}
 			tables = appendOnce(tables, name)
 		}
-		ans.Refused = append(ans.Refused, refused)
-		ans.Levels = append(ans.Levels, levels)
-		ans.Spares = append(ans.Spares, spares)
 	}
+	c.Tables = c.Tables[:0]
 	for _, name := range tables {
-		ans.Tables = append(ans.Tables, l.sets[name].table(name))
+		c.Tables = append(c.Tables, l.sets[name].table(name, me))
 	}
-	return ans
+	return notices, false
 }
 
 // level is the units the set's allowances sum to.
@@ -332,13 +274,26 @@ func (s *set) units(inst string) int64 {
 	return 0
 }
 
-func (s *set) table(name string) Table {
-	t := Table{Set: name, Allow: map[string]Allowance{}, Reports: map[string]Report{}}
-	for inst, a := range s.allow {
-		t.Allow[inst] = *a
+// table is s as a call's answer shows it to me: every instance's
+// allowance and report, in the order of their names.
+func (s *set) table(name, me string) fleet.Table {
+	var insts []string
+	for inst := range s.allow {
+		insts = append(insts, inst)
 	}
-	for inst, r := range s.reports {
-		t.Reports[inst] = *r
+	for inst := range s.reports {
+		if s.allow[inst] == nil {
+			insts = append(insts, inst)
+		}
+	}
+	slices.Sort(insts)
+	t := fleet.Table{Set: name}
+	for _, inst := range insts {
+		m := fleet.Member{Self: inst == me, Units: s.units(inst)}
+		if r := s.reports[inst]; r != nil {
+			m.Reports, m.Seq, m.Head, m.Target, m.Entries = true, r.Seq, r.Head, r.Target, r.Entries
+		}
+		t.Members = append(t.Members, m)
 	}
 	return t
 }
@@ -348,20 +303,4 @@ func appendOnce(names []string, name string) []string {
 		return names
 	}
 	return append(names, name)
-}
-
-// Instances lists the instances with an allowance or a report in t, in
-// order.
-func (t Table) Instances() []string {
-	var out []string
-	for inst := range t.Allow {
-		out = append(out, inst)
-	}
-	for inst := range t.Reports {
-		if _, ok := t.Allow[inst]; !ok {
-			out = append(out, inst)
-		}
-	}
-	slices.Sort(out)
-	return out
 }
