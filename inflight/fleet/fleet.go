@@ -17,6 +17,12 @@ type Call struct {
 	Writes  []Write
 	Reports []Report
 	Wants   []Want
+	// Again marks a call sent a second time because its connection broke
+	// under it (it may have run): the ledger first sets this instance's
+	// allowance in each want's sets back to what the want says it held
+	// (Held, HeldSpare), so that what the first run granted is not
+	// counted twice.
+	Again bool
 	// Tables are set by Ask: each set reported on (with a head), then
 	// each that refused a waiting want, once.
 	Tables []Table
@@ -56,6 +62,9 @@ type Want struct {
 	Spares []int64
 	Waits  bool
 	Holds  []bool
+	// Held and HeldSpare are this instance's allowance and spare in each
+	// set when the call was made (see Again).
+	Held, HeldSpare []int64
 
 	// Set by Ask: Refused is 0 if granted, else the 1-based index of the
 	// set that refused it; Levels, each set's allowances once it was

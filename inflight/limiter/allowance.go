@@ -45,6 +45,7 @@ type allowance struct {
 	units int64
 	spare int64
 	used  int64 // the zone's clock, unix nanoseconds
+	level int64 // the fleet's units in the set, as the latest call read them
 }
 
 // totalAllowance is the total's allowance, read by admissions without mu.
@@ -52,6 +53,7 @@ type totalAllowance struct {
 	units atomic.Int64
 	spare atomic.Int64
 	used  atomic.Int64
+	level atomic.Int64
 }
 
 // totalSet names the total in a ledger.
@@ -92,6 +94,54 @@ func (z *Zone) grow(set Set, name string, units, spare, now int64) {
 	a.spare += spare
 	a.used = now
 	s.mu.Unlock()
+}
+
+// seen records the fleet's level of set as a call read it. mu must be
+// held.
+func (z *Zone) seen(set Set, level int64) {
+	if level < 0 {
+		return
+	}
+	if set.Dim == TotalDim {
+		z.totalAllow.level.Store(level)
+		return
+	}
+	s := z.shardOf(set.Dim, set.Hash)
+	s.mu.Lock()
+	if a := s.allow[set.Hash]; a != nil {
+		a.level = level
+	}
+	s.mu.Unlock()
+}
+
+// Levels returns the fleet's level of each of req's dimensions (the
+// total last) as this instance's latest call for its set read it, or the
+// units this instance holds there if more: what a request admitted
+// within this instance's allowance knows of the fleet. Nil without a
+// ledger.
+func (z *Zone) Levels(req *Request) Levels {
+	if z.ledger == nil {
+		return nil
+	}
+	lim := z.limitsFor(req)
+	out := make(Levels, len(req.Keys)+1)
+	for d, key := range req.Keys {
+		if key == "" {
+			continue
+		}
+		s, h := z.shardFor(d, key)
+		s.mu.Lock()
+		level := s.count(h)
+		if a := s.allow[h]; a != nil {
+			level = max(level, a.level)
+		}
+		s.mu.Unlock()
+		out[d] = Level{Cap: lim.capOf(req, d, true), Held: level}
+	}
+	if z.hasTotal {
+		out[len(req.Keys)] = Level{Cap: z.totalCap(lim), Held: max(z.total.Load()&MaxCost, z.totalAllow.level.Load())}
+	}
+	return out
 }
 
 // allowanceState is a set's allowance as one read sees it.

@@ -37,6 +37,7 @@ type asking struct {
 	// the last such round started.
 	rewrite []Set
 	renewed time.Time
+	epoch   uint64 // the ledger's epoch when the zone last wrote all it holds
 	// reports are the sets the zone reports on (see report.go).
 	reports map[Set]*reported
 	// targets are its targets where other instances wait too (target.go),
@@ -68,6 +69,7 @@ func (z *Zone) SetLedger(l Ledger) {
 	z.asks.targets = map[Set]*target{}
 	z.asks.demand = map[demandKey]*smoothed{}
 	z.asks.renewed = z.clock.Now()
+	z.asks.epoch = l.Epoch()
 }
 
 // askFor has the asker decide req, a newcomer short of allowance, in its
@@ -240,6 +242,9 @@ func (z *Zone) nextCall() (*fleet.Call, *sent) {
 	z.writes(c, now)
 	st := &sent{named: map[string]namedSet{}}
 	order := z.order(now)
+	if len(z.asks.rewrite) > 0 { // what it holds is written first, alone
+		return c, st
+	}
 	idle := map[Set]int64{}
 	for _, w := range order {
 		f := w.flow
@@ -283,7 +288,10 @@ func (z *Zone) nextCall() (*fleet.Call, *sent) {
 // once a renewal or a failed call made the zone write them all again, up
 // to maxWrites of all it holds. mu must be held.
 func (z *Zone) writes(c *fleet.Call, now time.Time) {
-	if len(z.asks.rewrite) == 0 && now.Sub(z.asks.renewed) >= z.ledger.Lease()/3 {
+	if e := z.ledger.Epoch(); e != z.asks.epoch {
+		z.asks.epoch = e
+		z.rewriteAll(now)
+	} else if len(z.asks.rewrite) == 0 && now.Sub(z.asks.renewed) >= z.ledger.Lease()/3 {
 		z.rewriteAll(now)
 	}
 	for set := range z.asks.dirty {
@@ -370,6 +378,7 @@ func (z *Zone) wantOf(req *Request, waits bool, f *flow, idle map[Set]int64) (fl
 		want.Caps = append(want.Caps, lim.capOf(req, set.Dim, true))
 		want.Spares = append(want.Spares, spare)
 		want.Holds = append(want.Holds, f != nil && containsDim(f.refused, set.Dim))
+		want.Held, want.HeldSpare = append(want.Held, st.units), append(want.HeldSpare, st.spare)
 		a.sets = append(a.sets, set)
 		a.shares = append(a.shares, lim.capOf(req, set.Dim, false))
 	}
@@ -413,7 +422,7 @@ func (z *Zone) answer(c *fleet.Call, st *sent, err error) {
 			z.decide(a.n, res)
 		case a.w.left: // it left meanwhile
 		case res.Outcome == Admitted: // what it was granted goes by the queue order
-			a.w.levels = res.Levels
+			a.w.levels, a.w.alone = res.Levels, res.Alone
 			for _, set := range z.setsOf(a.w.req) { // tried again, even if idle units covered it
 				z.freed = append(z.freed, set.blocker())
 			}
@@ -440,10 +449,14 @@ func (z *Zone) verdict(want *fleet.Want, a asked, err error, now int64) Result {
 		return z.fallback(want, a, now)
 	}
 	if want.Refused > 0 {
+		for k, set := range a.sets {
+			z.seen(set, want.Levels[k])
+		}
 		return Result{Outcome: Full, Dim: a.sets[want.Refused-1].Dim, Levels: z.levelsOf(a, want)}
 	}
 	for k, set := range a.sets {
 		z.grow(set, want.Sets[k], want.Units[k]+want.Granted[k], want.Granted[k], now)
+		z.seen(set, want.Levels[k])
 		z.freed = append(z.freed, set.blocker())
 	}
 	return Result{Outcome: Admitted, Levels: z.levelsOf(a, want)}
@@ -458,14 +471,14 @@ func (z *Zone) fallback(want *fleet.Want, a asked, now int64) Result {
 	}
 	for k, set := range a.sets {
 		if z.stateOf(set).units+want.Units[k] > a.shares[k] {
-			return Result{Outcome: Full, Dim: set.Dim}
+			return Result{Outcome: Full, Dim: set.Dim, Alone: true}
 		}
 	}
 	for k, set := range a.sets {
 		z.grow(set, want.Sets[k], want.Units[k], 0, now)
 		z.freed = append(z.freed, set.blocker())
 	}
-	return Result{Outcome: Admitted}
+	return Result{Outcome: Admitted, Alone: true}
 }
 
 // levelsOf turns a want's levels into its request's, by dimension (the

@@ -50,6 +50,11 @@ type Ledger interface {
 	// Lease is how long an allowance lives unless written again: the zone
 	// writes every allowance it holds at least every Lease/3.
 	Lease() time.Duration
+	// Epoch changes whenever the ledger may have lost what this instance
+	// wrote (it answers again after a failure, as after a restart): the
+	// zone then writes every allowance it holds again, before it asks for
+	// more.
+	Epoch() uint64
 	// FailOpen says what a request short of allowance gets while the
 	// ledger cannot answer: admitted within this instance's share of the
 	// caps (true), or refused (Unavailable).

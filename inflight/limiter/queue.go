@@ -72,8 +72,12 @@ type Result struct {
 	// Levels, if not nil, is the fleet's level of the request's dimensions
 	// as a Ledger answered the call that decided it (see Levels); nil
 	// when no ledger answered for it (a zone without one, an admission
-	// within this instance's allowance, a refusal the zone made alone).
+	// within this instance's allowance: see Zone.Levels, a refusal the
+	// zone made alone).
 	Levels Levels
+	// Alone says that the ledger could not answer: the zone decided alone,
+	// within this instance's share of each cap (see fallback).
+	Alone bool
 }
 
 // Level is a dimension's level in the fleet: its cap for the request's
@@ -201,6 +205,7 @@ type waiter struct {
 	outcome    Outcome
 	dim        int
 	levels     Levels // with a ledger: from its latest answer
+	alone      bool   // with a ledger: granted alone, the ledger not answering
 	perKey     uint64 // its entry in the per-key waiting counts; 0: not counted
 	prev, next *waiter
 }
@@ -289,7 +294,7 @@ func (z *Zone) Acquire(ctx context.Context, req *Request, opt WaitOptions) Resul
 	outcome := z.await(ctx, w, opt.Wait)
 	switch outcome {
 	case Admitted:
-		return Result{Outcome: Admitted, Waited: z.clock.Now().Sub(w.Arrived), Levels: w.levels}
+		return Result{Outcome: Admitted, Waited: z.clock.Now().Sub(w.Arrived), Levels: w.levels, Alone: w.alone}
 	case Unavailable:
 		return Result{Outcome: Unavailable, Dim: w.dim, Waited: z.clock.Now().Sub(w.Arrived), Levels: w.levels}
 	}
@@ -302,7 +307,7 @@ func (z *Zone) Acquire(ctx context.Context, req *Request, opt WaitOptions) Resul
 			z.Release(req)
 			return Result{Outcome: Aborted, Waited: waited}
 		}
-		return Result{Outcome: Admitted, Waited: waited, Levels: w.levels}
+		return Result{Outcome: Admitted, Waited: waited, Levels: w.levels, Alone: w.alone}
 	case w.left: // the ledger refused it as the wait ended
 		z.mu.Unlock()
 		return Result{Outcome: w.outcome, Dim: w.dim, Waited: waited, Levels: w.levels}

@@ -16,8 +16,8 @@ func TestHealth(t *testing.T) {
 	proxy := newFaultProxy(t, addr)
 	s := newStore(t, &Store{Address: []string{proxy.addr}})
 	limits := &limiter.Limits{Max: []int64{10}}
-	z, _ := zoneOf(s, "health", limits)
-	health := func() storestatus.Health { return z.(storestatus.Reporter).Health() }
+	z := zoneOf(t, s, "health", limits)
+	health := func() storestatus.Health { return s.book.ledgers[s.book.prefix+":"+keySchema+":{health}"].Health() }
 	admit := func() {
 		req := request(limits, "k")
 		if res := z.Acquire(context.Background(), req, limiter.WaitOptions{}); res.Outcome == limiter.Admitted {

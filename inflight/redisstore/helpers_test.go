@@ -92,21 +92,24 @@ func newStore(t testing.TB, s *Store) *Store {
 	return s
 }
 
-// zoneOf binds a zone with one limit "client" (max 1 unless given) and
-// optionally a total, and returns the store and its local zone.
-func zoneOf(s *Store, name string, limits *limiter.Limits) (limiter.Store, *limiter.Zone) {
-	local := limiter.NewZone(len(limits.Max), limits.Total > 0, nil)
-	local.Adopt(limits)
-	names := []string{"client"}[:len(limits.Max)]
-	return s.Bind(name, names, limits.Total > 0, local), local
+// zoneOf returns a zone of the store, named name, under limits (one
+// limit "client" and optionally a total), admitting within the
+// allowances of the store's ledger; it is closed when t ends.
+func zoneOf(t testing.TB, s *Store, name string, limits *limiter.Limits) *limiter.Zone {
+	z := limiter.NewZone(len(limits.Max), limits.Total > 0, nil)
+	z.SetLedger(s.Ledger(name))
+	z.Adopt(limits)
+	t.Cleanup(z.Close)
+	return z
 }
 
 func request(limits *limiter.Limits, key string) *limiter.Request {
 	return &limiter.Request{Keys: []string{key}, Max: []int64{0}, Limits: limits}
 }
 
-// members counts the leases Redis holds under the store's prefix.
-func members(t testing.TB, cli *redis.Client, prefix string) int64 {
+// allowances sums the units of the allowances Redis holds under the
+// store's prefix.
+func allowances(t testing.TB, cli *redis.Client, prefix string) int64 {
 	t.Helper()
 	ctx := context.Background()
 	keys, err := cli.Keys(ctx, prefix+":*").Result()
@@ -115,22 +118,19 @@ func members(t testing.TB, cli *redis.Client, prefix string) int64 {
 	}
 	var n int64
 	for _, k := range keys {
-		if typ, _ := cli.Type(ctx, k).Result(); typ == "zset" && isLeaseSet(k) {
-			n += cli.ZCount(ctx, k, "(0", "+inf").Val() // not the set's count (see countersLua)
+		if typ, _ := cli.Type(ctx, k).Result(); typ != "hash" {
+			continue
+		}
+		for f, v := range cli.HGetAll(ctx, k).Val() {
+			if strings.HasPrefix(f, "~") {
+				continue
+			}
+			units, _, _ := strings.Cut(v, " ")
+			u, _ := strconv.ParseInt(units, 10, 64)
+			n += u
 		}
 	}
 	return n
-}
-
-// isLeaseSet tells a set of leases from a zone's other sorted sets: its
-// waiting set and its fair clock's (see fairLua).
-func isLeaseSet(k string) bool {
-	for _, suffix := range []string{":waiting", ":fair:t", ":fair:x", ":fq"} {
-		if strings.HasSuffix(k, suffix) {
-			return false
-		}
-	}
-	return true
 }
 
 // faultProxy forwards TCP to Redis and can hold back Redis's replies
@@ -317,16 +317,3 @@ func commandStats(t testing.TB, cli *redis.Client) map[string]commandStat {
 	return stats
 }
 
-// onlyLease returns the member of the one lease b holds.
-func onlyLease(t testing.TB, b *book) string {
-	t.Helper()
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if len(b.leases) != 1 {
-		t.Fatalf("%d leases held, want 1", len(b.leases))
-	}
-	for m := range b.leases {
-		return m
-	}
-	return ""
-}

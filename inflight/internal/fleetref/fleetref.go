@@ -33,7 +33,9 @@
 //     idle units are at most the reserve.
 //   - Versions: each call carries a version, increasing per instance; a
 //     call older than the instance's last write in any set it touches (a
-//     script that ran late) changes nothing.
+//     script that ran late) changes nothing. A call sent again (Again)
+//     first sets the instance's allowance in its wants' sets back to what
+//     they held when it was made.
 //   - Notices: a report announces that its instance waits for the set
 //     ("w <set>": the others give back their idle units there, and keep
 //     none for Listing), when it is new and again once half of Listing
@@ -127,14 +129,17 @@ func (l *Ledger) Apply(now int64, who Caller, c *fleet.Call) (notices []string, 
 			return nil, true
 		}
 	}
+	if c.Again {
+		for _, w := range c.Wants {
+			for k, name := range w.Sets {
+				l.sets[name].put(me, w.Held[k], w.HeldSpare[k], now+who.Lease, who.Version)
+			}
+		}
+	}
 	for _, w := range c.Writes {
 		s := l.sets[w.Set]
 		old := s.units(me)
-		if w.Units == 0 && w.Spare == 0 {
-			delete(s.allow, me)
-		} else {
-			s.allow[me] = &Allowance{Units: w.Units, Spare: w.Spare, Expiry: now + who.Lease, Version: who.Version}
-		}
+		s.put(me, w.Units, w.Spare, now+who.Lease, who.Version)
 		if w.Units < old && s.othersReport(me) {
 			notices = append(notices, "f "+w.Set)
 		}
@@ -218,6 +223,15 @@ func (l *Ledger) Apply(now int64, who Caller, c *fleet.Call) (notices []string, 
 		c.Tables = append(c.Tables, l.sets[name].table(name, me))
 	}
 	return notices, false
+}
+
+// put sets inst's allowance, absolute; none if units and spare are 0.
+func (s *set) put(inst string, units, spare, expiry, version int64) {
+	if units == 0 && spare == 0 {
+		delete(s.allow, inst)
+		return
+	}
+	s.allow[inst] = &Allowance{Units: units, Spare: spare, Expiry: expiry, Version: version}
 }
 
 // level is the units the set's allowances sum to.

@@ -22,6 +22,7 @@ type Fleet struct {
 	Latency time.Duration
 	Fail    bool
 	Closed  bool
+	epoch   uint64
 }
 
 // NewFleet returns a fleet with an empty ledger and leases of 30 s.
@@ -51,6 +52,29 @@ func (f *Fleet) Set(fn func(*Fleet)) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	fn(f)
+}
+
+// Recover makes calls succeed again after Fail, as a ledger that may
+// have lost what was written (a new epoch), and tells every member.
+func (f *Fleet) Recover() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.Fail = false
+	f.epoch++
+	for _, m := range f.members {
+		select {
+		case m.changed <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Forget drops everything the ledger holds, as a Redis that restarted
+// empty.
+func (f *Fleet) Forget() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.ledger = New()
 }
 
 // Held returns the units the fleet counts in set name now.
@@ -116,6 +140,13 @@ func (m *Member) Lease() time.Duration {
 	m.fleet.mu.Lock()
 	defer m.fleet.mu.Unlock()
 	return m.fleet.Lease
+}
+
+// Epoch counts the fleet's recoveries.
+func (m *Member) Epoch() uint64 {
+	m.fleet.mu.Lock()
+	defer m.fleet.mu.Unlock()
+	return m.fleet.epoch
 }
 
 // FailOpen is true unless the fleet fails closed.
