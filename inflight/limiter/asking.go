@@ -37,6 +37,10 @@ type asking struct {
 	// the last such round started.
 	rewrite []Set
 	renewed time.Time
+	// unsure are the sets of the wants of a call that got no answer: what
+	// its script may have granted there is written back to what the zone
+	// holds (nothing, where it holds no allowance).
+	unsure map[string]Set
 	epoch   uint64 // the ledger's epoch when the zone last wrote all it holds
 	// reports are the sets the zone reports on (see report.go).
 	reports map[Set]*reported
@@ -65,6 +69,7 @@ func (z *Zone) SetLedger(l Ledger) {
 	z.ledger = l
 	z.asks.wake = make(chan struct{}, 1)
 	z.asks.dirty = map[Set]bool{}
+	z.asks.unsure = map[string]Set{}
 	z.asks.reports = map[Set]*reported{}
 	z.asks.targets = map[Set]*target{}
 	z.asks.demand = map[demandKey]*smoothed{}
@@ -172,7 +177,7 @@ func (z *Zone) waitForWork(poll time.Duration) {
 // allowance or are reported, or the zone holds allowance (to renew and
 // sweep). mu must be held.
 func (z *Zone) askerHasWork() bool {
-	return z.wanting() || len(z.asks.reports) > 0 || len(z.asks.dirty) > 0 || z.holdsAllowance()
+	return z.wanting() || len(z.asks.reports) > 0 || len(z.asks.dirty) > 0 || len(z.asks.unsure) > 0 || z.holdsAllowance()
 }
 
 // Reopen undoes Close: the zone is used again.
@@ -230,8 +235,9 @@ type asked struct {
 // sent is what the zone knows of a call under way: whom each want is
 // for, and the sets its tables may name.
 type sent struct {
-	asked []asked
-	named map[string]namedSet
+	asked  []asked
+	named  map[string]namedSet
+	writes []Set // the set of each write
 }
 
 // nextCall returns the call to make now; nil if there is nothing to
@@ -239,8 +245,8 @@ type sent struct {
 func (z *Zone) nextCall() (*fleet.Call, *sent) {
 	now := z.clock.Now()
 	c := &fleet.Call{}
-	z.writes(c, now)
 	st := &sent{named: map[string]namedSet{}}
+	st.writes = z.writes(c, now)
 	order := z.order(now)
 	if len(z.asks.rewrite) > 0 { // what it holds is written first, alone
 		return c, st
@@ -286,16 +292,28 @@ func (z *Zone) nextCall() (*fleet.Call, *sent) {
 
 // writes adds to c the allowances to write: those that shrank, and,
 // once a renewal or a failed call made the zone write them all again, up
-// to maxWrites of all it holds. mu must be held.
-func (z *Zone) writes(c *fleet.Call, now time.Time) {
+// to maxWrites of all it holds. It returns the set of each write. mu must
+// be held.
+func (z *Zone) writes(c *fleet.Call, now time.Time) []Set {
+	var sets []Set
 	if e := z.ledger.Epoch(); e != z.asks.epoch {
 		z.asks.epoch = e
 		z.rewriteAll(now)
 	} else if len(z.asks.rewrite) == 0 && now.Sub(z.asks.renewed) >= z.ledger.Lease()/3 {
 		z.rewriteAll(now)
 	}
+	for name, set := range z.asks.unsure {
+		w := fleet.Write{Set: name}
+		if z.stateOf(set).exists {
+			w = z.writeOf(set)
+		}
+		c.Writes = append(c.Writes, w)
+		sets = append(sets, set)
+		delete(z.asks.unsure, name)
+	}
 	for set := range z.asks.dirty {
 		c.Writes = append(c.Writes, z.writeOf(set))
+		sets = append(sets, set)
 		delete(z.asks.dirty, set)
 	}
 	for len(z.asks.rewrite) > 0 && len(c.Writes) < maxWrites {
@@ -303,8 +321,10 @@ func (z *Zone) writes(c *fleet.Call, now time.Time) {
 		z.asks.rewrite = z.asks.rewrite[:len(z.asks.rewrite)-1]
 		if a := z.stateOf(set); a.exists {
 			c.Writes = append(c.Writes, z.writeOf(set))
+			sets = append(sets, set)
 		}
 	}
+	return sets
 }
 
 // writeOf is set's allowance as the ledger is to count it: an entry is
@@ -413,6 +433,14 @@ func (z *Zone) answer(c *fleet.Call, st *sent, err error) {
 	now := z.clock.Now()
 	if err != nil {
 		z.rewriteAll(now)
+		for i, want := range c.Wants {
+			for k, name := range want.Sets {
+				z.asks.unsure[name] = st.asked[i].sets[k]
+			}
+		}
+		for i, w := range c.Writes { // written again: as unsure, or with all it holds
+			z.asks.unsure[w.Set] = st.writes[i]
+		}
 	}
 	for i := range c.Wants {
 		want, a := &c.Wants[i], st.asked[i]

@@ -53,7 +53,6 @@ func (c *redisClock) learn(redisNow, sent, received int64) {
 // deadline is localDeadline (localMicros) must not write.
 func (c *redisClock) deadline(localDeadline int64) int64 { return c.lo + localDeadline }
 
-
 // lateError is the error reply of a script that ran after its deadline;
 // it carries Redis's TIME.
 const lateError = "LATE"

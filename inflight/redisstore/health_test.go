@@ -14,10 +14,14 @@ import (
 func TestHealth(t *testing.T) {
 	addr, _ := startRedis(t)
 	proxy := newFaultProxy(t, addr)
-	s := newStore(t, &Store{Address: []string{proxy.addr}})
+	s := newStore(t, store(proxy.addr, nil))
 	limits := &limiter.Limits{Max: []int64{10}}
 	z := zoneOf(t, s, "health", limits)
-	health := func() storestatus.Health { return s.book.ledgers[s.book.prefix+":"+keySchema+":{health}"].Health() }
+	health := func() storestatus.Health {
+		s.book.mu.Lock()
+		defer s.book.mu.Unlock()
+		return s.book.ledgers[s.book.prefix+":"+keySchema+":{health}"].Health()
+	}
 	admit := func() {
 		req := request(limits, "k")
 		if res := z.Acquire(context.Background(), req, limiter.WaitOptions{}); res.Outcome == limiter.Admitted {

@@ -9,12 +9,14 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/caddy-inflight/caddy-inflight/inflight/fleet"
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
 
@@ -88,19 +90,61 @@ func newStore(t testing.TB, s *Store) *Store {
 	if err := s.Provision(ctx); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { s.Cleanup() })
+	t.Cleanup(func() {
+		b := s.book
+		s.Cleanup()
+		if b == nil {
+			return
+		}
+		// The book closes once its zones' last calls are over: a later
+		// test with the same options (a port used again) gets a new one.
+		eventually(t, "the book closed", func() bool {
+			books.Lock()
+			defer books.Unlock()
+			return books.m[b.id] != b
+		})
+	})
 	return s
 }
 
 // zoneOf returns a zone of the store, named name, under limits (one
 // limit "client" and optionally a total), admitting within the
-// allowances of the store's ledger; it is closed when t ends.
+// allowances of the store's ledger; it and its ledger are closed when t
+// ends.
 func zoneOf(t testing.TB, s *Store, name string, limits *limiter.Limits) *limiter.Zone {
 	z := limiter.NewZone(len(limits.Max), limits.Total > 0, nil)
-	z.SetLedger(s.Ledger(name))
+	l := &watched{ledger: s.Ledger(name).(*ledger)}
+	calls.Store(z, l)
+	z.SetLedger(l)
 	z.Adopt(limits)
-	t.Cleanup(z.Close)
+	t.Cleanup(func() {
+		z.Close()
+		l.Close() // as the zone's config does once it is gone
+		calls.Delete(z)
+	})
 	return z
+}
+
+// watched is a ledger whose calls under way are counted, so that a test
+// can wait for a zone's asker to be idle (see callsUnderWay).
+type watched struct {
+	*ledger
+	under atomic.Int32
+}
+
+func (w *watched) Ask(c *fleet.Call) error {
+	w.under.Add(1)
+	defer w.under.Add(-1)
+	return w.ledger.Ask(c)
+}
+
+// calls holds the watched ledger of each zone of zoneOf.
+var calls sync.Map
+
+// callsUnderWay returns how many calls z's ledger is making.
+func callsUnderWay(z *limiter.Zone) int32 {
+	w, _ := calls.Load(z)
+	return w.(*watched).under.Load()
 }
 
 func request(limits *limiter.Limits, key string) *limiter.Request {
@@ -316,4 +360,3 @@ func commandStats(t testing.TB, cli *redis.Client) map[string]commandStat {
 	}
 	return stats
 }
-
