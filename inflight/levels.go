@@ -95,7 +95,7 @@ func (h *Handler) sendLevels(w http.ResponseWriter, a *admission, res limiter.Re
 		return
 	}
 	local := !h.shared || res.Alone
-	if !local && res.Levels == nil {
+	if !local && res.Levels == nil && res.Outcome == limiter.Admitted { // within this instance's allowance
 		res.Levels = h.engine.Levels(&a.ticket.Req)
 	}
 	if !local && res.Levels == nil {

@@ -125,10 +125,10 @@ func TestKilledInstanceSlotsComeBackAfterTheLease(t *testing.T) {
 	}
 }
 
-// TestStreamLongerThanLeaseKeepsItsSlot: renewal keeps a lease alive for
-// as long as its request runs. The stream's lease is watched in Redis: after
-// each renewal (its expiry moves on) the only slot is still taken, until
-// Redis's clock is two leases past the lease's first expiry.
+// TestStreamLongerThanLeaseKeepsItsSlot: renewal keeps an allowance alive
+// for as long as its request runs. The stream's allowance is watched in
+// Redis: after each renewal (its expiry moves on) the only slot is still
+// taken, until Redis's clock is two leases past the first expiry.
 func TestStreamLongerThanLeaseKeepsItsSlot(t *testing.T) {
 	const lease = time.Second
 	r := startRedis(t)
@@ -142,42 +142,21 @@ func TestStreamLongerThanLeaseKeepsItsSlot(t *testing.T) {
 	defer rc.Close()
 	done := hold(t, b, context.Background(), c, url+"/stream", "X-Tenant", "acme")
 	var first, expiry int64
-	eventually(t, "the stream's lease is in Redis", func() bool { first = leaseExpiry(t, rc); return first > 0 })
+	eventually(t, "the stream's allowance is in Redis", func() bool { first = allowanceExpiry(t, rc); return first > 0 })
 	renewals := 0
 	for expiry = first; redisNow(t, rc) < first+2*lease.Milliseconds(); renewals++ {
 		seen := expiry
-		eventually(t, "the stream's lease is renewed", func() bool { expiry = leaseExpiry(t, rc); return expiry > seen })
+		eventually(t, "the stream's allowance is renewed", func() bool { expiry = allowanceExpiry(t, rc); return expiry > seen })
 		if res := get(context.Background(), c, url+"/", "X-Tenant", "acme"); res.status != 429 {
 			t.Fatalf("after %d renewals, while the stream holds the only slot: %d, want 429", renewals+1, res.status)
 		}
 	}
-	t.Logf("the stream's lease was renewed %d times over three leases", renewals)
+	t.Logf("the stream's allowance was renewed %d times over three leases", renewals)
 	b.open()
 	<-done
 	eventually(t, "the slot is free after the stream", func() bool {
 		return get(context.Background(), c, url+"/", "X-Tenant", "acme").status == 200
 	})
-}
-
-// leaseExpiry returns the latest expiry (Redis ms) of the leases in Redis:
-// the members of the sets of leases (isLeaseSet).
-func leaseExpiry(t *testing.T, rc *redis.Client) int64 {
-	t.Helper()
-	ctx := context.Background()
-	keys, err := rc.Keys(ctx, "*").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var latest int64
-	for _, k := range keys {
-		if !isLeaseSet(k) || rc.Type(ctx, k).Val() != "zset" {
-			continue
-		}
-		for _, z := range rc.ZRangeWithScores(ctx, k, 0, -1).Val() {
-			latest = max(latest, int64(z.Score))
-		}
-	}
-	return latest
 }
 
 // redisNow is Redis's clock in ms, the clock leases expire by.

@@ -161,26 +161,27 @@ func (g *Gate) joinZone(ctx caddy.Context, edge Edge) error {
 	if g.label == "" {
 		g.label = numberedZone(ctx, edge.Site)
 	}
-	g.zoneID = zoneID(g.label, c.Zone != "", c.Limits, hasTotal)
+	shape := zoneID(g.label, c.Zone != "", c.Limits, hasTotal)
 	show := edge.Show
 	if show == nil {
 		show = func(s string) string { return s }
 	}
-	if err := claimZone(ctx.GetMetricsRegistry(), c.Zone, g.zoneID, describeShape(c.Limits, hasTotal, show)); err != nil {
+	if err := claimZone(ctx.GetMetricsRegistry(), c.Zone, shape, describeShape(c.Limits, hasTotal, show)); err != nil {
 		return fmt.Errorf("inflight: %w", err)
 	}
-	id, ledger := g.zoneID, func() limiter.Ledger(nil)
+	g.zoneID = shape
+	var ledger func() limiter.Ledger
 	if c.StoreRaw != nil {
 		mod, err := ctx.LoadModule(c, "StoreRaw")
 		if err != nil {
 			return fmt.Errorf("inflight: loading store: %v", err)
 		}
 		store := mod.(SharedStore)
-		id += "\x00store=" + store.Identity()
-		fleet := fleetID(g.label, g.zoneID)
+		g.zoneID += "\x00store=" + store.Identity()
+		fleet := fleetID(g.label, shape)
 		ledger = func() limiter.Ledger { return store.Ledger(fleet) }
 	}
-	z, err := loadZone(id, g.label, c.Limits, hasTotal, ledger)
+	z, err := loadZone(g.zoneID, g.label, c.Limits, hasTotal, ledger)
 	if err != nil {
 		return fmt.Errorf("inflight: zone %q: %v", g.label, err)
 	}

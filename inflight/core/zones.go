@@ -51,10 +51,11 @@ type zone struct {
 // waiting returns the requests waiting in this zone.
 func (z *zone) waiting() int64 { return z.Waiting() }
 
-// idle reports whether the zone has no request in flight or waiting, and
-// no allowance of a fleet left to give back.
+// idle reports whether the zone has no request in flight or waiting. A
+// closed zone's idle allowance that Redis did not hear of (it could not
+// answer) lapses there with its lease.
 func (z *zone) idle() bool {
-	if z.waiting() > 0 || (z.HasTotal() && z.Held(limiter.TotalDim) > 0) || z.HoldsAllowance() {
+	if z.waiting() > 0 || (z.HasTotal() && z.Held(limiter.TotalDim) > 0) {
 		return false
 	}
 	for d := range z.limits {

@@ -1,6 +1,8 @@
 package limiter
 
 import (
+	"fmt"
+	"os"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -183,17 +185,6 @@ func (z *Zone) askerHasWork() bool {
 // Reopen undoes Close: the zone is used again.
 func (z *Zone) Reopen() { z.asks.closed.Store(false) }
 
-// HoldsAllowance reports whether the zone holds allowance of its ledger,
-// in flight or not yet written back.
-func (z *Zone) HoldsAllowance() bool {
-	if z.ledger == nil {
-		return false
-	}
-	z.mu.Lock()
-	defer z.mu.Unlock()
-	return z.holdsAllowance() || len(z.asks.dirty) > 0
-}
-
 // Close gives back the zone's idle allowance, and keeps none from then
 // on: the zone is no longer used. The requests still in flight give
 // theirs back as they end.
@@ -260,7 +251,10 @@ func (z *Zone) nextCall() (*fleet.Call, *sent) {
 		// Every head counts on the idle units in the queue order, asked
 		// for or not: a waiter does not ask for what a better one takes.
 		want, a := z.wantOf(w.req, true, f, idle)
-		if !f.asks || len(want.Sets) == 0 || z.turnedDown(f, a.sets, now) {
+		if os.Getenv("FLEETREF_DEBUG") != "" {
+			fmt.Println("   head", w.req.Keys, w.req.Cost, "asks", f.asks, "sets", want.Sets, "turned", !f.turned.IsZero(), "writes", len(c.Writes))
+		}
+		if !f.asks || len(want.Sets) == 0 || len(c.Writes) == 0 && z.turnedDown(f, a.sets, now) {
 			continue
 		}
 		a.w = w
@@ -407,7 +401,8 @@ func (z *Zone) wantOf(req *Request, waits bool, f *flow, idle map[Set]int64) (fl
 
 // turnedDown reports whether f's head still needs, in sets, the set the
 // fleet last refused it by, with no change announced since and within
-// fleetPoll: it is not asked for again yet. mu must be held.
+// fleetPoll: it is not asked for again yet, unless the call writes back
+// allowance of this instance's (room it may take). mu must be held.
 func (z *Zone) turnedDown(f *flow, sets []Set, now time.Time) bool {
 	if f.turned.IsZero() || z.asks.changed || now.Sub(f.turned) >= fleetPoll || f.fleetSet == nil {
 		return false

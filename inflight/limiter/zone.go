@@ -506,6 +506,11 @@ func (z *Zone) tryAcquire(req *Request, r *reservation) (Outcome, int) {
 			outcome, refusedBy = KeysFull, d
 		}
 	}
+	if outcome == Admitted && z.ledger != nil && z.hasTotal { // a cap refuses before an allowance
+		if max := z.totalCap(lim); max > 0 && z.total.Load()&MaxCost+units+r.holdsTotal() > max {
+			outcome, refusedBy = Full, TotalDim
+		}
+	}
 	if outcome == Admitted && z.ledger != nil {
 		for d, sl := range locked {
 			if sl.shard == nil {

@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -59,6 +60,10 @@ type book struct {
 	client redis.UniversalClient
 	active int           // calls and probes under way
 	stop   chan struct{} // closed with the client
+	// subscribed is closed once the subscription to the notices is in
+	// place (or failed): a zone's ledger waits for it, so that the first
+	// notices are not missed.
+	subscribed chan struct{}
 
 	downUntil atomic.Int64  // unix nanos until which Redis is not tried; 0 once it answered
 	probing   atomic.Bool   // the prober runs (see probe.go)
@@ -113,7 +118,8 @@ func newBook(s *Store, id string) *book {
 func (b *book) open() {
 	b.client = redis.NewUniversalClient(b.options)
 	b.stop = make(chan struct{})
-	go b.listen(b.client, b.stop)
+	b.subscribed = make(chan struct{})
+	go b.listen(b.client, b.stop, b.subscribed)
 }
 
 // ledger returns the ledger of one zone: id names the zone and its shape,
@@ -129,6 +135,13 @@ func (b *book) ledger(id string) *ledger {
 	if b.client == nil {
 		b.open()
 	}
+	subscribed := b.subscribed
+	b.mu.Unlock()
+	select {
+	case <-subscribed:
+	case <-time.After(b.timeout):
+	}
+	b.mu.Lock()
 	return l
 }
 
@@ -205,10 +218,15 @@ func (b *book) closeIfUnused() {
 	b.client = nil
 }
 
-// listen hands the zones' notices to their ledgers, until stop is closed.
-func (b *book) listen(client redis.UniversalClient, stop chan struct{}) {
+// listen hands the zones' notices to their ledgers, until stop is closed;
+// it closes subscribed once the subscription is in place, or failed.
+func (b *book) listen(client redis.UniversalClient, stop, subscribed chan struct{}) {
 	pubsub := client.PSubscribe(storeContext, b.prefix+":"+keySchema+":{*}:n")
 	defer pubsub.Close()
+	ctx, cancel := context.WithTimeout(storeContext, b.timeout)
+	pubsub.Receive(ctx) // the confirmation; go-redis subscribes again after a failure
+	cancel()
+	close(subscribed)
 	messages := pubsub.Channel()
 	for {
 		select {
