@@ -45,7 +45,7 @@ func joinTestGate(t *testing.T, label string, cfg *Config, edge Edge) *Gate {
 	}
 	hasTotal := cfg.Total > 0
 	g.zoneID = zoneID(label, true, cfg.Limits, hasTotal)
-	z, err := loadZone(g.zoneID, label, cfg.Limits, hasTotal, nil)
+	z, err := loadZone(g.zoneID, label, cfg.Limits, hasTotal)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -151,8 +151,8 @@ func (g *Gate) compile(edge Edge) {
 	}
 }
 
-// joinZone takes a reference to the gate's zone: with a shared store, the
-// zone of that store's setup, which admits within the allowances of its
+// joinZone takes a reference to the gate's zone: with a shared store, a
+// zone of the fleet, which admits within the allowances of the store's
 // ledger.
 func (g *Gate) joinZone(ctx caddy.Context, edge Edge) error {
 	c := g.cfg
@@ -170,22 +170,23 @@ func (g *Gate) joinZone(ctx caddy.Context, edge Edge) error {
 		return fmt.Errorf("inflight: %w", err)
 	}
 	g.zoneID = shape
-	var ledger func() limiter.Ledger
+	var store SharedStore
 	if c.StoreRaw != nil {
 		mod, err := ctx.LoadModule(c, "StoreRaw")
 		if err != nil {
 			return fmt.Errorf("inflight: loading store: %v", err)
 		}
-		store := mod.(SharedStore)
-		g.zoneID += "\x00store=" + store.Identity()
-		fleet := fleetID(g.label, shape)
-		ledger = func() limiter.Ledger { return store.Ledger(fleet) }
+		store = mod.(SharedStore)
+		g.zoneID += "\x00store" // a fleet's zone counts apart from an in-process one
 	}
-	z, err := loadZone(g.zoneID, g.label, c.Limits, hasTotal, ledger)
+	z, err := loadZone(g.zoneID, g.label, c.Limits, hasTotal)
 	if err != nil {
 		return fmt.Errorf("inflight: zone %q: %v", g.label, err)
 	}
 	g.zone = z
+	if store != nil {
+		z.useLedger(store.Ledger(fleetID(g.label, shape)))
+	}
 	return nil
 }
 

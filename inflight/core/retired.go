@@ -39,7 +39,7 @@ func (z *zone) Destruct() error {
 // series, and its ledger's hold on the store's client.
 func (z *zone) forget() {
 	z.series.forget(z.label)
-	if c, ok := z.ledger.(io.Closer); ok {
+	if c, ok := z.currentLedger().(io.Closer); ok {
 		c.Close()
 	}
 }

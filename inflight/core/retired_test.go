@@ -14,8 +14,8 @@ import (
 // until it drains. The per-key wait series of each go with it.
 func TestRetiredZonesAreKeptOnlyWhileBusy(t *testing.T) {
 	limits := []Limit{{Name: "client", Key: "{http.vars.client_ip}", Max: Max{Fixed: 1}}}
-	idle, _ := loadZone(zoneID("retired-idle", true, limits, false), "retired-idle", limits, false, nil)
-	busy, _ := loadZone(zoneID("retired-busy", true, limits, false), "retired-busy", limits, false, nil)
+	idle, _ := loadZone(zoneID("retired-idle", true, limits, false), "retired-idle", limits, false)
+	busy, _ := loadZone(zoneID("retired-busy", true, limits, false), "retired-busy", limits, false)
 	req := &limiter.Request{Keys: []string{"k"}, Max: []int64{0}, Limits: &limiter.Limits{Max: []int64{1}}}
 	if ok, _ := busy.TryAcquire(req); !ok {
 		t.Fatal("refused")
@@ -40,7 +40,7 @@ func TestRetiredZonesAreKeptOnlyWhileBusy(t *testing.T) {
 		t.Fatalf("per-key wait series: %d of the dropped zone, %d of the busy one; want 0 and 1", n, m)
 	}
 	busy.Release(req)
-	other, _ := loadZone(zoneID("retired-other", true, limits, false), "retired-other", limits, false, nil)
+	other, _ := loadZone(zoneID("retired-other", true, limits, false), "retired-other", limits, false)
 	zones.Delete(other.id) // any later unload drops what has drained
 	if kept(busy) {
 		t.Fatal("a drained zone is still kept after a later unload")

@@ -231,7 +231,7 @@ func extendState(st *ZoneState, z *zone) {
 	case v.total > 0 && z.HasTotal():
 		st.TotalMax = ptr(v.total)
 	}
-	if hr, ok := z.ledger.(storestatus.Reporter); ok {
+	if hr, ok := z.currentLedger().(storestatus.Reporter); ok {
 		h := hr.Health()
 		st.Store = &h
 	}

@@ -12,12 +12,9 @@ type Store = limiter.Store
 // SharedStore is a store module (namespace http.handlers.inflight.stores)
 // that keeps a fleet's counts outside the process: a ledger per zone.
 type SharedStore interface {
-	// Identity names the store's setup (its options): a zone of the same
-	// shape under another setup is another zone, with a ledger of its
-	// own, so that a reload that changes the store's options leaves the
-	// requests admitted before it to the ledger that admitted them.
-	Identity() string
-	// Ledger returns the ledger of one zone, for the zone's life: id names
-	// the zone and its shape the same way on every instance.
+	// Ledger returns the ledger of one zone: id names the zone and its
+	// shape the same way on every instance. A reload that changes the
+	// store's options gives the zone a new ledger of the same instance,
+	// which takes over what it holds (see limiter.Zone.SetLedger).
 	Ledger(id string) limiter.Ledger
 }

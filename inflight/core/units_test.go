@@ -50,7 +50,7 @@ func sample(t *testing.T, name string, want map[string]string) (value, sum float
 // metrics and in the admin API; the busiest key is shown with its units.
 func TestRequestSeriesCountRequestsAndUnitsBeside(t *testing.T) {
 	limits := []Limit{{Name: "tenant", Key: "{tenant}", Max: Max{Fixed: 10}}}
-	z, _ := loadZone(zoneID("units", true, limits, true), "units", limits, true, nil)
+	z, _ := loadZone(zoneID("units", true, limits, true), "units", limits, true)
 	defer zones.Delete(z.id)
 	lim := &limiter.Limits{Max: []int64{10}, Total: 20}
 	big := &limiter.Request{Keys: []string{"a"}, Max: []int64{0}, Cost: 5, Limits: lim}
@@ -170,7 +170,7 @@ func TestWithoutCostUnitsAreRequests(t *testing.T) {
 func TestRefusalsCountFromTheZonesStart(t *testing.T) {
 	rejectedTotal.WithLabelValues("refusals", "client", reasonFull).Add(2)
 	limits := []Limit{{Name: "client", Key: "{client}", Max: Max{Fixed: 1}}}
-	z, _ := loadZone(zoneID("refusals", true, limits, false), "refusals", limits, false, nil)
+	z, _ := loadZone(zoneID("refusals", true, limits, false), "refusals", limits, false)
 	defer zones.Delete(z.id)
 	z.startStats()
 	if got := z.refusedByReason(); len(got) != 0 {

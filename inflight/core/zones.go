@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
 	"sync"
@@ -44,8 +45,33 @@ type zone struct {
 	// outputs learns the output estimate of requests in tokens, and sums
 	// up the usage they reported.
 	outputs outputLearner
-	// ledger keeps the zone's counts for a fleet, if it has a store.
-	ledger limiter.Ledger
+	// ledger keeps the zone's counts for a fleet, if it has a store;
+	// guarded by ledgerMu.
+	ledgerMu sync.Mutex
+	ledger   limiter.Ledger
+}
+
+// useLedger makes l the zone's ledger, and closes the one it replaces
+// (a reload that changed the store's options).
+func (z *zone) useLedger(l limiter.Ledger) {
+	z.ledgerMu.Lock()
+	old := z.ledger
+	z.ledger = l
+	z.ledgerMu.Unlock()
+	if old == l {
+		return
+	}
+	z.SetLedger(l)
+	if c, ok := old.(io.Closer); ok {
+		c.Close()
+	}
+}
+
+// currentLedger returns the zone's ledger, nil without a store.
+func (z *zone) currentLedger() limiter.Ledger {
+	z.ledgerMu.Lock()
+	defer z.ledgerMu.Unlock()
+	return z.ledger
 }
 
 // waiting returns the requests waiting in this zone.
@@ -139,20 +165,14 @@ func names(limits []Limit) []string {
 }
 
 // loadZone takes a reference to the zone for id, making it if it is new
-// (with the ledger that ledger returns, if not nil) or taking it back from
-// the retired zones.
-func loadZone(id, label string, limits []Limit, hasTotal bool, ledger func() limiter.Ledger) (*zone, error) {
+// (or taking it back from the retired zones).
+func loadZone(id, label string, limits []Limit, hasTotal bool) (*zone, error) {
 	v, _, err := zones.LoadOrNew(id, func() (caddy.Destructor, error) {
 		if z := takeRetired(id); z != nil {
 			z.Reopen()
 			return z, nil
 		}
-		z := &zone{Zone: limiter.NewZone(len(limits), hasTotal, nil), id: id, label: label, limits: names(limits)}
-		if ledger != nil {
-			z.ledger = ledger()
-			z.SetLedger(z.ledger)
-		}
-		return z, nil
+		return &zone{Zone: limiter.NewZone(len(limits), hasTotal, nil), id: id, label: label, limits: names(limits)}, nil
 	})
 	if err != nil {
 		return nil, err

@@ -260,9 +260,14 @@ func (z *Zone) keep(set Set, a allowanceState) int64 {
 }
 
 // trim writes back, in the next call, the idle allowance of sets beyond
-// what the zone keeps there. mu must be held.
-func (z *Zone) trim(sets []Set) {
+// what the zone keeps there; with overTarget, only where other instances
+// wait and the zone holds more than its target (before a release's
+// dispatch: the zone's own waiters take the rest first). mu must be held.
+func (z *Zone) trim(sets []Set, overTarget bool) {
 	for _, set := range sets {
+		if overTarget && !z.filed(set.blocker()) {
+			continue
+		}
 		a := z.stateOf(set)
 		if keep := z.keep(set, a); a.idle() > keep {
 			z.giveBackLater(set, a.idle()-keep, min(a.spare, keep))

@@ -1,8 +1,6 @@
 package limiter
 
 import (
-	"fmt"
-	"os"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -43,7 +41,7 @@ type asking struct {
 	// its script may have granted there is written back to what the zone
 	// holds (nothing, where it holds no allowance).
 	unsure map[string]Set
-	epoch   uint64 // the ledger's epoch when the zone last wrote all it holds
+	epoch  uint64 // the ledger's epoch when the zone last wrote all it holds
 	// reports are the sets the zone reports on (see report.go).
 	reports map[Set]*reported
 	// targets are its targets where other instances wait too (target.go),
@@ -66,8 +64,19 @@ type newcomer struct {
 const maxWrites = 512
 
 // SetLedger makes l the zone's ledger: from then on it admits within the
-// allowances l grants. Call it once, before the zone admits anything.
+// allowances l grants. The first call must come before the zone admits
+// anything. A later one replaces the ledger by another of the same
+// instance (a reload that changed the store's options): the zone writes
+// everything it holds through the new one before it asks for more.
 func (z *Zone) SetLedger(l Ledger) {
+	if z.ledger != nil {
+		z.mu.Lock()
+		z.ledger = l
+		z.asks.epoch = l.Epoch() + 1 // written again in the next call
+		z.startAsking()
+		z.mu.Unlock()
+		return
+	}
 	z.ledger = l
 	z.asks.wake = make(chan struct{}, 1)
 	z.asks.dirty = map[Set]bool{}
@@ -248,13 +257,15 @@ func (z *Zone) nextCall() (*fleet.Call, *sent) {
 		if w != f.head {
 			continue
 		}
-		// Every head counts on the idle units in the queue order, asked
-		// for or not: a waiter does not ask for what a better one takes.
-		want, a := z.wantOf(w.req, true, f, idle)
-		if os.Getenv("FLEETREF_DEBUG") != "" {
-			fmt.Println("   head", w.req.Keys, w.req.Cost, "asks", f.asks, "sets", want.Sets, "turned", !f.turned.IsZero(), "writes", len(c.Writes))
+		if !f.asks { // refused by a cap: it takes only the room it holds
+			z.takeHeld(f, idle)
+			continue
 		}
-		if !f.asks || len(want.Sets) == 0 || len(c.Writes) == 0 && z.turnedDown(f, a.sets, now) {
+		// Every head that needs the fleet counts on the idle units in the
+		// queue order, asked for or not: a waiter does not ask for what a
+		// better one takes.
+		want, a := z.wantOf(w.req, true, f, idle)
+		if len(want.Sets) == 0 || len(c.Writes) == 0 && z.turnedDown(f, a.sets, now) {
 			continue
 		}
 		a.w = w
@@ -397,6 +408,31 @@ func (z *Zone) wantOf(req *Request, waits bool, f *flow, idle map[Set]int64) (fl
 		a.shares = append(a.shares, lim.capOf(req, set.Dim, false))
 	}
 	return want, a
+}
+
+// takeHeld takes off idle the room f holds as the zone's head (its
+// keys) or its shared holder (the total; see reservation.go): a try
+// after it counts that room as taken, so the waiters after it ask for
+// room beyond it. mu must be held.
+func (z *Zone) takeHeld(f *flow, idle map[Set]int64) {
+	units := z.unitsOf(f)
+	take := func(set Set) {
+		left, ok := idle[set]
+		if !ok {
+			left = max(0, z.stateOf(set).idle())
+		}
+		idle[set] = max(0, left-units)
+	}
+	if f == z.head {
+		for d, h := range f.hashes {
+			if f.keyed(d) {
+				take(Set{Dim: d, Hash: h})
+			}
+		}
+	}
+	if f == z.sharer && z.hasTotal {
+		take(Set{Dim: TotalDim})
+	}
 }
 
 // turnedDown reports whether f's head still needs, in sets, the set the
@@ -613,10 +649,16 @@ func (z *Zone) fileRefusal(f *flow, o Outcome, d int) {
 		z.startAsking()
 	case o == short: // short of what this instance holds: asked for in the next call
 		f.asks, f.turned = true, time.Time{}
+		if z.short == nil {
+			z.short = map[*flow]int64{}
+		}
+		z.short[f] = z.unitsOf(f)
 		z.startAsking()
+		return
 	case o != short:
 		f.asks = false
 	}
+	delete(z.short, f)
 }
 
 // acquireNow admits req if it fits now, after any waiter that fits,

@@ -38,7 +38,7 @@ func (z *Zone) dispatch() reservation {
 		if f == nil {
 			break
 		}
-		o, d := z.tryAcquire(f.head.req, r.against(&z.queue, f, now))
+		o, d := z.tryAcquire(f.head.req, r.against(z, f, now))
 		if o == Admitted {
 			if f.fair {
 				z.chargeGrant(f.head)
@@ -133,6 +133,7 @@ func compactBlockers(bs []blocker) []blocker {
 
 // grant hands w the units it was just admitted to, and wakes it.
 func (q *queue) grant(w *waiter) {
+	delete(q.short, w.flow)
 	q.dequeue(w)
 	q.pending.Add(-1)
 	w.granted = true

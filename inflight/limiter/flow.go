@@ -122,6 +122,11 @@ type flows struct {
 	// way, and epoch counts the dispatch's changes of head (see dispatch).
 	parked []*listing
 	epoch  uint64
+	// short are the flows whose head fits the caps and waits for more of
+	// this instance's allowance (with a ledger), with its units: each
+	// holds them in its keys and the total against the tries after it,
+	// as if admitted (see reservation).
+	short map[*flow]int64
 	// Fair sharing's virtual time (see fair.go).
 	vclock virtualClock
 }
@@ -225,6 +230,7 @@ func (q *queue) dequeue(w *waiter) {
 		return
 	}
 	q.unlist(f)
+	delete(q.short, f)
 	if f.fair {
 		q.dropFair(f)
 	}

@@ -53,40 +53,96 @@ type reservation struct {
 	fresh       []bool
 
 	f           *flow
+	headFirst   bool // head goes before f
 	sharedFirst bool // shared goes before f
+	q           *queue
+	now         time.Time
+	// shortNew are the keys not in flight that the short flows before f
+	// need: each holds one key of its limit's key bound.
+	shortNew []Set
 }
 
-// against readies r for a try by f (nil: a newcomer) at now.
-func (r *reservation) against(q *queue, f *flow, now time.Time) *reservation {
-	r.f = f
+// against readies r for a try by f (nil: a newcomer) at now. mu must be
+// held, and no shard lock.
+func (r *reservation) against(z *Zone, f *flow, now time.Time) *reservation {
+	q := &z.queue
+	r.f, r.q, r.now = f, q, now
+	r.shortNew = r.shortNew[:0]
+	for g := range q.short {
+		if !r.after(g) {
+			continue
+		}
+		for d, h := range g.hashes {
+			if g.keyed(d) && z.countOf(d, h) == 0 {
+				r.shortNew = append(r.shortNew, Set{Dim: d, Hash: h})
+			}
+		}
+	}
+	// The holders are the first flows that are not short: a short one
+	// goes before them, or after.
+	r.headFirst = r.head != nil && r.head != f && (f == nil || q.short[f] == 0 || q.before(r.head, f, now))
 	r.sharedFirst = r.shared != nil && r.shared != f && (f == nil || q.before(r.shared, f, now))
 	return r
 }
 
 // holdsKey returns the units r holds in dimension d's key hash against
-// its try.
+// its try: the head's, and those of the short flows before the try.
 func (r *reservation) holdsKey(d int, hash uint64) int64 {
-	if r == nil || r.head == nil || r.f == r.head || !r.head.keyed(d) || r.head.hashes[d] != hash {
+	if r == nil {
 		return 0
 	}
-	return r.headUnits
+	var n int64
+	if r.headFirst && r.head.keyed(d) && r.head.hashes[d] == hash {
+		n = r.headUnits
+	}
+	for g, units := range r.q.short {
+		if g != r.head && g.keyed(d) && g.hashes[d] == hash && r.after(g) {
+			n += units
+		}
+	}
+	return n
+}
+
+// after reports whether r's try comes after the short flow g, which
+// holds against it (a newcomer comes after every waiter).
+func (r *reservation) after(g *flow) bool {
+	return g != r.f && (r.f == nil || r.q.before(g, r.f, r.now))
 }
 
 // holdsNewKey returns the keys r holds in dimension d's key bound against
 // a try whose key there (hash) is not in flight.
 func (r *reservation) holdsNewKey(d int, hash uint64) int64 {
-	if r == nil || !r.sharedFirst || !r.fresh[d] || r.shared.hashes[d] == hash {
+	if r == nil {
 		return 0
 	}
-	return 1
+	var n int64
+	if r.sharedFirst && r.fresh[d] && r.shared.hashes[d] != hash {
+		n = 1
+	}
+	for _, k := range r.shortNew {
+		if k.Dim == d && k.Hash != hash {
+			n++
+		}
+	}
+	return n
 }
 
-// holdsTotal returns the units r holds in the total against its try.
+// holdsTotal returns the units r holds in the total against its try:
+// the shared holder's, and those of the short flows before the try.
 func (r *reservation) holdsTotal() int64 {
-	if r == nil || !r.sharedFirst {
+	if r == nil {
 		return 0
 	}
-	return r.sharedUnits
+	var n int64
+	if r.sharedFirst {
+		n = r.sharedUnits
+	}
+	for g, units := range r.q.short {
+		if g != r.shared && r.after(g) {
+			n += units
+		}
+	}
+	return n
 }
 
 // reserve finds the holders at now and returns their reservation. A
@@ -94,7 +150,7 @@ func (r *reservation) holdsTotal() int64 {
 // freed. mu must be held.
 func (z *Zone) reserve(now time.Time) reservation {
 	var r reservation
-	if r.head = z.first(&z.line, now); r.head != nil {
+	if r.head = z.firstNotShort(&z.line, orderListing, now); r.head != nil {
 		r.headUnits = z.unitsOf(r.head)
 		r.shared = z.firstWithRoom(&r, now)
 	}
@@ -128,11 +184,11 @@ func (z *Zone) reserve(now time.Time) reservation {
 // held.
 func (z *Zone) firstWithRoom(r *reservation, now time.Time) *flow {
 	for {
-		f := z.first(&z.eligible, now)
+		f := z.firstNotShort(&z.eligible, eligibleListing, now)
 		if f == nil {
 			return nil
 		}
-		r.against(&z.queue, f, now)
+		r.against(z, f, now)
 		d, ok := z.keysFit(f, r)
 		if ok {
 			return f
@@ -192,3 +248,26 @@ func (f *flow) sharedBlockers(out []blocker) []blocker {
 	}
 	return append(out, blocker{total: true})
 }
+
+// firstNotShort returns the first flow of fl in the queue order at now
+// that is not short: a short flow counts as admitted (its units held)
+// while its allowance is asked for, so the holders are found beyond it.
+// at gives a flow's listing in fl.
+func (q *queue) firstNotShort(fl *filing, at func(*flow) **listing, now time.Time) *flow {
+	f := q.first(fl, now)
+	if len(q.short) == 0 {
+		return f
+	}
+	var out []*flow
+	for ; f != nil && q.short[f] > 0; f = q.first(fl, now) {
+		q.leave(fl, *at(f))
+		out = append(out, f)
+	}
+	for _, g := range out {
+		*at(g) = q.enter(fl, g, blocker{})
+	}
+	return f
+}
+
+func orderListing(f *flow) **listing    { return &f.order }
+func eligibleListing(f *flow) **listing { return &f.eligible }

@@ -311,7 +311,7 @@ func (z *Zone) tryNow(req *Request) (Outcome, int) {
 // must be held.
 func (z *Zone) tryNewcomer(req *Request) (Outcome, int) {
 	r := z.dispatch()
-	return z.tryAcquire(req, r.against(&z.queue, nil, z.clock.Now()))
+	return z.tryAcquire(req, r.against(z, nil, z.clock.Now()))
 }
 
 // Release gives back the slots req holds and hands them to waiters that
@@ -334,11 +334,11 @@ func (z *Zone) Release(req *Request) {
 		z.mu.Lock()
 		z.giveBack(req, true)
 		if sets != nil { // above its target, the zone's waiters do not get them
-			z.trim(sets)
+			z.trim(sets, true)
 		}
 		z.dispatch()
 		if sets != nil {
-			z.trim(sets)
+			z.trim(sets, false)
 		}
 		z.mu.Unlock()
 		return
@@ -349,7 +349,7 @@ func (z *Zone) Release(req *Request) {
 		z.candidatesFor(req)
 		z.dispatch()
 		if sets != nil {
-			z.trim(sets)
+			z.trim(sets, false)
 		}
 		z.mu.Unlock()
 	}

@@ -47,7 +47,7 @@ type book struct {
 	failure  failure // what the settings tell of a failure's cause
 	prefix   string
 	closed   bool   // on_error closed
-	instance string // random: this process in Redis
+	instance string // this process in Redis (see processName)
 
 	users   int // configs using the book; guarded by books
 	mu      sync.Mutex
@@ -104,7 +104,7 @@ func newBook(s *Store, id string) *book {
 		failure:   s.failure(),
 		prefix:    s.KeyPrefix,
 		closed:    s.OnError == "closed",
-		instance:  randomID(),
+		instance:  processName,
 		ledgers:   map[string]*ledger{},
 		clocks:    map[string]*redisClock{},
 		outageLog: outageLog{logger: s.logger, quiet: outageQuiet},
@@ -130,6 +130,9 @@ func (b *book) ledger(id string) *ledger {
 	// The braces are a Redis Cluster hash tag: all of a zone's keys live in
 	// one slot, as the script needs. key_prefix has no braces (Validate).
 	tag := b.prefix + ":" + keySchema + ":{" + id + "}"
+	if l := b.ledgers[tag]; l != nil {
+		return l // the zone's, kept by a reload that kept the options
+	}
 	l := &ledger{book: b, tag: tag, label: zoneLabel(id), changed: make(chan struct{}, 1)}
 	b.ledgers[tag] = l
 	if b.client == nil {
@@ -288,6 +291,11 @@ func (b *book) observe(op string, zones []string, start time.Time, err error) {
 	b.outageLog.failed(op, starts, zap.String("op", op), zap.Strings("zones", zones),
 		zap.String("reason", b.failure.cause(err)), zap.Error(err))
 }
+
+// processName names this process in Redis, the same for every book: a
+// reload that changes a store's options (a new book) writes the zones'
+// allowances again under the same name, over what the old book wrote.
+var processName = randomID()
 
 func randomID() string {
 	var b [6]byte

@@ -154,17 +154,23 @@ func TestLocalAdmissionsEnterRedisWhenItReturns(t *testing.T) {
 	}
 	p.setDown(false)
 	eventually(t, "Redis answers again", func() bool { return !s.book.outage.Load() })
-	admitted := 0
+	admitted, alone := 0, false
 	for range 2 {
-		if z.Acquire(context.Background(), request(limits, "a"), limiter.WaitOptions{}).Outcome == limiter.Admitted {
+		if res := z.Acquire(context.Background(), request(limits, "a"), limiter.WaitOptions{}); res.Outcome == limiter.Admitted {
 			admitted++
+			alone = res.Alone
 		}
 	}
 	if admitted != 1 {
 		t.Fatalf("once Redis answered, %d more admitted beside the one held alone, on a cap of 2; want 1", admitted)
 	}
-	if units := allowances(t, cli, "t"); units != 2 {
-		t.Fatalf("Redis counts %d units, want 2: the one admitted alone and the one after", units)
+	// Admitted through Redis, both are counted there already; admitted
+	// alone again (a slow machine timed the call out), soon after.
+	counted := func() bool { return allowances(t, cli, "t") == 2 }
+	if alone {
+		eventually(t, "Redis counts the one admitted alone and the one after", counted)
+	} else if !counted() {
+		t.Fatalf("Redis counts %d units, want 2: the one admitted alone and the one after", allowances(t, cli, "t"))
 	}
 }
 

@@ -22,17 +22,19 @@ import (
 // subscription. It knows nothing of the zone's allowances: the zone writes
 // them, absolute, in its calls.
 type ledger struct {
-	book  *book
-	tag   string // "<prefix>:a1:{<fleet id>}": the zone's keys, one cluster slot
-	label string // the zone's name in metrics and logs
-	// version counts the calls, so that a script that ran late changes
-	// nothing a later call wrote; a call that gets no answer is followed,
-	// in the zone's next one, by every allowance written again.
-	version atomic.Int64
+	book    *book
+	tag     string // "<prefix>:a1:{<fleet id>}": the zone's keys, one cluster slot
+	label   string // the zone's name in metrics and logs
 	changed chan struct{}
 	tight   fleet.Tightness
 	closed  atomic.Bool
 }
+
+// versions count this process's calls, over every ledger (a zone's new
+// ledger writes over its old one's), so that a script that ran late
+// changes nothing a later call wrote; a call that gets no answer is
+// followed, in the zone's next one, by every allowance written again.
+var versions atomic.Int64
 
 // errUnavailable fails a call made while Redis is left alone after a
 // failure: the zone decides alone (on_error).
@@ -102,7 +104,7 @@ func (l *ledger) encode(c *fleet.Call, deadline int64) ([]string, []any) {
 	}
 	args := make([]any, 0, 10+3*len(c.Writes)+5*len(c.Reports)+len(c.Wants)*10)
 	args = append(args, deadline, l.book.lease.Milliseconds(), fleet.Listing.Milliseconds(), l.book.instance,
-		l.version.Add(1), len(l.tag)+2, flag(c.Again), len(c.Writes))
+		versions.Add(1), len(l.tag)+2, flag(c.Again), len(c.Writes))
 	for _, w := range c.Writes {
 		args = append(args, key(w.Set), w.Units, w.Spare)
 	}

@@ -34,6 +34,7 @@ func instance(t testing.TB, s *Store, n int) *Store {
 	id := s.book.id
 	s.book.leave()
 	s.book = joinBook(s, fmt.Sprintf("%s#%d", id, n))
+	s.book.instance = fmt.Sprintf("%s#%d", processName, n) // another process
 	return s
 }
 

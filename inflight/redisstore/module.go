@@ -277,9 +277,6 @@ func (s *Store) Cleanup() error {
 	return nil
 }
 
-// Identity names the store's setup: the hash of its options.
-func (s *Store) Identity() string { return s.book.id }
-
 // Ledger returns the ledger of the zone id names, on the setup's client.
 func (s *Store) Ledger(id string) limiter.Ledger { return s.book.ledger(id) }
 

@@ -1,9 +1,9 @@
 package fleetref
 
 import (
+	"errors"
 	"fmt"
 	"os"
-	"errors"
 	"strings"
 	"sync"
 	"time"
