@@ -129,13 +129,34 @@ func startCaddy(t *testing.T, caddyfile string, port int) *caddyProcess {
 	}
 	cmd := exec.Command(caddyBinary(t), "run", "--config", cfg, "--adapter", "caddyfile")
 	cmd.Env = append(os.Environ(), "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
+	stderr, err := os.Create(filepath.Join(dir, "stderr"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	p := &caddyProcess{cmd: cmd}
-	t.Cleanup(p.kill)
+	t.Cleanup(func() {
+		p.kill()
+		stderr.Close()
+		crashed(t, stderr.Name())
+	})
 	waitForPort(t, fmt.Sprintf("127.0.0.1:%d", port))
 	return p
+}
+
+// crashed fails t if the Caddy process whose standard error is in path
+// panicked or met a data race, with what it printed.
+func crashed(t *testing.T, path string) {
+	data, _ := os.ReadFile(path)
+	for _, sign := range []string{"panic:", "WARNING: DATA RACE", "fatal error:"} {
+		if i := strings.Index(string(data), sign); i >= 0 {
+			t.Errorf("a Caddy process crashed:\n%s", data[i:min(len(data), i+4000)])
+			return
+		}
+	}
 }
 
 // kill stops the process at once (SIGKILL): no cleanup, no release.

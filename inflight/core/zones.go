@@ -45,23 +45,32 @@ type zone struct {
 	// outputs learns the output estimate of requests in tokens, and sums
 	// up the usage they reported.
 	outputs outputLearner
-	// ledger keeps the zone's counts for a fleet, if it has a store;
-	// guarded by ledgerMu.
+	// ledger keeps the zone's counts for a fleet, if it has a store, and
+	// through is what the engine asks: ledger, put behind it again by a
+	// reload that changed the store's options. Guarded by ledgerMu.
 	ledgerMu sync.Mutex
 	ledger   limiter.Ledger
+	through  *ledgerSwitch
 }
 
 // useLedger makes l the zone's ledger, and closes the one it replaces
 // (a reload that changed the store's options).
 func (z *zone) useLedger(l limiter.Ledger) {
 	z.ledgerMu.Lock()
-	old := z.ledger
-	z.ledger = l
-	z.ledgerMu.Unlock()
+	old, first := z.ledger, z.through == nil
 	if old == l {
+		z.ledgerMu.Unlock()
 		return
 	}
-	z.SetLedger(l)
+	z.ledger = l
+	if first {
+		z.through = &ledgerSwitch{}
+	}
+	z.through.put(l)
+	z.ledgerMu.Unlock()
+	if first {
+		z.SetLedger(z.through)
+	}
 	if c, ok := old.(io.Closer); ok {
 		c.Close()
 	}

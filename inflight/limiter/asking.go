@@ -32,7 +32,12 @@ type asking struct {
 	// that needs allowance is asked for again, not only those new to it.
 	changed   bool
 	newcomers []*newcomer
-	dirty     map[Set]bool // allowances to write in the next call
+	// dirty are the allowances to write back, each by when: at once
+	// where another instance may wait for the units, else within the
+	// last call's round trip (linger at most), or sooner with a call
+	// made anyway (a request that comes meanwhile asks in the same call).
+	dirty map[Set]time.Time
+	took  time.Duration // the last call's round trip
 	// rewrite lists every allowance to write again, and renewed is when
 	// the last such round started.
 	rewrite []Set
@@ -64,22 +69,11 @@ type newcomer struct {
 const maxWrites = 512
 
 // SetLedger makes l the zone's ledger: from then on it admits within the
-// allowances l grants. The first call must come before the zone admits
-// anything. A later one replaces the ledger by another of the same
-// instance (a reload that changed the store's options): the zone writes
-// everything it holds through the new one before it asks for more.
+// allowances l grants. Call it once, before the zone admits anything.
 func (z *Zone) SetLedger(l Ledger) {
-	if z.ledger != nil {
-		z.mu.Lock()
-		z.ledger = l
-		z.asks.epoch = l.Epoch() + 1 // written again in the next call
-		z.startAsking()
-		z.mu.Unlock()
-		return
-	}
 	z.ledger = l
 	z.asks.wake = make(chan struct{}, 1)
-	z.asks.dirty = map[Set]bool{}
+	z.asks.dirty = map[Set]time.Time{}
 	z.asks.unsure = map[string]Set{}
 	z.asks.reports = map[Set]*reported{}
 	z.asks.targets = map[Set]*target{}
@@ -113,14 +107,21 @@ func (z *Zone) startAsking() {
 }
 
 // giveBackLater takes units off set's idle allowance, to be written back
-// in the next call, and keeps spare idle there from now on. mu must be
+// (see asking.dirty), and keeps spare idle there from now on. mu must be
 // held.
 func (z *Zone) giveBackLater(set Set, units, spare int64) {
 	if units <= 0 {
 		return
 	}
+	now := z.clock.Now()
+	due := now
+	if !z.filed(set.blocker()) && !z.ledger.Tight(z.stateOf(set).name) && !z.asks.closed.Load() {
+		due = now.Add(min(z.asks.took, linger))
+	}
 	z.shrink(set, units, spare)
-	z.asks.dirty[set] = true
+	if was, ok := z.asks.dirty[set]; !ok || due.Before(was) {
+		z.asks.dirty[set] = due
+	}
 	z.startAsking()
 }
 
@@ -143,27 +144,37 @@ func (z *Zone) asker() {
 				z.mu.Unlock()
 				return
 			}
-			poll := z.pollEvery()
+			poll := z.pollEvery(z.clock.Now())
 			z.mu.Unlock()
 			z.waitForWork(poll)
 			continue
 		}
 		z.mu.Unlock()
+		start := z.clock.Now()
 		err := z.ledger.Ask(c)
 		z.mu.Lock()
+		z.asks.took = z.clock.Now().Sub(start)
 		z.answer(c, st, err)
 		z.mu.Unlock()
+		if err != nil { // not again at once: at the next request, announcement or poll
+			z.waitForWork(fleetPoll)
+		}
 	}
 }
 
-// pollEvery is how long the asker waits for news before it looks again:
-// fleetPoll while it reports (to renew the reports and ask again), else
-// linger (to give back what no request uses). mu must be held.
-func (z *Zone) pollEvery() time.Duration {
+// pollEvery is how long the asker waits at now for news before it looks
+// again: fleetPoll while it reports (to renew the reports and ask again),
+// else linger (to give back what no request uses); sooner if a write
+// back is due. mu must be held.
+func (z *Zone) pollEvery(now time.Time) time.Duration {
+	poll := linger
 	if len(z.asks.reports) > 0 || z.wanting() {
-		return fleetPoll
+		poll = fleetPoll
 	}
-	return linger
+	for _, due := range z.asks.dirty {
+		poll = max(0, min(poll, due.Sub(now)))
+	}
+	return poll
 }
 
 // waitForWork waits for something new: a request to ask for, a change
@@ -249,6 +260,7 @@ func (z *Zone) nextCall() (*fleet.Call, *sent) {
 	st.writes = z.writes(c, now)
 	order := z.order(now)
 	if len(z.asks.rewrite) > 0 { // what it holds is written first, alone
+		st.writes = z.dirtyWrites(c, now, true, st.writes)
 		return c, st
 	}
 	idle := map[Set]int64{}
@@ -284,6 +296,7 @@ func (z *Zone) nextCall() (*fleet.Call, *sent) {
 	if len(c.Writes) == 0 && len(c.Reports) == 0 && len(c.Wants) == 0 {
 		return nil, nil
 	}
+	st.writes = z.dirtyWrites(c, now, true, st.writes) // they ride along
 	for set, r := range z.asks.reports {
 		st.named[r.name] = namedSet{set: set, cap: r.cap}
 	}
@@ -293,6 +306,19 @@ func (z *Zone) nextCall() (*fleet.Call, *sent) {
 		}
 	}
 	return c, st
+}
+
+// dirtyWrites adds to c, and to sets, the write backs due at now, or all
+// of them. mu must be held.
+func (z *Zone) dirtyWrites(c *fleet.Call, now time.Time, all bool, sets []Set) []Set {
+	for set, due := range z.asks.dirty {
+		if all || !now.Before(due) {
+			c.Writes = append(c.Writes, z.writeOf(set))
+			sets = append(sets, set)
+			delete(z.asks.dirty, set)
+		}
+	}
+	return sets
 }
 
 // writes adds to c the allowances to write: those that shrank, and,
@@ -316,11 +342,7 @@ func (z *Zone) writes(c *fleet.Call, now time.Time) []Set {
 		sets = append(sets, set)
 		delete(z.asks.unsure, name)
 	}
-	for set := range z.asks.dirty {
-		c.Writes = append(c.Writes, z.writeOf(set))
-		sets = append(sets, set)
-		delete(z.asks.dirty, set)
-	}
+	sets = z.dirtyWrites(c, now, false, sets)
 	for len(z.asks.rewrite) > 0 && len(c.Writes) < maxWrites {
 		set := z.asks.rewrite[len(z.asks.rewrite)-1]
 		z.asks.rewrite = z.asks.rewrite[:len(z.asks.rewrite)-1]
@@ -487,11 +509,14 @@ func (z *Zone) answer(c *fleet.Call, st *sent, err error) {
 			}
 		case res.Outcome == Unavailable:
 			z.refuseWaiter(a.w, Unavailable, res.Dim)
-		default: // full in the fleet: it holds that room in the next calls
+		default: // full in the fleet, or in its share alone: it holds that room in the next calls
 			a.w.levels = res.Levels
 			a.w.flow.refusedBy(res.Dim)
-			a.w.flow.fleetSet = &a.sets[want.Refused-1]
-			a.w.flow.turned = now
+			for k := range a.sets {
+				if a.sets[k].Dim == res.Dim {
+					a.w.flow.fleetSet, a.w.flow.turned = &a.sets[k], now
+				}
+			}
 		}
 	}
 	if err == nil {
@@ -605,7 +630,7 @@ func (z *Zone) sweep(now int64) {
 		if a.idle() > keep {
 			z.giveBackLater(set, a.idle()-keep, min(a.spare, keep))
 		}
-		if (a.used < old || z.asks.closed.Load()) && !z.asks.dirty[set] {
+		if _, dirty := z.asks.dirty[set]; (a.used < old || z.asks.closed.Load()) && !dirty {
 			z.forget(set)
 		}
 	}
