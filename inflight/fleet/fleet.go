@@ -67,8 +67,9 @@ type Want struct {
 	Held, HeldSpare []int64
 
 	// Set by Ask: Refused is 0 if granted, else the 1-based index of the
-	// set that refused it; Levels, each set's allowances once it was
-	// decided (-1: not read); Granted, the spare granted in each.
+	// set that refused it; Levels, each set's allowances less their
+	// spares (the units in flight, as far as the ledger knows) once it
+	// was decided (-1: not read); Granted, the spare granted in each.
 	Refused int
 	Levels  []int64
 	Granted []int64

@@ -33,7 +33,8 @@ import (
 //
 // The reply: Redis's TIME (seconds, microseconds), 1 if the call was
 // stale (and nothing more), then per want 0 or the position of the set
-// that refused it, and per set its level (-1: not read) and the spare
+// that refused it, and per set its level (its allowances less their
+// spares; -1: not read) and the spare
 // granted; then the number of tables and per table its set's index, its
 // number of fields and the fields and values.
 var callScript = redis.NewScript(`
@@ -205,7 +206,7 @@ for j = 1, wants do
 		local i, cap, u = tonumber(ARGV[p]), tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2])
 		local s = sets[i]
 		local l = level(s)
-		levels[k + 1] = l
+		levels[k + 1] = l - spares(s)
 		if reserved[i] or l + u + holds(s, u) > cap then
 			refused = k + 1
 			for m = k + 2, n do levels[m] = -1 end
@@ -234,7 +235,7 @@ for j = 1, wants do
 				a.spare = a.spare + g
 			end
 			granted[k + 1] = g
-			levels[k + 1] = level(s)
+			levels[k + 1] = level(s) - spares(s)
 			dirty[i] = true
 		end
 	elseif waits then

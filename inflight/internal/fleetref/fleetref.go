@@ -179,7 +179,7 @@ func (l *Ledger) Apply(now int64, who Caller, c *fleet.Call) (notices []string, 
 		for k, name := range w.Sets {
 			s := l.sets[name]
 			level := s.level()
-			w.Levels[k] = level
+			w.Levels[k] = level - s.spares()
 			if reserved[name] || level+w.Units[k]+s.holds(me, w.Units[k]) > w.Caps[k] {
 				w.Refused = k + 1
 				for j := k + 1; j < len(w.Sets); j++ {
@@ -205,7 +205,7 @@ func (l *Ledger) Apply(now int64, who Caller, c *fleet.Call) (notices []string, 
 					a.Spare += spare
 					w.Granted[k] = spare
 				}
-				w.Levels[k] = s.level()
+				w.Levels[k] = s.level() - s.spares()
 			}
 		} else if w.Waits {
 			name := w.Sets[w.Refused-1]
