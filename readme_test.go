@@ -25,6 +25,8 @@ package caddyinflight_test
 //	                    parse, and every type, field and method shown must
 //	                    exist in inflight/limiter (docs_go_test.go).
 //	sh                  commands and their output: not checked here.
+//	packages            the package graph (docs/design.md): checked
+//	                    against go list by layout_test.go.
 //	caddyfile-layer4    a whole Caddyfile with caddy-l4's layer4 app, which
 //	                    this module does not build: adapted and validated
 //	                    by a Caddy built with caddy-l4
@@ -239,10 +241,10 @@ func documentSnippets(t *testing.T, d document, options map[string]bool) []snipp
 		case "go":
 			checkGoBlock(t, d.file, b.line, b.text)
 			continue
-		case "caddyfile-syntax", "sh", "yaml", "caddyfile-layer4":
+		case "caddyfile-syntax", "sh", "yaml", "caddyfile-layer4", "packages":
 			continue
 		default:
-			t.Errorf("%s:%d: fenced block tagged %q: tag it caddyfile, caddyfile-fragment, caddyfile-syntax, caddyfile-layer4, json, go, sh or yaml (see readme_test.go)", d.file, b.line, b.tag)
+			t.Errorf("%s:%d: fenced block tagged %q: tag it caddyfile, caddyfile-fragment, caddyfile-syntax, caddyfile-layer4, json, go, packages, sh or yaml (see readme_test.go)", d.file, b.line, b.tag)
 			continue
 		}
 		out = append(out, s)

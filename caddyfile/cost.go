@@ -7,6 +7,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 
 	"github.com/caddy-inflight/caddy-inflight/inflight"
+	"github.com/caddy-inflight/caddy-inflight/inflight/llm"
 )
 
 // parseCost reads `cost <n|placeholder>` or `cost tokens [{ ... }]`.
@@ -37,7 +38,7 @@ func parseCost(h httpcaddyfile.Helper, hd *inflight.Handler) error {
 //		include_usage                       # ask OpenAI streams for their usage
 //	}
 func parseTokens(h httpcaddyfile.Helper, hd *inflight.Handler) error {
-	t := &inflight.TokensCost{}
+	t := &llm.TokensCost{}
 	for nesting := h.Nesting(); h.NextBlock(nesting); {
 		opt := h.Val()
 		var err error

@@ -13,7 +13,9 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-inflight/caddy-inflight/inflight/core"
+	"github.com/caddy-inflight/caddy-inflight/inflight/internal/bodytest"
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
+	"github.com/caddy-inflight/caddy-inflight/inflight/llm"
 )
 
 // benchmarkKeyed is the handler's own path without HTTP around it: evaluate
@@ -65,8 +67,8 @@ func BenchmarkServeParallel(b *testing.B) {
 }
 
 // provisioned provisions h in an in-process Caddy, left running until the
-// benchmark ends.
-func provisioned(b *testing.B, h *Handler) *Handler {
+// benchmark or test ends.
+func provisioned(b testing.TB, h *Handler) *Handler {
 	b.Helper()
 	cfg := `{"admin": {"disabled": true}, "logging": {"logs": {"default": {"level": "ERROR"}}}}`
 	if err := caddy.Load([]byte(cfg), true); err != nil {
@@ -103,10 +105,10 @@ func (*discardWriter) WriteHeader(int)             {}
 func BenchmarkServeTokens(b *testing.B) {
 	answer := []byte(`{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"` +
 		strings.Repeat("lorem ipsum ", 330) + `"},"finish_reason":"stop"}],"usage":{"prompt_tokens":512,"completion_tokens":990,"total_tokens":1502}}`)
-	body := chatBody(2 << 10)
+	body := bodytest.Chat(2 << 10)
 	for _, method := range []string{http.MethodGet, http.MethodPost} {
 		b.Run(method, func(b *testing.B) {
-			h := provisioned(b, &Handler{Config: core.Config{Zone: "bench-tokens-" + method, Total: 1 << 30}, CostTokens: &TokensCost{LearnOutput: true}})
+			h := provisioned(b, &Handler{Config: core.Config{Zone: "bench-tokens-" + method, Total: 1 << 30}, CostTokens: &llm.TokensCost{LearnOutput: true}})
 			next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
 				w.Header().Set("Content-Type", "application/json")
 				_, err := w.Write(answer)

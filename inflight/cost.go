@@ -1,7 +1,6 @@
 package inflight
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -11,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
+	"github.com/caddy-inflight/caddy-inflight/inflight/llm"
 )
 
 // compileCost checks a fixed cost and compiles a placeholder one, or
@@ -21,8 +21,8 @@ func (h *Handler) compileCost() error {
 		return fmt.Errorf("cost %q and cost tokens are not allowed together: want one of them", h.Cost)
 	}
 	if t := h.CostTokens; t != nil {
-		t.setDefaults()
-		if err := t.validate(); err != nil {
+		t.SetDefaults()
+		if err := t.Check(); err != nil {
 			return err
 		}
 		return nil
@@ -85,34 +85,12 @@ func (h *Handler) parseCost(v string) (int64, error) {
 // costed reports whether requests have costs: units are not requests.
 func (h *Handler) costed() bool { return h.cost != nil || h.CostTokens != nil }
 
-// costOf returns r's cost: its estimate in tokens with cost tokens (kept
-// in a for its end), else h.cost's.
-func (h *Handler) costOf(r *http.Request, a *admission) (int64, error) {
+// costOf returns r's cost: its estimate in tokens with cost tokens, from
+// its body read (kept in a for its end), else h.cost's.
+func (h *Handler) costOf(r *http.Request, a *admission, body *llm.Body) (int64, error) {
 	if h.CostTokens == nil {
 		return h.cost(r)
 	}
-	est, err := h.estimateTokens(r)
-	a.tokens = est
-	return est.cost, err
-}
-
-// estimateTokens is cost tokens' estimate of r's cost, counting the
-// zone's learned output estimate with LearnOutput (see TokensCost). A body that cannot be
-// read is the client's doing: 499 when it left mid-body, 413 over a
-// request_body limit.
-func (h *Handler) estimateTokens(r *http.Request) (tokenEstimate, error) {
-	t := h.CostTokens
-	output, learned := t.DefaultOutput, int64(0)
-	if t.LearnOutput {
-		output, learned = h.gate.OutputEstimate(output)
-	}
-	est, err := t.estimate(r, output, learned)
-	if err == nil {
-		return est, nil
-	}
-	var tooLarge *http.MaxBytesError
-	if errors.As(err, &tooLarge) {
-		return est, caddyhttp.Error(http.StatusRequestEntityTooLarge, err)
-	}
-	return est, caddyhttp.Error(499, err)
+	a.tokens = h.meter.Estimate(r, body)
+	return a.tokens.Cost, nil
 }

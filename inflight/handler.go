@@ -18,6 +18,7 @@ import (
 
 	"github.com/caddy-inflight/caddy-inflight/inflight/core"
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
+	"github.com/caddy-inflight/caddy-inflight/inflight/llm"
 )
 
 func init() {
@@ -41,6 +42,13 @@ const totalName = "total"
 // (full, timeout, queue_full, keys_full, store_error), for use in
 // `handle_errors`. A gRPC call is refused with a gRPC status instead (see
 // GRPCStatus).
+//
+// `{http.inflight.model}` is the model an LLM request's JSON body names
+// (its top-level "model"), or `_unknown` when none can be read: a key, a
+// max, a priority, a weight or a `map` source can use it. The body is read
+// for it before the request is admitted, up to CostTokens' MaxBody (1 MiB
+// without cost tokens), only with CostTokens or when one of the handler's
+// templates names it (see llm.ReadBody).
 type Handler struct {
 	// Limits, Total, Zone, DryRun, Replicas, Wait, MaxWaiting, Priority,
 	// Fair, Weight, MaxWaitingPerKey, MaxKeys, PerKeyMetrics, PlainKeys
@@ -136,10 +144,10 @@ type Handler struct {
 	Cost string `json:"cost,omitempty"`
 
 	// CostTokens estimates each request's cost in tokens from its body,
-	// for OpenAI- and Anthropic-style JSON APIs (see TokensCost); not with
+	// for OpenAI- and Anthropic-style JSON APIs (see llm.TokensCost); not with
 	// Cost. A body that cannot be read (the client left) is answered with
 	// 499 and takes nothing.
-	CostTokens *TokensCost `json:"cost_tokens,omitempty"`
+	CostTokens *llm.TokensCost `json:"cost_tokens,omitempty"`
 
 	// LimitHeaders names the limits (and `total`) whose level each client
 	// sees, on admitted responses and refusals alike, in the fields of the
@@ -161,6 +169,7 @@ type Handler struct {
 
 	logger     *zap.Logger
 	gate       *core.Gate
+	meter      *llm.Meter        // with costs; estimates with cost tokens
 	engine     *limiter.Zone     // the zone's counts in this process
 	adaptive   *limiter.Adaptive // the zone's, with total_adaptive
 	keys       []valueFunc
@@ -170,6 +179,7 @@ type Handler struct {
 	deadline   valueFunc                          // nil without Deadline
 	cost       func(*http.Request) (int64, error) // nil: every request costs 1
 	waits      bool                               // requests may wait
+	readsBody  bool                               // with cost tokens or {http.inflight.model}: the body is read before admission
 	retryAfter string
 	retryMs    string         // a fixed retry-after-ms; "" with none or auto
 	retryAuto  bool           // retry-after-ms auto
@@ -206,10 +216,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.compileRetryAfterMs(); err != nil {
 		return fmt.Errorf("inflight: %w", err)
 	}
-	edge := core.Edge{Site: siteOf(ctx), Noun: "request", AddressKeys: addressKeys, UnitMax: true, Costs: h.costed(), Show: ShortForm, EarlyRefusal: h.EarlyRefusal, RetryHints: h.retryAuto}
-	if t := h.CostTokens; t != nil && t.LearnOutput {
-		edge.OutputCeiling = t.DefaultOutput
-	}
+	edge := core.Edge{Site: siteOf(ctx), Noun: "request", AddressKeys: addressKeys, UnitMax: true, Costs: h.costed(), Show: ShortForm, EarlyRefusal: h.EarlyRefusal, RetryHints: h.retryAuto, Metrics: llm.Collectors()}
 	if at := h.TotalAdaptive; at != nil {
 		cfg := at.config()
 		edge.Adaptive = &cfg
@@ -217,6 +224,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	var err error
 	if h.gate, err = core.Join(ctx, &h.Config, edge); err != nil {
 		return err
+	}
+	if h.costed() {
+		h.meter = llm.Join(h.gate, h.CostTokens)
 	}
 	h.compile()
 	return nil
@@ -245,6 +255,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	defer h.recycle(a) // deferred first, so it runs after the release
 	t := &a.ticket
 
+	body, err := h.readModel(r, a)
+	if err != nil {
+		return err
+	}
 	for i, key := range h.keys {
 		t.Req.Keys[i] = key(r)
 		if h.maxes[i] == nil || t.Req.Keys[i] == "" {
@@ -257,7 +271,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		t.Req.Max[i] = max
 	}
 	if h.costed() {
-		cost, err := h.costOf(r, a)
+		cost, err := h.costOf(r, a, &body)
 		if err != nil {
 			return err
 		}
@@ -345,6 +359,7 @@ func (h *Handler) compile() {
 	if h.Fair != "" && h.Weight != "" {
 		h.weight = compileTemplate(h.Weight)
 	}
+	h.readsBody = h.CostTokens != nil || h.namesModel()
 	h.waits = h.Wait > 0 && !h.DryRun
 	if h.Deadline != "" && h.waits {
 		h.deadline = compileTemplate(h.Deadline)
@@ -399,13 +414,15 @@ type admission struct {
 	watch  bodyWatch
 	// measured wraps the response writer, with total_adaptive.
 	measured measuredWriter
-	// tokens is the request's estimate, and usage reads the usage its
-	// response reports (made at its first use), with cost tokens.
-	tokens tokenEstimate
-	usage  *usageWriter
+	// model is {http.inflight.model}, when the body is read; tokens is
+	// the request's estimate, and usage reads the usage its response
+	// reports (made at its first use), with cost tokens.
+	model  string
+	tokens llm.Estimate
+	usage  *llm.Writer
 	// Fill a 384-byte size class, whose objects start on cache lines:
 	// requests admitted on different cores then never write one line.
-	_ [384 - unsafe.Sizeof(core.Ticket{}) - unsafe.Sizeof(bodyWatch{}) - unsafe.Sizeof(measuredWriter{}) - unsafe.Sizeof(tokenEstimate{}) - unsafe.Sizeof(&usageWriter{})]byte
+	_ [384 - unsafe.Sizeof(core.Ticket{}) - unsafe.Sizeof(bodyWatch{}) - unsafe.Sizeof(measuredWriter{}) - unsafe.Sizeof("") - unsafe.Sizeof(llm.Estimate{}) - unsafe.Sizeof(&llm.Writer{})]byte
 }
 
 // watchBody runs when a's request is queued: its client is watched while
@@ -422,9 +439,9 @@ func (h *Handler) recycle(a *admission) {
 	a.ticket.Reset()
 	a.watch.r, a.watch.body = nil, nil
 	a.measured = measuredWriter{}
-	a.tokens = tokenEstimate{}
+	a.model, a.tokens = "", llm.Estimate{}
 	if a.usage != nil {
-		a.usage.reset()
+		a.usage.Reset()
 	}
 	h.admissions.Put(a)
 }

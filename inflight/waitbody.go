@@ -5,15 +5,13 @@ import (
 	"net/http"
 	"sync/atomic"
 	"time"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/internal/replay"
 )
 
 // DefaultWaitBodyBuffer is how much of a waiting request's body is read
 // ahead while it waits, unless `wait_body_buffer` says otherwise.
 const DefaultWaitBodyBuffer = 64 << 10
-
-// firstAheadBuffer is the first buffer for a body of unknown length; it
-// doubles up to the bound as the body comes.
-const firstAheadBuffer = 4 << 10
 
 // mustWatchBody reports whether a waiting request's client can leave
 // unnoticed unless its body is read: an HTTP/1.x request with a body.
@@ -57,10 +55,10 @@ func (bw *bodyWatch) start() {
 // anyway, so a stream that sends a little and waits for an answer is not
 // held up.
 type waitBody struct {
-	// replayBody's read and err are written before done is closed, read
+	// Body's Ahead and Err are written before done is closed, read
 	// after: the bytes read ahead, and what ended reading ahead, if not
 	// the bound.
-	replayBody
+	replay.Body
 	stop atomic.Bool   // read no further ahead
 	done chan struct{} // closed when reading ahead has ended
 }
@@ -69,8 +67,8 @@ type waitBody struct {
 // exactly the body's length plus one (to see its end) when that is less,
 // else grown by doubling as the body comes.
 func readAhead(body io.ReadCloser, length int64, limit int) *waitBody {
-	b := &waitBody{replayBody: replayBody{ReadCloser: body}, done: make(chan struct{})}
-	size := min(firstAheadBuffer, limit)
+	b := &waitBody{Body: replay.Body{ReadCloser: body}, done: make(chan struct{})}
+	size := min(replay.FirstBuffer, limit)
 	if length > 0 {
 		size = int(min(length+1, int64(limit)))
 	}
@@ -92,17 +90,17 @@ func (b *waitBody) fill(buf []byte, limit int) {
 		n, err := b.ReadCloser.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
 		if err != nil {
-			b.err = err
+			b.Err = err
 			break
 		}
 	}
-	b.read = buf
+	b.Ahead = buf
 }
 
 // Read returns the bytes read ahead, then the rest of the body.
 func (b *waitBody) Read(p []byte) (int, error) {
 	<-b.done
-	return b.replayBody.Read(p)
+	return b.Body.Read(p)
 }
 
 // end stops reading ahead and returns once it has stopped: a body must not

@@ -8,22 +8,16 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
-)
 
-func patterned(n int) []byte {
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = byte(i * 7)
-	}
-	return b
-}
+	"github.com/caddy-inflight/caddy-inflight/inflight/internal/bodytest"
+)
 
 // readAll waits until reading ahead has stopped, reports the buffer it
 // used, and returns the whole body as the next handler reads it.
 func readAll(t *testing.T, wb *waitBody) (body []byte, buffered int, err error) {
 	t.Helper()
 	<-wb.done
-	buffered = cap(wb.read)
+	buffered = cap(wb.Ahead)
 	wb.stop.Store(true)
 	body, err = io.ReadAll(wb)
 	return body, buffered, err
@@ -31,14 +25,14 @@ func readAll(t *testing.T, wb *waitBody) (body []byte, buffered int, err error) 
 
 func TestWaitBodyShorterThanBound(t *testing.T) {
 	for _, length := range []int64{1000, -1} { // Content-Length, chunked
-		want := patterned(1000)
+		want := bodytest.Patterned(1000)
 		wb := readAhead(io.NopCloser(bytes.NewReader(want)), length, 64<<10)
 		got, buffered, err := readAll(t, wb)
 		if err != nil || !bytes.Equal(got, want) {
 			t.Fatalf("length %d: read %d bytes (%v), want the %d sent", length, len(got), err, len(want))
 		}
-		if wb.err != io.EOF {
-			t.Fatalf("length %d: reading ahead ended with %v, want the body's end", length, wb.err)
+		if wb.Err != io.EOF {
+			t.Fatalf("length %d: reading ahead ended with %v, want the body's end", length, wb.Err)
 		}
 		if length > 0 && buffered != 1001 {
 			t.Fatalf("length %d: buffer of %d bytes, want the length plus one", length, buffered)
@@ -49,14 +43,14 @@ func TestWaitBodyShorterThanBound(t *testing.T) {
 func TestWaitBodyLongerThanBound(t *testing.T) {
 	const limit = 10000
 	for _, length := range []int64{1 << 20, -1} {
-		want := patterned(1 << 20)
+		want := bodytest.Patterned(1 << 20)
 		wb := readAhead(io.NopCloser(bytes.NewReader(want)), length, limit)
 		got, buffered, err := readAll(t, wb)
 		if err != nil || !bytes.Equal(got, want) {
 			t.Fatalf("length %d: read %d bytes (%v), want the %d sent", length, len(got), err, len(want))
 		}
-		if buffered != limit || wb.err != nil {
-			t.Fatalf("length %d: read ahead into %d bytes, ended with %v; want exactly the bound %d, no end", length, buffered, wb.err, limit)
+		if buffered != limit || wb.Err != nil {
+			t.Fatalf("length %d: read ahead into %d bytes, ended with %v; want exactly the bound %d, no end", length, buffered, wb.Err, limit)
 		}
 	}
 }

@@ -287,6 +287,6 @@ func TestDeadlineEarlyRefusalPrecision(t *testing.T) {
 	t.Logf("%d arrivals: early refusal on: %d refused early, %d refused after waiting; off: %d timed out. Precision %d/%d = %.1f %%, recall %d/%d = %.1f %%",
 		len(as), early, lateRefusalsOn, timedOut, earlyTimedOut, early, 100*precision, earlyTimedOut, timedOut, 100*float64(earlyTimedOut)/float64(max(timedOut, 1)))
 	if precision < 0.90 {
-		t.Errorf("precision %.1f %%: want at least 90 %% (the aim of docs/waiting.md)", 100*precision)
+		t.Errorf("precision %.1f %%: want at least 90 %% of the requests refused early to have timed out with early refusal off (the bound docs/waiting.md states)", 100*precision)
 	}
 }

@@ -64,18 +64,11 @@ func TestExampleCaddyfile(t *testing.T) {
 // 64,000 hold, so the total fills; see llmShares.
 func TestExampleLLMGateway(t *testing.T) {
 	t.Run("a big prompt holds back only its own tenant", func(t *testing.T) {
-		model := newBackendAt(t, "127.0.0.1:11434")
-		loadExample(t, "llm-gateway.Caddyfile")
-		c := client("127.0.0.1")
-		const admin = "127.0.0.1:2019"
-		units := func(limit string) float64 {
-			return metricAt(t, admin, "caddy_inflight_units", `zone="model"`, `limit="`+limit+`"`)
-		}
-		waiting := func() float64 { return metricAt(t, admin, "caddy_inflight_waiting", `zone="model"`) }
+		model, c, units, waiting := llmGateway(t)
 		// post sends a chat request and returns its result and the tokens
 		// the gateway estimates for it: ceil(body bytes / 4) + max_tokens.
 		post := func(key string, prompt, maxTokens int) (chan result, int) {
-			body := fmt.Sprintf(`{"model":"m","max_tokens":%d,"messages":[{"role":"user","content":"%s"}]}`, maxTokens, strings.Repeat("x", prompt))
+			body := fmt.Sprintf(`{"model":"llama3.1:70b","max_tokens":%d,"messages":[{"role":"user","content":"%s"}]}`, maxTokens, strings.Repeat("x", prompt))
 			done := make(chan result, 1)
 			go func() {
 				req, _ := http.NewRequest("POST", "http://127.0.0.1:8090/stream", strings.NewReader(body))
@@ -126,7 +119,72 @@ func TestExampleLLMGateway(t *testing.T) {
 		}
 		eventually(t, "no token left in flight", func() bool { return units("total") == 0 && waiting() == 0 })
 	})
+	t.Run("each model has its own budget", llmModelBudgets)
 	t.Run("busy tenants share the model by weight in token-seconds", llmShares)
+}
+
+// llmGateway runs the example in front of a model that holds /stream
+// requests until it opens, and returns the model, a client, and the units
+// the zone holds in a limit and the requests waiting in it.
+func llmGateway(t *testing.T) (*backend, *http.Client, func(limit string) float64, func() float64) {
+	model := newBackendAt(t, "127.0.0.1:11434")
+	loadExample(t, "llm-gateway.Caddyfile")
+	const admin = "127.0.0.1:2019"
+	units := func(limit string) float64 {
+		return metricAt(t, admin, "caddy_inflight_units", `zone="model"`, `limit="`+limit+`"`)
+	}
+	waiting := func() float64 { return metricAt(t, admin, "caddy_inflight_waiting", `zone="model"`) }
+	return model, client("127.0.0.1"), units, waiting
+}
+
+// llmModelBudgets: the models a request body names have budgets of their
+// own beside the tenants': two llama3.1:8b requests of 7,000 tokens fill
+// most of its 16,000, so a third waits though its tenant and the upstream
+// have room, while a llama3.1:70b request of the same tenant goes through
+// at once; requests naming models the map does not list, or none, share
+// the default budget of 4,000: one of 3,000 goes through, and the next,
+// under another name or none, waits.
+func llmModelBudgets(t *testing.T) {
+	model, c, units, waiting := llmGateway(t)
+	// stream sends a chat request of exactly tokens tokens by the
+	// gateway's estimate (ceil(body bytes / 4) + max_tokens) for name,
+	// "" naming no model.
+	stream := func(name string, tokens int) chan result {
+		field := ""
+		if name != "" {
+			field = `"model":"` + name + `",`
+		}
+		body := func(maxTokens int) string {
+			return fmt.Sprintf(`{%s"max_tokens":%d,"messages":[{"role":"user","content":"hi"}]}`, field, maxTokens)
+		}
+		payload := body(tokens - (len(body(1000))+3)/4) // the same length for 4 digits
+		done := make(chan result, 1)
+		go func() {
+			done <- post(context.Background(), c, "http://127.0.0.1:8090/stream", payload, "Authorization", "Bearer key-interactive")
+		}()
+		return done
+	}
+	var all []chan result
+	for range 2 {
+		all = append(all, stream("llama3.1:8b", 7000))
+	}
+	eventually(t, "two llama3.1:8b requests at the model", func() bool { return model.cur.Load() == 2 })
+	all = append(all, stream("llama3.1:8b", 7000))
+	eventually(t, "the third llama3.1:8b request waits: 21,000 tokens are over its 16,000", func() bool { return waiting() == 1 })
+	all = append(all, stream("llama3.1:70b", 7000), stream("mistral", 3000))
+	eventually(t, "the llama3.1:70b request, and one naming an unlisted model, go through beside them", func() bool { return model.cur.Load() == 4 })
+	if got, want := units("model"), float64(2*7000+7000+3000); got != want || waiting() != 1 {
+		t.Fatalf("the model limit holds %v tokens with %v waiting, want %v and only the third llama3.1:8b request", got, waiting(), want)
+	}
+	all = append(all, stream("mixtral", 3000), stream("", 3000))
+	eventually(t, "requests naming another unlisted model, and none, wait: the 3,000 held are in their budget too", func() bool { return waiting() == 3 })
+	model.open()
+	for _, d := range all {
+		if r := <-d; r.err != nil || r.status != 200 || !strings.Contains(r.body, "data: end") {
+			t.Fatalf("stream: %d %q %v", r.status, r.body, r.err)
+		}
+	}
+	eventually(t, "no token left in flight", func() bool { return units("total") == 0 && waiting() == 0 })
 }
 
 // llmRequest is a chat request of exactly tokens tokens by the gateway's
@@ -134,7 +192,7 @@ func TestExampleLLMGateway(t *testing.T) {
 func llmRequest(tokens int) string {
 	prompt := strings.Repeat("x", 400)
 	body := func(maxTokens int) string {
-		return fmt.Sprintf(`{"model":"m","max_tokens":%d,"messages":[{"role":"user","content":"%s"}]}`, maxTokens, prompt)
+		return fmt.Sprintf(`{"model":"llama3.1:70b","max_tokens":%d,"messages":[{"role":"user","content":"%s"}]}`, maxTokens, prompt)
 	}
 	maxTokens := tokens - (len(body(1000))+3)/4 // the same length for 4 digits
 	return body(maxTokens)

@@ -67,11 +67,14 @@ func (g *tokenGauge) advance(now time.Time) {
 	g.last = now
 }
 
-// restart forgets the peak and the mean so far: a measured phase begins.
-func (g *tokenGauge) restart() {
+// restart forgets the peak and the mean so far, and returns that peak: a
+// measured phase begins.
+func (g *tokenGauge) restart() (peak int64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	peak = g.peak
 	g.start, g.last, g.area, g.peak = time.Now(), time.Now(), 0, g.cur
+	return peak
 }
 
 // now returns the tokens in flight.

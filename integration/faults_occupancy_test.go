@@ -16,7 +16,7 @@ const occupancyHold = 200 * time.Millisecond
 // backend holds while its requests queue, with Redis a round trip L away
 // (L/2 each way, through a fault proxy per instance). A slot a request
 // frees goes to a waiter of its instance in the call that removes its
-// lease (docs/fleet.md, "Hand-offs"): one round trip, so each hand-off
+// lease (docs/fleet-guarantees.md, "A hand-off costs one round trip"): one round trip, so each hand-off
 // leaves the slot idle about L, and the backend holds hold/(hold+L) of the
 // cap (wanted: 90% of it, for the machine). Two cases:
 //   - busy: three instances, 4 clients each without pause under a cap of 6:

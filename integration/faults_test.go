@@ -98,7 +98,7 @@ func startFaultFleet(t *testing.T, site faultSite, c caps, addrs ...string) *fau
 	}
 	// A waiter's wait outlasts what admitting it may take with Redis 100 ms
 	// away (the latency case): a release notice, the zone's call under way
-	// and its own, each a round trip (group commit, docs/fleet.md).
+	// and its own, each a round trip (group commit, docs/fleet.md, "How it works").
 	site.lease, site.timeout, site.wait = e.timing.lease, storeTimeout, 600*time.Millisecond
 	site.tenantMax, site.total = c.tenant, c.total
 	var sites []faultSite

@@ -178,7 +178,7 @@ func redisNow(t *testing.T, rc *redis.Client) int64 {
 // (caddy_inflight_store_seconds): within its 1s bucket, below go-redis's
 // own 3s read and 5s dial timeouts that apply when the timeout does not.
 // Measured against a frozen Redis: 201 to 205 ms, 370 ms with -race on two
-// cores kept busy (docs/fleet.md).
+// cores kept busy (docs/performance.md, "Exact caps and recovery").
 func TestRedisDown(t *testing.T) {
 	for _, tc := range []struct{ onError, fault string }{{"open", "killed"}, {"closed", "killed"}, {"open", "frozen"}, {"closed", "frozen"}} {
 		t.Run(tc.onError+"/"+tc.fault, func(t *testing.T) {

@@ -65,8 +65,9 @@ func usageBackend(t *testing.T) string {
 // TestTokenUsageReported: the usage OpenAI- and Anthropic-shaped backends
 // report, whole and streamed, reaches the access log's placeholders and
 // the metrics, with nothing read from a stream cut short nor from text a
-// client can make a model write; the learned output estimate starts at
-// the 100th report, and the next request is estimated with it.
+// client can make a model write; the learned output estimate, the zone's
+// and its one model's, is the 90th percentile from the 100th report, and
+// the next request is estimated with it.
 func TestTokenUsageReported(t *testing.T) {
 	for _, store := range []string{"memory", "redis"} {
 		t.Run(store, func(t *testing.T) {
@@ -142,7 +143,7 @@ func TestTokenUsageReported(t *testing.T) {
 				t.Errorf("caddy_inflight_usage_ratio_count = %v, want 4 (the cut stream and the GET report nothing)", got)
 			}
 			if got := metric(t, "caddy_inflight_output_estimate_tokens", `zone="`+zone+`"`); got != 2000 {
-				t.Errorf("output estimate before 100 reports: %v, want default_output 2000", got)
+				t.Errorf("output estimate before 25 reports: %v, want default_output 2000, and no model's series", got)
 			}
 
 			// 96 more reports of 1..96 output tokens: 100 in all (46, 7,
@@ -155,8 +156,28 @@ func TestTokenUsageReported(t *testing.T) {
 			eventually(t, "the 100th report counted", func() bool {
 				return metric(t, "caddy_inflight_usage_ratio_count", `zone="`+zone+`"`) == 100
 			})
-			if got := metric(t, "caddy_inflight_output_estimate_tokens", `zone="`+zone+`"`); got != 87 {
-				t.Errorf("output estimate after 100 reports: %v, want their 90th percentile, 87", got)
+			for _, model := range []string{"", "m"} { // the zone's, and the model's: every request names m
+				if got := metric(t, "caddy_inflight_output_estimate_tokens", `zone="`+zone+`"`, `model="`+model+`"`); got != 87 {
+					t.Errorf("output estimate of model %q after 100 reports: %v, want their 90th percentile, 87", model, got)
+				}
+			}
+			var state struct {
+				Zones []struct {
+					Zone  string
+					Usage struct{ Models []map[string]any }
+				}
+			}
+			if err := json.Unmarshal([]byte(adminGet(t, "/inflight/")), &state); err != nil {
+				t.Fatal(err)
+			}
+			models := "no zone " + zone
+			for _, z := range state.Zones {
+				if z.Zone == zone {
+					models = fmt.Sprint(z.Usage.Models)
+				}
+			}
+			if want := `[map[learned:true model:m output_estimate:87 reports:100]]`; models != want {
+				t.Errorf("GET /inflight/: usage.models %s, want %s", models, want)
 			}
 			post("/openai", "1")
 			lines := accessLines(t, logFile)
@@ -167,7 +188,7 @@ func TestTokenUsageReported(t *testing.T) {
 			// A reload keeps the zone, and what it learnt.
 			reloaded := strings.Replace(config, "total 100000", "total 90000", 1)
 			load(t, reloaded)
-			if got := metric(t, "caddy_inflight_output_estimate_tokens", `zone="`+zone+`"`); got != 87 {
+			if got := metric(t, "caddy_inflight_output_estimate_tokens", `zone="`+zone+`"`, `model="m"`); got != 87 {
 				t.Errorf("output estimate after a reload: %v, want 87 as learnt", got)
 			}
 			eventually(t, "no unit held once every request ended", func() bool {

@@ -81,8 +81,8 @@ type ZoneState struct {
 	Cost *CostState `json:"cost,omitempty"`
 	// Usage sums up the tokens models reported against the estimates,
 	// for requests with cost tokens that reported theirs, and gives the
-	// output estimate with default_output auto.
-	Usage *UsageState `json:"usage,omitempty"`
+	// output estimate with default_output auto (llm.UsageState).
+	Usage any `json:"usage,omitempty"`
 	// Refused counts the zone's refusals by reason (full, timeout,
 	// queue_full, keys_full, store_error, dry_run) since it was made;
 	// reasons with none are left out.

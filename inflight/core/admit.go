@@ -39,12 +39,10 @@ type Gate struct {
 	rejected    map[string][]prometheus.Counter // reason -> per dimension, total last
 	waited      [limiter.Aborted + 1]prometheus.Observer
 	costs       costObserver
-	usage       usageMetrics // with costs
-	learns      bool         // the zone learns its output estimate from this gate's reports
-	badValues   BadValues    // of the weight template
-	refusedLog  string       // the debug line of a refusal
-	early       bool         // refuse units with deadlines early
-	countGrants bool         // count the zone's releases (early refusal, retry hints)
+	badValues   BadValues // of the weight template
+	refusedLog  string    // the debug line of a refusal
+	early       bool      // refuse units with deadlines early
+	countGrants bool      // count the zone's releases (early refusal, retry hints)
 }
 
 // Ticket is one unit's way through a gate. Before Admit the edge sets the

@@ -45,10 +45,9 @@ type Edge struct {
 	// RetryHints says that the edge asks RetryHint when it refuses a
 	// unit; the gate then counts the zone's releases.
 	RetryHints bool
-	// OutputCeiling, if positive, has the zone learn the output estimate
-	// of units that name none (OutputEstimate), never above it, from the
-	// usage the edge reports (ReportUsage).
-	OutputCeiling int64
+	// Metrics are the edge's own collectors, registered with the gate's
+	// in each config's metrics registry.
+	Metrics []prometheus.Collector
 }
 
 // Join checks cfg, applying its defaults, and joins its zone, shared with
@@ -74,7 +73,7 @@ func Join(ctx caddy.Context, cfg *Config, edge Edge) (*Gate, error) {
 		return g, fmt.Errorf("inflight: getting events app: %v", err)
 	}
 	g.events = eventsApp.(*caddyevents.App)
-	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
+	if err := registerMetrics(ctx.GetMetricsRegistry(), edge.Metrics); err != nil {
 		return g, fmt.Errorf("inflight: registering metrics: %v", err)
 	}
 	if err := g.joinZone(ctx, edge); err != nil {
@@ -89,9 +88,6 @@ func Join(ctx caddy.Context, cfg *Config, edge Edge) (*Gate, error) {
 	g.initMetrics()
 	g.zone.keyDisplay.Store(g.keyDisplay())
 	g.zone.view.Store(g.view())
-	if edge.Costs {
-		g.zone.outputs.ceiling.Store(edge.OutputCeiling)
-	}
 	g.zone.Adopt(g.limits)
 	for _, n := range cfg.Notices() {
 		n.Log(g.logger)
@@ -140,7 +136,6 @@ func (g *Gate) compile(edge Edge) {
 		g.addresses[i] = slices.Contains(edge.AddressKeys, l.Key)
 	}
 	g.costed = edge.Costs
-	g.learns = edge.OutputCeiling > 0
 	g.early = edge.EarlyRefusal && !c.DryRun
 	g.countGrants = (edge.EarlyRefusal || edge.RetryHints) && !c.DryRun
 	g.classed = c.Priority != ""
@@ -205,11 +200,5 @@ func (g *Gate) initMetrics() {
 	}
 	if g.costed {
 		g.costs = costObserver{requestCost.WithLabelValues(g.label), &g.zone.units}
-		g.usage = usageMetrics{
-			input:  reportedTokens.WithLabelValues(g.label, "input"),
-			cached: reportedTokens.WithLabelValues(g.label, "cached"),
-			output: reportedTokens.WithLabelValues(g.label, "output"),
-			ratio:  usageRatio.WithLabelValues(g.label),
-		}
 	}
 }

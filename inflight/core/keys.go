@@ -14,11 +14,11 @@ func redact(key string) string {
 	return "h:" + hex.EncodeToString(sum[:6])
 }
 
-// labelValue returns key as a metric label value, which must be valid
+// LabelValue returns key as a metric label value, which must be valid
 // UTF-8, one to one: a byte that is not valid UTF-8 is written as \xNN and
 // a backslash as \\, so no key reads as another; a key that reads as
 // overflowKey is written \x5foverflow.
-func labelValue(key string) string {
+func LabelValue(key string) string {
 	if key == overflowKey {
 		return `\x5f` + key[1:]
 	}

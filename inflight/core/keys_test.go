@@ -16,9 +16,9 @@ func TestLabelValuesAreValidUTF8(t *testing.T) {
 		`\xff`:           `\\xff`, // the text, not the byte
 		overflowKey:      `\x5foverflow`,
 	} {
-		got := labelValue(key)
+		got := LabelValue(key)
 		if got != want || !utf8.ValidString(got) {
-			t.Errorf("labelValue(%q) = %q, want %q", key, got, want)
+			t.Errorf("LabelValue(%q) = %q, want %q", key, got, want)
 		}
 	}
 }
@@ -38,7 +38,7 @@ func TestLabelValuesAreOneToOne(t *testing.T) {
 	}
 	seen := map[string]string{}
 	for _, key := range keys {
-		label := labelValue(key)
+		label := LabelValue(key)
 		if other, ok := seen[label]; ok && other != key {
 			t.Fatalf("keys %q and %q both read %q", other, key, label)
 		}

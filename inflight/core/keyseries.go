@@ -77,7 +77,7 @@ type keyWaits struct {
 // keyLabel is how g's per-key series show key.
 func (g *Gate) keyLabel(key string) string {
 	if g.cfg.PlainKeys {
-		return labelValue(key)
+		return LabelValue(key)
 	}
 	return redact(key)
 }

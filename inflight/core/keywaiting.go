@@ -62,7 +62,7 @@ func (z *zone) waitingKeys() []keyWaiting {
 			case keysHashed:
 				label = redact(kw.Key)
 			case keysPlain:
-				label = labelValue(kw.Key)
+				label = LabelValue(kw.Key)
 			}
 			out = append(out, keyWaiting{Limit: name, Key: label, Waiting: kw.Waiting})
 		}

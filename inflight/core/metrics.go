@@ -54,7 +54,6 @@ func (stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- waitingDesc
 	ch <- waitingUnitsDesc
 	ch <- keyWaitingDesc
-	ch <- outputEstimateDesc
 	for _, d := range adaptiveDescs {
 		ch <- d
 	}
@@ -67,12 +66,8 @@ func (stateCollector) Collect(ch chan<- prometheus.Metric) {
 	waiting := map[string]load{}
 	keyWaiting := map[[3]string]int64{}
 	adaptive := map[string]*limiter.Adaptive{}
-	estimated := map[string]bool{}
 	now := time.Now()
 	eachZone(func(z *zone, retired bool) {
-		if !retired {
-			collectOutputEstimate(ch, z, estimated)
-		}
 		z.sweepKeyWaits(now)
 		if a := z.adaptive.current(); a != nil && !retired && adaptive[z.label] == nil {
 			adaptive[z.label] = a
@@ -106,13 +101,14 @@ func (stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// registerMetrics adds the collectors to a config's registry; the same
-// collectors registered twice in one config (two handlers) is not an error.
-func registerMetrics(reg *prometheus.Registry) error {
+// registerMetrics adds the collectors, and the edge's, to a config's
+// registry; the same collectors registered twice in one config (two
+// handlers) is not an error.
+func registerMetrics(reg *prometheus.Registry, edge []prometheus.Collector) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range append(storestatus.Collectors(), rejectedTotal, waitSeconds, requestCost, reportedTokens, usageRatio, keyRequests, keyWaitSeconds, keyGivenSeconds, stateCollector{}) {
+	for _, c := range append(append(storestatus.Collectors(), edge...), rejectedTotal, waitSeconds, requestCost, keyRequests, keyWaitSeconds, keyGivenSeconds, stateCollector{}) {
 		if err := reg.Register(c); err != nil {
 			if _, ok := errors.AsType[prometheus.AlreadyRegisteredError](err); !ok {
 				return err

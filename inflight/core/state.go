@@ -218,7 +218,9 @@ func extendState(st *ZoneState, z *zone) {
 	}
 	if v.costs {
 		st.Cost = ptr(z.units.state())
-		st.Usage = z.outputs.state()
+		if x := z.extension.get(); x != nil {
+			st.Usage = x.State()
+		}
 	}
 	for i := range st.Limits {
 		if i < len(v.max) {

@@ -42,9 +42,8 @@ type zone struct {
 	// its retry hints told (see RetryHint).
 	grants  grantRate
 	retries retrySchedule
-	// outputs learns the output estimate of requests in tokens, and sums
-	// up the usage they reported.
-	outputs outputLearner
+	// extension is what an edge keeps with the zone (Extension).
+	extension extensionSlot
 	// ledger keeps the zone's counts for a fleet, if it has a store, and
 	// through is what the engine asks: ledger, put behind it again by a
 	// reload that changed the store's options. Guarded by ledgerMu.

@@ -251,38 +251,33 @@ func (z *Zone) HasTotal() bool { return z.hasTotal }
 // any waiter that l now lets in (a raised max admits at once).
 func (z *Zone) Adopt(l *Limits) {
 	z.latest.Store(l)
-	z.retryAll()
+	z.retry(true)
 }
 
 // Kick retries the waiters the total holds back: after a cap read on
 // every admission (an adaptive total) went up.
-func (z *Zone) Kick() {
-	if z.pending.Load() == 0 {
-		return
-	}
-	z.mu.Lock()
-	z.freed = append(z.freed, blocker{total: true})
-	z.dispatch()
-	z.mu.Unlock()
-}
+func (z *Zone) Kick() { z.retry(false) }
 
 // Retire marks l as replaced (its handler was unloaded): waiters that hold l
 // move to the zone's latest limits, which may admit them.
 func (z *Zone) Retire(l *Limits) {
 	l.retired.Store(true)
 	z.latest.CompareAndSwap(l, nil)
-	z.retryAll()
+	z.retry(true)
 }
 
-// retryAll serves every blocker again, after the caps changed.
-func (z *Zone) retryAll() {
+// retry serves the waiters the total holds back again, and with keys
+// (after the caps changed) those every key holds back.
+func (z *Zone) retry(keys bool) {
 	if z.pending.Load() == 0 {
 		return
 	}
 	z.mu.Lock()
 	z.freed = append(z.freed, blocker{total: true})
-	for key := range z.blocked {
-		z.freed = append(z.freed, blocker{key: key})
+	if keys {
+		for key := range z.blocked {
+			z.freed = append(z.freed, blocker{key: key})
+		}
 	}
 	z.dispatch()
 	z.mu.Unlock()

@@ -360,13 +360,16 @@ func TestLivePageChartsUnitsWithCosts(t *testing.T) {
 // at 1,040 tokens each (61 bytes: 16, plus the default 1,024) that
 // reported 130 + 390 and 130 + 1,000 read 1,650 ÷ 2,080 = 0.79, one of the
 // two (50 %) over its estimate, and the output estimate (not learnt yet:
-// default_output).
+// default_output). Then 25 requests of another model, each reporting 50
+// output tokens: that model's own estimate is learnt, 50, and shown beside
+// it, while the zone's, from all 27 reports, is the conservative one, the
+// largest, 1,000; the first model, with 2 reports, is not shown.
 func TestLivePageShowsTokenUsage(t *testing.T) {
 	model := serveModel(t)
 	site := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
 	loadWithPage(t, site, "total 64000\ncost tokens {\n\tdefault_output auto\n}\nzone tokens", model)
-	body := `{"model":"m","messages":[{"role":"user","content":"hello!"}]}` // 61 bytes
-	for _, out := range []string{"390", "1000"} {
+	ask := func(name, out string) {
+		body := `{"model":"` + name + `","messages":[{"role":"user","content":"hello!"}]}` // 61 bytes with model m
 		req, _ := http.NewRequest("POST", site+"/v1/chat/completions", strings.NewReader(body))
 		req.Header.Set("X-Output", out)
 		resp, err := http.DefaultClient.Do(req)
@@ -376,20 +379,32 @@ func TestLivePageShowsTokenUsage(t *testing.T) {
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 	}
+	ask("m", "390")
+	ask("m", "1000")
 	ctx := browser(t)
 	if err := chromedp.Do(ctx, chromedp.Navigate(site+"/inflight/")); err != nil {
 		t.Fatal(err)
 	}
-	for name, want := range map[string]string{
-		"usage-reports": "2", "usage-ratio": "0.79", "usage-over": "50.0 %", "output-estimate": "1024 (default)",
-	} {
-		js := fmt.Sprintf(`(() => { const e = document.querySelector('[data-zone="tokens"] [data-field=%q]'); return e ? e.textContent : '' })()`, name)
-		var got string
-		eventually(t, within, "the page shows "+name+" "+want, func() bool {
-			got, _ = chromedp.Run(ctx, chromedp.Evaluate[string](js))
-			return got == want
-		})
+	shows := func(fields map[string]string) {
+		t.Helper()
+		for name, want := range fields {
+			js := fmt.Sprintf(`(() => { const e = document.querySelectorAll('[data-zone="tokens"] [data-field=%q]'); return [...e].map((c) => c.textContent).join('|') })()`, name)
+			var got string
+			eventually(t, within, "the page shows "+name+" "+want, func() bool {
+				got, _ = chromedp.Run(ctx, chromedp.Evaluate[string](js))
+				return got == want
+			})
+		}
 	}
+	shows(map[string]string{
+		"usage-reports": "2", "usage-ratio": "0.79", "usage-over": "50.0 %", "output-estimate": "1024 (default)", "model-name": "",
+	})
+	for range 25 {
+		ask("small", "50")
+	}
+	shows(map[string]string{
+		"usage-reports": "27", "output-estimate": "1000 (learned)", "model-name": "small", "model-reports": "25", "model-estimate": "50 (learned)",
+	})
 }
 
 // serveModel answers chat completions as an OpenAI model would, reporting

@@ -178,6 +178,16 @@
       [row([td(u.reports, 'usage-reports'), td(ratio, 'usage-ratio'), td(over, 'usage-over'), td(est, 'output-estimate')])]);
   }
 
+  // modelsTable shows the output estimate of each model with 20 reports
+  // or more: its own once learnt, else the zone's, which it counts.
+  function modelsTable(models) {
+    return table(['model', 'reports', 'output estimate'], models.map((m) => {
+      const name = td(m.model, 'model-name', 'key');
+      name.title = m.model;
+      return row([name, td(m.reports, 'model-reports'), td(m.output_estimate + (m.learned ? ' (learned)' : ' (zone)'), 'model-estimate')]);
+    }));
+  }
+
   function adaptiveTable(a) {
     return table(['adaptive limit', 'baseline', 'latest sample'],
       [row([td(a.limit, 'adaptive-limit'), td(ms(a.baseline_seconds), 'adaptive-baseline'), td(ms(a.sample_seconds))])]);
@@ -213,6 +223,7 @@
     if (z.adaptive) title.append(el('span', 'badge', 'adaptive total'));
     const left = el('div', '', el('h3', '', 'Slots'), capsTable(z), el('h3', '', 'Queue'), queueTable(z), el('h3', '', 'Refusals'), refusedTable(z, t.rates));
     if (z.usage) left.append(el('h3', '', 'Tokens reported'), usageTable(z.usage));
+    if (z.usage && z.usage.models) left.append(el('h3', '', 'Output estimate per model'), modelsTable(z.usage.models));
     if (z.adaptive) left.append(el('h3', '', 'Adaptive total'), adaptiveTable(z.adaptive));
     const span = Math.round((now - t.points[0].t) / 1000);
     // In units where requests have costs, as the cap is.

@@ -1,4 +1,4 @@
-package inflight
+package llm
 
 import (
 	"io"
@@ -7,11 +7,9 @@ import (
 	"sync"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-
-	"github.com/caddy-inflight/caddy-inflight/inflight/core"
 )
 
-// usageWriter passes a response through unchanged and reads the usage it
+// Writer passes a response through unchanged and reads the usage it
 // reports. It reads the body only when it can hold usage: a 2xx answer in
 // JSON or an SSE stream, not compressed. A gzip (or other encoded) body is
 // passed through unread, since inflating it would cost a decompressor per
@@ -21,7 +19,7 @@ import (
 // When the request's body was rewritten to ask for the usage report
 // (include_usage), an SSE response is filtered too, so that the client gets
 // the stream it asked for: see eventFilter.
-type usageWriter struct {
+type Writer struct {
 	caddyhttp.ResponseWriterWrapper
 	scan      usageScanner
 	events    eventFilter
@@ -33,7 +31,7 @@ type usageWriter struct {
 
 // WriteHeader decides whether the body is read at the final status; a 1xx
 // informational answer (100 Continue, 103 Early Hints) is not final.
-func (u *usageWriter) WriteHeader(code int) {
+func (u *Writer) WriteHeader(code int) {
 	if !u.decided && (code >= 200 || code == http.StatusSwitchingProtocols) {
 		u.decide(code)
 	}
@@ -42,7 +40,7 @@ func (u *usageWriter) WriteHeader(code int) {
 
 // Write passes p on, then reads what was written. When filtering, p is
 // read first, then passed on filtered as its events end.
-func (u *usageWriter) Write(p []byte) (int, error) {
+func (u *Writer) Write(p []byte) (int, error) {
 	if !u.decided {
 		u.decide(http.StatusOK)
 	}
@@ -59,7 +57,7 @@ func (u *usageWriter) Write(p []byte) (int, error) {
 
 // ReadFrom copies through Write when the body is read: the embedded
 // wrapper's ReadFrom would hand r to the underlying writer and bypass it.
-func (u *usageWriter) ReadFrom(r io.Reader) (int64, error) {
+func (u *Writer) ReadFrom(r io.Reader) (int64, error) {
 	if !u.decided {
 		u.decide(http.StatusOK)
 	}
@@ -74,31 +72,34 @@ func (u *usageWriter) ReadFrom(r io.Reader) (int64, error) {
 // Flush passes through: what it flushes is what was passed on, every
 // event that ended when filtering. It sends the headers, so the body's
 // reading is decided here if not before.
-func (u *usageWriter) Flush() {
+func (u *Writer) Flush() {
 	if !u.decided {
 		u.decide(http.StatusOK)
 	}
 	_ = http.NewResponseController(u.ResponseWriter).Flush()
 }
 
-// finish passes on the event a filtered response ended within, once the
-// response's writer has returned. A write error is not returned: the
-// client left, and the response was answered already.
-func (u *usageWriter) finish() {
+// Begin readies u for the response to a request estimated at e, written
+// to w.
+func (u *Writer) Begin(w http.ResponseWriter, e Estimate) {
+	u.ResponseWriter, u.injected = w, e.injected
+}
+
+// End passes on the event a filtered response ended within, once the
+// response's writer has returned, and returns the usage the body
+// reported, and whether it is final (see usageScanner.usage). A write
+// error is not returned: the client left, and the response was answered
+// already.
+func (u *Writer) End() (TokenUsage, bool) {
 	if u.filtering {
 		_ = u.events.finish(u.ResponseWriter.Write)
 	}
-}
-
-// usage returns the usage the body reported, and whether it is final (see
-// usageScanner.usage).
-func (u *usageWriter) usage() (core.TokenUsage, bool) {
 	return u.scan.usage()
 }
 
-// reset readies u for another response, keeping its scanner's buffer:
+// Reset readies u for another response, keeping its scanner's buffer:
 // nothing of the last response stays reachable.
-func (u *usageWriter) reset() {
+func (u *Writer) Reset() {
 	u.ResponseWriter, u.injected, u.reading, u.filtering, u.decided = nil, false, false, false, false
 	u.scan.reset()
 	u.events.reset()
@@ -106,7 +107,7 @@ func (u *usageWriter) reset() {
 
 // decide settles whether the body is read, from the final status and the
 // headers going out with it.
-func (u *usageWriter) decide(code int) {
+func (u *Writer) decide(code int) {
 	u.decided = true
 	h := u.Header()
 	u.reading = code >= 200 && code < 300 && usageMediaType(h.Get("Content-Type")) &&
@@ -130,7 +131,7 @@ func isMediaType(contentType, mt string) bool {
 	return strings.EqualFold(strings.TrimSpace(got), mt)
 }
 
-// writeOnly hides usageWriter's ReadFrom from io.CopyBuffer, which would
+// writeOnly hides Writer's ReadFrom from io.CopyBuffer, which would
 // otherwise call it again.
 type writeOnly struct{ io.Writer }
 

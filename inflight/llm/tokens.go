@@ -1,8 +1,7 @@
-package inflight
+package llm
 
 import (
 	"fmt"
-	"io"
 	"math"
 	"net/http"
 )
@@ -61,20 +60,26 @@ type TokensCost struct {
 	DefaultOutput int64 `json:"default_output,omitempty"`
 
 	// LearnOutput learns the output tokens a request counts from the
-	// output tokens the model reported, per zone: the 90th percentile of
-	// the last 1,000 reports of requests naming no output, or one at least
-	// DefaultOutput, from the 100th report on, never above DefaultOutput
-	// (Caddyfile: `default_output auto [<ceiling>]`). Once learnt, it is
-	// the output of a body naming none, and the most a body naming more
-	// counts: a max_tokens is a ceiling clients set generously (Anthropic's
-	// API requires one), not an estimate. A request may then produce more
-	// than it reserved: see docs/cost-tokens.md for what the backend
-	// really held against the cap.
+	// output tokens the model reported, per model the request bodies name
+	// ({http.inflight.model}) and per zone, from the reports of requests
+	// naming no output, or one at least DefaultOutput: from the 25th
+	// report a conservative estimate (a report at or above their 90th
+	// percentile 9 times in 10), from the 100th the 90th percentile of the
+	// last 1,000 reports, never above DefaultOutput (Caddyfile:
+	// `default_output auto [<ceiling>]`). A request naming a model without
+	// an estimate of its own counts the zone's; a zone keeps at most 64
+	// models. Once learnt, it is the output of a body naming none, and the
+	// most a body naming more counts: a max_tokens is a ceiling clients
+	// set generously (Anthropic's API requires one), not an estimate. A
+	// request may then produce more than it reserved: see
+	// docs/cost-tokens.md for what the backend really held against the
+	// cap.
 	LearnOutput bool `json:"learn_output,omitempty"`
 
-	// MaxBody is the most bytes of a body read to estimate its cost; a
-	// longer body counts its Content-Length and DefaultOutput. Up to 1 GiB.
-	// Default: 1 MiB (1048576).
+	// MaxBody is the most bytes of a body read to estimate its cost and
+	// read its model; a longer body counts its Content-Length and
+	// DefaultOutput, and its model is _unknown. Up to 1 GiB. Default: 1 MiB
+	// (1048576).
 	MaxBody int64 `json:"max_body,omitempty"`
 
 	// IncludeUsage makes OpenAI chat completions and completions streams
@@ -104,7 +109,8 @@ type TokensCost struct {
 	IncludeUsage bool `json:"include_usage,omitempty"`
 }
 
-func (t *TokensCost) setDefaults() {
+// SetDefaults sets the zero values to their defaults.
+func (t *TokensCost) SetDefaults() {
 	if t.BytesPerToken == 0 {
 		t.BytesPerToken = DefaultBytesPerToken
 	}
@@ -118,9 +124,7 @@ func (t *TokensCost) setDefaults() {
 
 // Check reports the first value that is not allowed; zero values are the
 // defaults' and allowed.
-func (t *TokensCost) Check() error { return t.validate() }
-
-func (t *TokensCost) validate() error {
+func (t *TokensCost) Check() error {
 	switch {
 	case t.BytesPerToken < 0:
 		return fmt.Errorf("inflight: cost tokens: bytes_per_token %d is not allowed: want a positive integer (0 for the default, %d)", t.BytesPerToken, DefaultBytesPerToken)
@@ -132,58 +136,34 @@ func (t *TokensCost) validate() error {
 	return nil
 }
 
-// tokenEstimate is a request's estimated cost, and whether the output
-// count its model reports teaches the learned estimate: its body named no
+// Estimate is a request's estimated cost, and whether the output count
+// its model reports teaches the learned estimate: its body named no
 // output, or one at least default_output, so that its output was free up
 // to the estimate's ceiling at least.
 //
 // injected marks a body rewritten by include_usage: its response is
 // filtered back to what the client asked for.
-type tokenEstimate struct {
-	cost     int64
+type Estimate struct {
+	Cost     int64 // in tokens
 	teaches  bool
 	injected bool
 }
 
-// estimate reads r's body (at most MaxBody bytes, MaxBody+1 when its length
-// is unknown), puts it back so that the next handler reads it byte for
-// byte (or as IncludeUsage rewrote it), and returns the estimate, counting
-// defaultOutput as the output of a body that names none, and at most
-// learned (if positive: a learned estimate) as the output of one that
-// names more.
-//
-// A read error (the client left mid-body, a
-// request_body max_size exceeded) is returned wrapped; the body then
-// returns the bytes read, then that error.
-//
-// The bytes read are in a buffer of their own, exactly the Content-Length
-// when it is below MaxBody, and not pooled: r.Body holds it until the next
-// handler has read it, and no point in the handler knows when that is
-// (http.RoundTripper may read and close a request body in a goroutine of
-// its own even after RoundTrip returned), so a buffer put back in a pool
-// could still be read. r.Body drops it once it is read.
-func (t *TokensCost) estimate(r *http.Request, defaultOutput, learned int64) (tokenEstimate, error) {
-	if r.Body == nil || r.Body == http.NoBody {
-		return tokenEstimate{cost: defaultOutput, teaches: true}, nil
-	}
-	length := r.ContentLength
-	limit, size := t.MaxBody+1, min(firstAheadBuffer, t.MaxBody+1) // one byte more shows where it ends
-	if length >= 0 {
-		limit = min(length, t.MaxBody)
-		size = limit
-	}
-	read, err := readPrefix(r.Body, size, limit)
-	replay := &replayBody{ReadCloser: r.Body, read: read, err: err}
-	r.Body = replay
+// estimate returns the estimate of a request whose body b was read
+// (ReadBody, with MaxBody), counting defaultOutput as the output of a body
+// that names none, and at most learned (if positive: a learned estimate)
+// as the output of one that names more. With IncludeUsage it may rewrite
+// r's body (includeUsage).
+func (t *TokensCost) estimate(r *http.Request, b *Body, defaultOutput, learned int64) Estimate {
 	switch {
-	case err != nil && err != io.EOF:
-		return tokenEstimate{}, fmt.Errorf("inflight: cost tokens: reading the body: %w", err)
-	case length > t.MaxBody:
-		return tokenEstimate{cost: addTokens(t.inputTokens(length), defaultOutput), teaches: true}, nil
-	case int64(len(read)) > t.MaxBody:
-		return tokenEstimate{cost: math.MaxInt64}, nil
+	case !b.present:
+		return Estimate{Cost: defaultOutput, teaches: true}
+	case r.ContentLength > t.MaxBody:
+		return Estimate{Cost: addTokens(t.inputTokens(r.ContentLength), defaultOutput), teaches: true}
+	case b.over: // of unknown length
+		return Estimate{Cost: math.MaxInt64}
 	}
-	named, ok := requestedOutput(read)
+	named, ok := b.fields.output, b.fields.named
 	output := defaultOutput
 	if ok {
 		output = named
@@ -191,10 +171,8 @@ func (t *TokensCost) estimate(r *http.Request, defaultOutput, learned int64) (to
 			output = min(named, learned)
 		}
 	}
-	// Read whole: to its Content-Length, or to its end within MaxBody.
-	whole := length < 0 && err == io.EOF || length >= 0 && int64(len(read)) == length
-	injected := t.IncludeUsage && whole && includeUsage(r, read, replay)
-	return tokenEstimate{cost: addTokens(t.inputTokens(int64(len(read))), output), teaches: !ok || named >= t.DefaultOutput, injected: injected}, nil
+	injected := t.IncludeUsage && b.whole && includeUsage(r, b.read, b.replay)
+	return Estimate{Cost: addTokens(t.inputTokens(int64(len(b.read))), output), teaches: !ok || named >= t.DefaultOutput, injected: injected}
 }
 
 // inputTokens is ceil(n / BytesPerToken), without overflow.
@@ -212,49 +190,4 @@ func addTokens(a, b int64) int64 {
 		return math.MaxInt64
 	}
 	return a + b
-}
-
-// readPrefix reads body until its end or limit bytes, into a buffer of size
-// bytes first, doubled as the body comes. It returns io.EOF if the body
-// ended before limit.
-func readPrefix(body io.Reader, size, limit int64) ([]byte, error) {
-	buf := make([]byte, 0, size)
-	for int64(len(buf)) < limit {
-		if len(buf) == cap(buf) {
-			grown := make([]byte, len(buf), min(2*int64(cap(buf)), limit))
-			copy(grown, buf)
-			buf = grown
-		}
-		n, err := body.Read(buf[len(buf):cap(buf)])
-		buf = buf[:len(buf)+n]
-		if err != nil {
-			return buf, err
-		}
-	}
-	return buf, nil
-}
-
-// replayBody is a request body whose first bytes were read before the next
-// handler: it returns them, then the rest of the body. Close closes the
-// request's own body.
-type replayBody struct {
-	io.ReadCloser        // the request's own body
-	read          []byte // read before, not yet returned
-	err           error  // what ended reading before, if the body did not go on: io.EOF or a read error
-}
-
-// Read returns the bytes read before, then the rest of the body.
-func (b *replayBody) Read(p []byte) (int, error) {
-	if len(b.read) > 0 {
-		n := copy(p, b.read)
-		b.read = b.read[n:]
-		if len(b.read) == 0 {
-			b.read = nil // give the buffer back as soon as it is passed on
-		}
-		return n, nil
-	}
-	if b.err != nil {
-		return 0, b.err
-	}
-	return b.ReadCloser.Read(p)
 }

@@ -1,10 +1,12 @@
-package inflight
+package llm
 
 import (
 	"bytes"
 	"net/http"
 	"strconv"
 	"strings"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/internal/replay"
 )
 
 // includeUsageOption is what the body rewrite inserts: the request's
@@ -24,7 +26,7 @@ const keptEventBuffer = 4 << 10
 // and reports whether it did. The new body replaces r.Body, its length
 // r.ContentLength and the Content-Length header when the request had one
 // (a body sent chunked stays chunked).
-func includeUsage(r *http.Request, read []byte, rest *replayBody) bool {
+func includeUsage(r *http.Request, read []byte, rest *replay.Body) bool {
 	if r.Method != http.MethodPost || !strings.HasSuffix(r.URL.Path, "/completions") {
 		return false
 	}
@@ -32,7 +34,7 @@ func includeUsage(r *http.Request, read []byte, rest *replayBody) bool {
 	if body == nil {
 		return false
 	}
-	rest.read = body
+	rest.Ahead = body
 	if r.ContentLength >= 0 {
 		r.ContentLength = int64(len(body))
 		r.Header.Set("Content-Length", strconv.Itoa(len(body)))

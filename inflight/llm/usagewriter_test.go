@@ -1,16 +1,16 @@
-package inflight
+package llm
 
 import (
+	"bufio"
 	"bytes"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-
-	"github.com/caddy-inflight/caddy-inflight/inflight/core"
 )
 
 // recordingWriter records what reaches the client's writer, including the
@@ -33,20 +33,20 @@ func (w *recordingWriter) ReadFrom(r io.Reader) (int64, error) {
 	return w.body.ReadFrom(r)
 }
 
-// newUsageWriter wraps a recordingWriter whose response has the headers.
-func newUsageWriter(headers ...string) (*usageWriter, *recordingWriter) {
+// newWriter wraps a recordingWriter whose response has the headers.
+func newWriter(headers ...string) (*Writer, *recordingWriter) {
 	rec := &recordingWriter{header: http.Header{}}
 	for i := 0; i+1 < len(headers); i += 2 {
 		rec.header.Set(headers[i], headers[i+1])
 	}
-	return &usageWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: rec}}, rec
+	return &Writer{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: rec}}, rec
 }
 
 // TestUsageWriterReads writes bodies in pieces and by ReadFrom: they reach
 // the client unchanged and their usage is read.
 func TestUsageWriterReads(t *testing.T) {
 	body := openAIChatStream(true, false)
-	u, rec := newUsageWriter("Content-Type", "Text/Event-Stream; charset=utf-8", "Content-Encoding", "identity")
+	u, rec := newWriter("Content-Type", "Text/Event-Stream; charset=utf-8", "Content-Encoding", "identity")
 	u.WriteHeader(http.StatusEarlyHints)
 	u.WriteHeader(http.StatusOK)
 	for i := 0; i < len(body); i += 100 {
@@ -58,16 +58,16 @@ func TestUsageWriterReads(t *testing.T) {
 	if rec.body.String() != body || len(rec.codes) != 2 || rec.codes[1] != http.StatusOK || rec.flushes == 0 {
 		t.Fatalf("the response changed: codes %v, %d flushes, body equal %v", rec.codes, rec.flushes, rec.body.String() == body)
 	}
-	if got, final := u.usage(); got != (reported(19, 14, 0)) || !final {
+	if got, final := u.scan.usage(); got != (reported(19, 14, 0)) || !final {
 		t.Errorf("streamed: got %+v, %v", got, final)
 	}
 
-	u, rec = newUsageWriter("Content-Type", "application/json")
+	u, rec = newWriter("Content-Type", "application/json")
 	n, err := u.ReadFrom(strings.NewReader(anthropicJSON))
 	if err != nil || n != int64(len(anthropicJSON)) || rec.body.String() != anthropicJSON || rec.readFrom {
 		t.Fatalf("ReadFrom: %d, %v, body equal %v, bypassed %v", n, err, rec.body.String() == anthropicJSON, rec.readFrom)
 	}
-	if got, final := u.usage(); got != (reported(6156, 96, 4096)) || !final {
+	if got, final := u.scan.usage(); got != (reported(6156, 96, 4096)) || !final {
 		t.Errorf("ReadFrom: got %+v, %v", got, final)
 	}
 }
@@ -89,14 +89,14 @@ func TestUsageWriterIgnores(t *testing.T) {
 		{"gzip", http.StatusOK, []string{"Content-Type", "application/json", "Content-Encoding", "gzip"}},
 	} {
 		for _, readFrom := range []bool{false, true} {
-			u, rec := newUsageWriter(c.headers...)
+			u, rec := newWriter(c.headers...)
 			u.WriteHeader(c.code)
 			if readFrom {
 				_, _ = u.ReadFrom(strings.NewReader(anthropicJSON))
 			} else {
 				_, _ = u.Write([]byte(anthropicJSON))
 			}
-			if got, final := u.usage(); got != (core.TokenUsage{}) || final || u.reading {
+			if got, final := u.scan.usage(); got != (TokenUsage{}) || final || u.reading {
 				t.Errorf("%s: read %+v, %v", c.name, got, final)
 			}
 			if rec.body.String() != anthropicJSON || rec.readFrom != readFrom || rec.codes[0] != c.code {
@@ -109,12 +109,12 @@ func TestUsageWriterIgnores(t *testing.T) {
 // TestUsageWriterDecidesOnce reads a body whose headers changed after the
 // first Write, as they cannot on the wire: the decision stands.
 func TestUsageWriterDecidesOnce(t *testing.T) {
-	u, _ := newUsageWriter("Content-Type", "text/html")
+	u, _ := newWriter("Content-Type", "text/html")
 	_, _ = u.Write([]byte("<p>"))
 	u.Header().Set("Content-Type", "application/json")
 	u.WriteHeader(http.StatusOK)
 	_, _ = u.Write([]byte(anthropicJSON))
-	if _, final := u.usage(); final || u.reading {
+	if _, final := u.scan.usage(); final || u.reading {
 		t.Error("the body was read after the headers went out as text/html")
 	}
 }
@@ -122,7 +122,7 @@ func TestUsageWriterDecidesOnce(t *testing.T) {
 // TestUsageWriterUnwraps reaches the client's writer through
 // http.ResponseController, which finds it by Unwrap.
 func TestUsageWriterUnwraps(t *testing.T) {
-	u, rec := newUsageWriter("Content-Type", "application/json")
+	u, rec := newWriter("Content-Type", "application/json")
 	if err := http.NewResponseController(u).Flush(); err != nil || rec.flushes != 1 {
 		t.Fatalf("Flush: %v, %d flushes", err, rec.flushes)
 	}
@@ -132,8 +132,13 @@ func TestUsageWriterUnwraps(t *testing.T) {
 	if _, _, err := http.NewResponseController(u).Hijack(); err == nil {
 		t.Fatal("Hijack succeeded on a writer that cannot")
 	}
-	u = &usageWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: hijackable{httptest.NewRecorder()}}}
+	u = &Writer{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: hijackable{httptest.NewRecorder()}}}
 	if _, _, err := http.NewResponseController(u).Hijack(); err != nil {
 		t.Fatalf("Hijack did not reach a writer that can: %v", err)
 	}
 }
+
+// hijackable is a writer that can be hijacked.
+type hijackable struct{ *httptest.ResponseRecorder }
+
+func (hijackable) Hijack() (net.Conn, *bufio.ReadWriter, error) { return nil, nil, nil }

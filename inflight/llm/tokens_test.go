@@ -1,4 +1,4 @@
-package inflight
+package llm
 
 import (
 	"bufio"
@@ -19,31 +19,21 @@ import (
 	"testing"
 	"testing/iotest"
 	"time"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/internal/bodytest"
 )
 
 // tokensCost returns a TokensCost with its defaults set, but max_body.
 func tokensCost(maxBody int64) *TokensCost {
 	t := &TokensCost{MaxBody: maxBody}
-	t.setDefaults()
+	t.SetDefaults()
 	return t
-}
-
-// countingReader counts the bytes read from it.
-type countingReader struct {
-	r io.Reader
-	n int64
-}
-
-func (c *countingReader) Read(p []byte) (int, error) {
-	n, err := c.r.Read(p)
-	c.n += int64(n)
-	return n, err
 }
 
 // bodyRequest returns a POST request with body, its Content-Length known
 // or not, and the reader counting what is read of it.
-func bodyRequest(body []byte, knownLength bool) (*http.Request, *countingReader) {
-	counted := &countingReader{r: bytes.NewReader(body)}
+func bodyRequest(body []byte, knownLength bool) (*http.Request, *bodytest.Counting) {
+	counted := &bodytest.Counting{R: bytes.NewReader(body)}
 	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", counted)
 	r.ContentLength = -1
 	if knownLength {
@@ -142,7 +132,7 @@ func TestTokensBytesPerToken(t *testing.T) {
 	for _, c := range []struct{ perToken, want int64 }{{1, 17}, {3, 7}, {4, 5}, {16, 2}, {17, 2}, {1000, 2}} {
 		r, _ := bodyRequest(body, true)
 		tc := &TokensCost{BytesPerToken: c.perToken}
-		tc.setDefaults()
+		tc.SetDefaults()
 		if got, err := costOfBody(tc, r); err != nil || got != c.want {
 			t.Fatalf("bytes_per_token %d: estimate %d (%v), want %d", c.perToken, got, err, c.want)
 		}
@@ -169,8 +159,8 @@ func TestTokensBeyondMaxBody(t *testing.T) {
 		if err != nil || got != c.want {
 			t.Fatalf("%s: estimate %d (%v), want %d", c.name, got, err, c.want)
 		}
-		if counted.n > c.readMax {
-			t.Fatalf("%s: %d bytes read before the next handler, want at most %d", c.name, counted.n, c.readMax)
+		if counted.N > c.readMax {
+			t.Fatalf("%s: %d bytes read before the next handler, want at most %d", c.name, counted.N, c.readMax)
 		}
 		if rest, err := io.ReadAll(r.Body); err != nil || !bytes.Equal(rest, body) {
 			t.Fatalf("%s: the next handler read %d bytes (%v), want the %d sent", c.name, len(rest), err, len(body))
@@ -186,9 +176,9 @@ func TestTokensBeyondMaxBody(t *testing.T) {
 
 func TestTokensValidate(t *testing.T) {
 	tc := &TokensCost{}
-	tc.setDefaults()
-	if *tc != (TokensCost{BytesPerToken: 4, DefaultOutput: 1024, MaxBody: 1 << 20}) || tc.validate() != nil {
-		t.Fatalf("defaults %+v (%v), want 4, 1024, 1 MiB", *tc, tc.validate())
+	tc.SetDefaults()
+	if *tc != (TokensCost{BytesPerToken: 4, DefaultOutput: 1024, MaxBody: 1 << 20}) || tc.Check() != nil {
+		t.Fatalf("defaults %+v (%v), want 4, 1024, 1 MiB", *tc, tc.Check())
 	}
 	for _, c := range []struct {
 		tc   TokensCost
@@ -199,8 +189,8 @@ func TestTokensValidate(t *testing.T) {
 		{TokensCost{MaxBody: -1}, "inflight: cost tokens: max_body -1 is not allowed: want 1 to 1073741824 bytes"},
 		{TokensCost{MaxBody: 1<<30 + 1}, "inflight: cost tokens: max_body 1073741825 is not allowed: want 1 to 1073741824 bytes"},
 	} {
-		c.tc.setDefaults()
-		if err := c.tc.validate(); err == nil || !strings.HasPrefix(err.Error(), c.want) {
+		c.tc.SetDefaults()
+		if err := c.tc.Check(); err == nil || !strings.HasPrefix(err.Error(), c.want) {
 			t.Fatalf("%+v: %v, want %q", c.tc, err, c.want)
 		}
 	}
@@ -237,7 +227,7 @@ func TestTokensBodyReachesNextHandler(t *testing.T) {
 	defer h2.Close()
 
 	small := []byte(`{"model":"m","max_tokens":64,"messages":[{"role":"user","content":"hi"}]}`)
-	big := patterned(3 << 20)
+	big := bodytest.Patterned(3 << 20)
 	for _, server := range []struct {
 		name  string
 		srv   *httptest.Server
@@ -296,7 +286,7 @@ func TestTokensExpectContinue(t *testing.T) {
 	client := &http.Client{Transport: &http.Transport{ExpectContinueTimeout: time.Minute}} // no verdict on time: it only must not send before
 	defer client.CloseIdleConnections()
 	for _, size := range []int{100, 3 << 20} {
-		body := patterned(size)
+		body := bodytest.Patterned(size)
 		var got100 bool
 		trace := &httptrace.ClientTrace{Got100Continue: func() { got100 = true }}
 		req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(t.Context(), trace), http.MethodPost, srv.URL, bytes.NewReader(body))
@@ -333,7 +323,7 @@ func TestTokensClientLeavesMidBody(t *testing.T) {
 		conn.Close()
 		select {
 		case err := <-errs:
-			if err == nil || !strings.HasPrefix(err.Error(), "inflight: cost tokens: reading the body: ") || !errors.Is(err, io.ErrUnexpectedEOF) {
+			if err == nil || !strings.HasPrefix(err.Error(), "inflight: reading the body: ") || !errors.Is(err, io.ErrUnexpectedEOF) {
 				t.Fatalf("%q: estimate returned %v, want the read error", head[:20], err)
 			}
 		case <-time.After(20 * time.Second): // a generous bound: it must not hang
@@ -358,8 +348,8 @@ func TestTokensReadErrorKeptForNextHandler(t *testing.T) {
 	}
 }
 
-// referenceOutput is requestedOutput by encoding/json: json.Valid, then a
-// token walk of the top-level object.
+// referenceOutput is the output readFields reads, by encoding/json:
+// json.Valid, then a token walk of the top-level object.
 func referenceOutput(body []byte) (output int64, ok bool) {
 	if !json.Valid(body) {
 		return 0, false
@@ -383,12 +373,17 @@ func referenceOutput(body []byte) (output int64, ok bool) {
 	return output, ok
 }
 
-// FuzzTokensEstimate estimates hostile bodies: nothing panics, the
-// estimate follows the formula (with encoding/json as the reference for
-// the JSON) and the next handler reads the body byte for byte.
+// FuzzTokensEstimate estimates hostile bodies and reads their model:
+// nothing panics, the estimate follows the formula and the model is the
+// top-level one (with encoding/json as the reference for the JSON; a body
+// over max_body has the model _unknown), and the next handler reads the
+// body byte for byte.
 func FuzzTokensEstimate(f *testing.F) {
 	for _, seed := range []string{
 		`{"model":"m","max_tokens":64,"messages":[{"role":"user","content":"hi"}]}`,
+		`{"messages":[{"role":"user","content":"{\"model\":\"b\"}","model":"c"}],"model":"a","model":"d"}`,
+		`{"mod\u0065l":"\u00e9\ud83d\ude00","metadata":{"model":"x"},"MODEL":"y","model":""}`,
+		`{"model":1,"model":null}`, "{\"model\":\"\xff\"}",
 		`{"max_completion_tokens":10,"max_output_tokens":1e3,"max_tokens":2048.0}`,
 		`{"max_tokens":99999999999999999999,"max_tokens":-1,"a":{"max_tokens":5}}`,
 		`{"max\u005ftokens":7,"MAX_TOKENS":9,"x":[[[{"y":"\"}"}]]]}`,
@@ -403,11 +398,19 @@ func FuzzTokensEstimate(f *testing.F) {
 		if !known {
 			r.Body = io.NopCloser(iotest.HalfReader(r.Body)) // short reads, as off the network
 		}
-		got, err := costOfBody(tc, r)
+		read, err := ReadBody(r, tc.MaxBody)
 		if err != nil {
-			t.Fatalf("estimate: %v", err)
+			t.Fatalf("reading the body: %v", err)
 		}
+		got := tc.estimate(r, &read, tc.DefaultOutput, 0).Cost
 		n := int64(len(body))
+		wantModel := UnknownModel
+		if n <= tc.MaxBody {
+			wantModel = referenceModel(body)
+		}
+		if model := read.fields.model; model != wantModel {
+			t.Fatalf("model %q, want %q", model, wantModel)
+		}
 		want := addTokens((n+3)/4, tc.DefaultOutput)
 		switch {
 		case n > tc.MaxBody && !known:
@@ -429,7 +432,7 @@ func FuzzTokensEstimate(f *testing.F) {
 func BenchmarkTokensEstimate(b *testing.B) {
 	for _, size := range []int{1 << 10, 64 << 10, 1 << 20} {
 		b.Run(strconv.Itoa(size>>10)+"KiB", func(b *testing.B) {
-			body := chatBody(size)
+			body := bodytest.Chat(size)
 			tc := tokensCost(0)
 			reader := bytes.NewReader(body)
 			r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", reader)
@@ -448,24 +451,20 @@ func BenchmarkTokensEstimate(b *testing.B) {
 	}
 }
 
-// chatBody returns an OpenAI chat request of exactly size bytes, most of it
-// conversation, asking for 256 output tokens at the end.
-func chatBody(size int) []byte {
-	head := `{"model":"gpt-4o","messages":[`
-	tail := `{"role":"user","content":"Summarize."}],"max_tokens":256}`
-	var msgs strings.Builder
-	for msgs.Len() < size-len(head)-len(tail)-200 {
-		msgs.WriteString(`{"role":"user","content":"Line \"quoted\" with some text, numbers 12345 and unicode \u00e9."},`)
+// estimateRequest reads r's body as the handler does, and returns t's
+// estimate of it.
+func estimateRequest(t *TokensCost, r *http.Request, defaultOutput, learned int64) (Estimate, error) {
+	body, err := ReadBody(r, t.MaxBody)
+	if err != nil {
+		return Estimate{}, err
 	}
-	pad := size - len(head) - len(tail) - msgs.Len() - len(`{"role":"user","content":""},`)
-	msgs.WriteString(`{"role":"user","content":"` + strings.Repeat("a", pad) + `"},`)
-	return []byte(head + msgs.String() + tail)
+	return t.estimate(r, &body, defaultOutput, learned), nil
 }
 
 // costOfBody is t's estimate of r's cost, with its own default output.
 func costOfBody(t *TokensCost, r *http.Request) (int64, error) {
-	est, err := t.estimate(r, t.DefaultOutput, 0)
-	return est.cost, err
+	est, err := estimateRequest(t, r, t.DefaultOutput, 0)
+	return est.Cost, err
 }
 
 // TestTokensLearnedOutput: once an output estimate is learnt, a body
@@ -486,14 +485,14 @@ func TestTokensLearnedOutput(t *testing.T) {
 		{`{"max_tokens":256,"messages":[]}`, 8 + 256, false}, // 32 bytes
 	} {
 		r := httptest.NewRequest("POST", "/", strings.NewReader(c.body))
-		est, err := tokensCost(0).estimate(r, 300, 300)
-		if err != nil || est.cost != c.want || est.teaches != c.teaches {
-			t.Errorf("%s, learned 300: cost %d, teaches %v (%v); want %d, %v", c.body, est.cost, est.teaches, err, c.want, c.teaches)
+		est, err := estimateRequest(tokensCost(0), r, 300, 300)
+		if err != nil || est.Cost != c.want || est.teaches != c.teaches {
+			t.Errorf("%s, learned 300: cost %d, teaches %v (%v); want %d, %v", c.body, est.Cost, est.teaches, err, c.want, c.teaches)
 		}
 	}
 	// Until learnt (learned 0), a named output counts whole.
 	r := httptest.NewRequest("POST", "/", strings.NewReader(`{"max_tokens":4096,"messages":[]}`))
-	if est, err := tokensCost(0).estimate(r, 1024, 0); err != nil || est.cost != 9+4096 {
-		t.Errorf("max_tokens 4096, nothing learnt: cost %d (%v), want %d", est.cost, err, 9+4096)
+	if est, err := estimateRequest(tokensCost(0), r, 1024, 0); err != nil || est.Cost != 9+4096 {
+		t.Errorf("max_tokens 4096, nothing learnt: cost %d (%v), want %d", est.Cost, err, 9+4096)
 	}
 }

@@ -1,4 +1,4 @@
-package inflight
+package llm
 
 import (
 	"bytes"
@@ -11,27 +11,43 @@ import (
 // not JSON, there as here.
 const maxJSONDepth = 10000
 
-// requestedOutput returns the largest output token count a request body
-// asks for: the top-level fields max_tokens, max_completion_tokens and
-// max_output_tokens, with a non-negative integer value. It reports false if
-// there is none, or if body is not a JSON object as encoding/json reads it.
+// requestFields are what cost tokens and {http.inflight.model} read of a
+// request body, in one pass: the largest output token count it asks for
+// (output, if named), and the model it names.
+type requestFields struct {
+	output int64
+	named  bool
+	model  string
+}
+
+// readFields reads body's top-level fields: max_tokens,
+// max_completion_tokens and max_output_tokens with a non-negative integer
+// value, the largest of them the output (not named if there is none), and
+// "model" (see modelOf). If body is not a JSON object as encoding/json
+// reads it, it names no output and its model is UnknownModel.
 //
 // It scans the body once, in place, comparing keys byte for byte as the
 // backends do (encoding/json would match MAX_TOKENS too): hostile bodies
 // (huge, deeply nested, with duplicate or escaped keys) cost one pass and
-// no allocation but for escaped keys.
-func requestedOutput(body []byte) (output int64, ok bool) {
+// no allocation but for escaped keys and the model's name.
+func readFields(body []byte) requestFields {
+	var f requestFields
+	var model []byte
 	valid := objectMembers(body, func(m jsonMember) {
-		if isOutputName(keyName(body[m.key:m.value-m.colon], len("max_completion_tokens"))) {
+		switch name := keyName(body[m.key:m.value-m.colon], len("max_completion_tokens")); {
+		case isOutputName(name):
 			if n, isCount := tokenCount(body[m.value:m.end]); isCount {
-				output, ok = max(output, n), true
+				f.output, f.named = max(f.output, n), true
 			}
+		case isModelName(name):
+			model = body[m.value:m.end]
 		}
 	})
 	if !valid {
-		return 0, false
+		return requestFields{model: UnknownModel}
 	}
-	return output, ok
+	f.model = modelOf(model)
+	return f
 }
 
 // jsonMember is a top-level member of a JSON object, as offsets in its
@@ -45,7 +61,7 @@ type jsonMember struct {
 // objectMembers calls each with every top-level member of body, in order,
 // and reports whether body is a JSON object as encoding/json reads it;
 // each may already have been called when it is not (the members before the
-// error). It is requestedOutput's scan, shared: one pass, no allocation.
+// error). It is readFields' scan, shared: one pass, no allocation.
 func objectMembers(body []byte, each func(jsonMember)) bool {
 	s := jsonScanner{b: body}
 	s.space()

@@ -1,10 +1,23 @@
-package inflight
+package llm
 
 import (
 	"bytes"
-
-	"github.com/caddy-inflight/caddy-inflight/inflight/core"
+	"math"
 )
+
+// TokenUsage is the tokens a model reported for one request: Input
+// counts the whole prompt, Cached the part of it read from a cache.
+type TokenUsage struct {
+	Input, Output, Cached int64
+}
+
+// Total is the tokens the request held at its end: input and output.
+func (u TokenUsage) Total() int64 {
+	if u.Input > math.MaxInt64-u.Output {
+		return math.MaxInt64
+	}
+	return u.Input + u.Output
+}
 
 // maxUsageObject bounds the usage object captured: real ones are under 400
 // bytes, so a bigger one is not a usage report and is passed over.
@@ -294,8 +307,8 @@ func (s *usageScanner) decode() {
 // usage returns the usage read so far, and whether it is final: an output
 // count was read, and not from Anthropic's message_start, whose output count
 // is only the first token's.
-func (s *usageScanner) usage() (core.TokenUsage, bool) {
-	var u core.TokenUsage
+func (s *usageScanner) usage() (TokenUsage, bool) {
+	var u TokenUsage
 	if s.has&(1<<promptField) != 0 {
 		u.Input = s.vals[promptField]
 	} else {

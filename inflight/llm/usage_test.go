@@ -1,4 +1,4 @@
-package inflight
+package llm
 
 import (
 	"bytes"
@@ -6,15 +6,13 @@ import (
 	"math"
 	"strings"
 	"testing"
-
-	"github.com/caddy-inflight/caddy-inflight/inflight/core"
 )
 
 // usageCase is a body and the usage read from it.
 type usageCase struct {
 	name  string
 	body  string
-	want  core.TokenUsage
+	want  TokenUsage
 	final bool
 }
 
@@ -24,8 +22,8 @@ func usageCases() []usageCase {
 	return []usageCase{
 		{"openai chat json", openAIChatJSON, reported(1117, 46, 1024), true},
 		{"openai chat stream", openAIChatStream(true, false), reported(19, 14, 0), true},
-		{"openai chat stream without include_usage", openAIChatStream(false, false), core.TokenUsage{}, false},
-		{"openai chat stream cut before usage", openAIChatStream(true, true), core.TokenUsage{}, false},
+		{"openai chat stream without include_usage", openAIChatStream(false, false), TokenUsage{}, false},
+		{"openai chat stream cut before usage", openAIChatStream(true, true), TokenUsage{}, false},
 		{"openai responses json", openAIResponsesJSON, reported(328, 52, 256), true},
 		{"openai responses stream", openAIResponsesStream, reported(37, 11, 0), true},
 		{"anthropic json", anthropicJSON, reported(12+2048+4096, 96, 4096), true},
@@ -33,20 +31,20 @@ func usageCases() []usageCase {
 		{"anthropic stream cut after message_start", anthropicStreamStart, reported(1825, 1, 1800), false},
 		{"anthropic stream with CRLF", strings.ReplaceAll(anthropicStream, "\n", "\r\n"), reported(1825, 15, 1800), true},
 		{"a string ending in backslashes", `{"a":"C:\\\\","usage":{"completion_tokens":3},"b":"\\\"usage\\\":{\\\"completion_tokens\\\":4}"}`, reported(0, 3, 0), true},
-		{"an escaped key", `{"us\u0061ge":{"completion_tokens":3}}`, core.TokenUsage{}, false},
-		{"usage as a value", `{"type":"usage","x":{"completion_tokens":3}}`, core.TokenUsage{}, false},
-		{"negative fractional non-numeric", `{"usage":{"prompt_tokens":-5,"completion_tokens":1.5,"output_tokens":"12","input_tokens":1e3,"cache_read_input_tokens":true}}`, core.TokenUsage{}, false},
+		{"an escaped key", `{"us\u0061ge":{"completion_tokens":3}}`, TokenUsage{}, false},
+		{"usage as a value", `{"type":"usage","x":{"completion_tokens":3}}`, TokenUsage{}, false},
+		{"negative fractional non-numeric", `{"usage":{"prompt_tokens":-5,"completion_tokens":1.5,"output_tokens":"12","input_tokens":1e3,"cache_read_input_tokens":true}}`, TokenUsage{}, false},
 		{"huge", `{"usage":{"prompt_tokens":99999999999999999999999,"completion_tokens":9223372036854775807,"prompt_tokens_details":{"cached_tokens":9223372036854775808}}}`, reported(math.MaxInt64, math.MaxInt64, math.MaxInt64), true},
 		{"huge anthropic sum", `{"usage":{"input_tokens":9223372036854775000,"cache_creation_input_tokens":9223372036854775000,"cache_read_input_tokens":1,"output_tokens":0}}`, reported(math.MaxInt64, 0, 1), true},
-		{"over 4 KiB", big, core.TokenUsage{}, false},
+		{"over 4 KiB", big, TokenUsage{}, false},
 		{"over 4 KiB then a usage", big + `{"usage":{"prompt_tokens":8,"completion_tokens":9}}`, reported(8, 9, 0), true},
-		{"broken object", `{"usage":{"prompt_tokens":8,"completion_tokens" 9}}`, core.TokenUsage{}, false},
+		{"broken object", `{"usage":{"prompt_tokens":8,"completion_tokens" 9}}`, TokenUsage{}, false},
 		{"cut object then an event", "data: {\"usage\":{\"completion_tokens\":\n\nevent: message_delta\ndata: {\"usage\":{\"output_tokens\":15}}\n\n", reported(0, 15, 0), true},
 	}
 }
 
 // scanned writes body to a new scanner in the pieces cut at splits.
-func scanned(body string, splits ...int) (core.TokenUsage, bool) {
+func scanned(body string, splits ...int) (TokenUsage, bool) {
 	var s usageScanner
 	last := 0
 	for _, at := range splits {
@@ -129,7 +127,7 @@ func TestUsageScannerReset(t *testing.T) {
 	var s usageScanner
 	s.write([]byte(anthropicStream))
 	s.reset()
-	if u, final := s.usage(); u != (core.TokenUsage{}) || final {
+	if u, final := s.usage(); u != (TokenUsage{}) || final {
 		t.Fatalf("after reset: got %+v, %v", u, final)
 	}
 	s.write([]byte("event: message_start\n"))
@@ -164,7 +162,7 @@ func FuzzUsageScanner(f *testing.F) {
 		if wantU.Input < 0 || wantU.Output < 0 || wantU.Cached < 0 {
 			t.Fatalf("negative usage %+v", wantU)
 		}
-		if !bytes.Contains(body, []byte(`"usage"`)) && (wantU != core.TokenUsage{} || wantFinal) {
+		if !bytes.Contains(body, []byte(`"usage"`)) && (wantU != TokenUsage{} || wantFinal) {
 			t.Fatalf("usage %+v, %v read from a body without a usage key", wantU, wantFinal)
 		}
 	})
@@ -199,6 +197,6 @@ func BenchmarkUsageScanner(b *testing.B) {
 }
 
 // reported is the usage of input, output and cached tokens.
-func reported(input, output, cached int64) core.TokenUsage {
-	return core.TokenUsage{Input: input, Output: output, Cached: cached}
+func reported(input, output, cached int64) TokenUsage {
+	return TokenUsage{Input: input, Output: output, Cached: cached}
 }

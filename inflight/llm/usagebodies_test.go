@@ -1,4 +1,4 @@
-package inflight
+package llm
 
 import (
 	"fmt"

@@ -1,4 +1,4 @@
-package inflight
+package llm
 
 import (
 	"bytes"
@@ -76,12 +76,12 @@ func TestIncludeUsageRewrite(t *testing.T) {
 			on.IncludeUsage = true
 
 			r := request()
-			est, err := on.estimate(r, 1024, 0)
+			est, err := estimateRequest(on, r, 1024, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
-			plain, _ := off.estimate(request(), 1024, 0)
-			if est.cost != plain.cost || est.teaches != plain.teaches {
+			plain, _ := estimateRequest(off, request(), 1024, 0)
+			if est.Cost != plain.Cost || est.teaches != plain.teaches {
 				t.Errorf("estimate %+v, without include_usage %+v", est, plain)
 			}
 			got, err := io.ReadAll(r.Body)
@@ -109,12 +109,12 @@ func TestIncludeUsageRewrite(t *testing.T) {
 	}
 }
 
-// filtered writes body to a usageWriter whose request include_usage
+// filtered writes body to a Writer whose request include_usage
 // rewrote, in pieces cut at the splits, then finishes it: what the client
 // got, and the writer.
-func filtered(t *testing.T, contentType, body string, splits ...int) (string, *usageWriter) {
+func filtered(t *testing.T, contentType, body string, splits ...int) (string, *Writer) {
 	t.Helper()
-	u, rec := newUsageWriter("Content-Type", contentType)
+	u, rec := newWriter("Content-Type", contentType)
 	u.injected = true
 	last := 0
 	for _, at := range append(splits, len(body)) {
@@ -123,7 +123,7 @@ func filtered(t *testing.T, contentType, body string, splits ...int) (string, *u
 		}
 		last = at
 	}
-	u.finish()
+	u.End()
 	return rec.body.String(), u
 }
 
@@ -142,7 +142,7 @@ func TestIncludeUsageFilter(t *testing.T) {
 			if got != plain {
 				t.Fatalf("crlf %v, cut at %d: got\n%q\nwant\n%q", crlf, i, got, plain)
 			}
-			if usage, final := u.usage(); usage != reported(19, 14, 0) || !final {
+			if usage, final := u.scan.usage(); usage != reported(19, 14, 0) || !final {
 				t.Fatalf("crlf %v, cut at %d: usage %+v, %v", crlf, i, usage, final)
 			}
 		}
@@ -195,7 +195,7 @@ func TestIncludeUsageFilterEvents(t *testing.T) {
 // KiB, and all after it, pass unfiltered; only include_usage streams are
 // filtered.
 func TestIncludeUsageFilterHolds(t *testing.T) {
-	u, rec := newUsageWriter("Content-Type", "text/event-stream")
+	u, rec := newWriter("Content-Type", "text/event-stream")
 	u.injected = true
 	first := `data: {"id":"1","usage":null}` + "\n\n"
 	cut := `data: {"id":"2","choices":[],"usage":null}`
@@ -204,7 +204,7 @@ func TestIncludeUsageFilterHolds(t *testing.T) {
 	if rec.body.String() != `data: {"id":"1"}`+"\n\n" || rec.flushes != 1 {
 		t.Fatalf("flushed %q, %d flushes", rec.body.String(), rec.flushes)
 	}
-	u.finish() // the stream was cut: its last event goes, filtered
+	u.End() // the stream was cut: its last event goes, filtered
 	if want := `data: {"id":"1"}` + "\n\n" + `data: {"id":"2","choices":[]}`; rec.body.String() != want {
 		t.Fatalf("finished: %q, want %q", rec.body.String(), want)
 	}
@@ -221,7 +221,7 @@ func TestIncludeUsageFilterHolds(t *testing.T) {
 			t.Errorf("an event over 64 KiB, cut at %v: not passed unfiltered from there on (%d bytes)", splits, len(got))
 		}
 	}
-	u, rec = newUsageWriter("Content-Type", "text/event-stream")
+	u, rec = newWriter("Content-Type", "text/event-stream")
 	u.injected = true
 	unended := big[:len(big)-5]
 	for i := 0; i < len(unended); i += 1000 { // not ended yet: nothing beyond 64 KiB is held
@@ -239,9 +239,9 @@ func TestIncludeUsageFilterHolds(t *testing.T) {
 	if got, _ := filtered(t, "application/json", asked); got != asked {
 		t.Errorf("a JSON answer was filtered")
 	}
-	u, rec = newUsageWriter("Content-Type", "text/event-stream")
+	u, rec = newWriter("Content-Type", "text/event-stream")
 	u.Write([]byte(asked))
-	u.finish()
+	u.End()
 	if rec.body.String() != asked {
 		t.Errorf("a stream include_usage did not ask for was filtered")
 	}
