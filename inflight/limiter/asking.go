@@ -53,6 +53,8 @@ type asking struct {
 	// and demand its keys' demand in the sets it reports on, smoothed.
 	targets map[Set]*target
 	demand  map[demandKey]*smoothed
+	// keyOwed is what each fair key was owed over the fleet, by set.
+	keyOwed map[Set]map[string]*keyOwed
 	closed  atomic.Bool // the zone is no longer used: keep no idle allowance
 }
 
@@ -78,6 +80,7 @@ func (z *Zone) SetLedger(l Ledger) {
 	z.asks.reports = map[Set]*reported{}
 	z.asks.targets = map[Set]*target{}
 	z.asks.demand = map[demandKey]*smoothed{}
+	z.asks.keyOwed = map[Set]map[string]*keyOwed{}
 	z.asks.renewed = z.clock.Now()
 	z.asks.epoch = l.Epoch()
 }

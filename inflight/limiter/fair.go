@@ -98,6 +98,11 @@ type virtualClock struct {
 	// grant's estimate (see estimate).
 	holds map[uint64]float64
 	hold  float64
+	// rates is each key's recent units used per unit taken (Request.Used
+	// over its units; 1 where none was reported): what a unit-second it
+	// holds is charged, by which the fleet's targets weigh it (see
+	// Zone.entries). Kept, as holds, only for keys with a tag.
+	rates map[uint64]float64
 	// waiting are the keys with fair flows waiting, and active their
 	// weight, by which a grant's charge moves vtime on.
 	waiting map[uint64]*keyFlows
@@ -202,8 +207,8 @@ func (c *virtualClock) charge(key uint64, units int64, w, est float64) {
 // correct moves key's tag by delta, the correction of a grant's charge to
 // the held seconds (see fairCharge.delta), and learns the hold time. It
 // reports whether the key's tag fell, so that its listings move back.
-func (c *virtualClock) correct(key uint64, delta, held float64) bool {
-	c.learn(key, held)
+func (c *virtualClock) correct(key uint64, delta, held, rate float64) bool {
+	c.learn(key, held, rate)
 	tag, ok := c.tags[key]
 	switch {
 	case ok:
@@ -215,22 +220,32 @@ func (c *virtualClock) correct(key uint64, delta, held float64) bool {
 }
 
 // learn moves key's and the zone's hold estimates towards a hold time of
-// held seconds: a key's (if it has a tag) by a quarter of the gap, the
-// zone's by a sixteenth.
-func (c *virtualClock) learn(key uint64, held float64) {
+// held seconds, and key's rate towards rate: a key's (if it has a tag) by
+// a quarter of the gap, the zone's by a sixteenth.
+func (c *virtualClock) learn(key uint64, held, rate float64) {
 	if c.holds == nil {
-		c.holds = map[uint64]float64{}
+		c.holds, c.rates = map[uint64]float64{}, map[uint64]float64{}
 	}
 	if h, ok := c.holds[key]; ok {
 		c.holds[key] = h + (held-h)/4
+		c.rates[key] += (rate - c.rates[key]) / 4
 	} else if _, tagged := c.tags[key]; tagged { // holds stays within tags
-		c.holds[key] = held
+		c.holds[key], c.rates[key] = held, rate
 	}
 	if c.hold == 0 {
 		c.hold = held
 	} else {
 		c.hold += (held - c.hold) / 16
 	}
+}
+
+// rate returns what a unit-second key holds is charged, as learnt: 1 until
+// one of its requests ended.
+func (c *virtualClock) rate(key uint64) float64 {
+	if r, ok := c.rates[key]; ok && r > 0 {
+		return r
+	}
+	return 1
 }
 
 // simulate returns a clock on which grants can be simulated without
@@ -253,6 +268,7 @@ func (c *virtualClock) rebase() {
 	for k := range c.holds {
 		if _, ok := c.tags[k]; !ok {
 			delete(c.holds, k)
+			delete(c.rates, k)
 		}
 	}
 	c.base += c.vtime
@@ -301,11 +317,11 @@ func (c *fairCharge) delta(units int64, charged float64) float64 {
 func (q *queue) settle(req *Request) {
 	c := req.fair
 	req.fair = nil
-	held := q.clock.Now().Sub(c.at).Seconds() * float64(req.UsedUnits()) / float64(req.taken)
-	charged := min(max(held, minHold), maxHold)
+	rate := float64(req.UsedUnits()) / float64(req.taken)
+	charged := min(max(q.clock.Now().Sub(c.at).Seconds()*rate, minHold), maxHold)
 	delta := c.delta(req.taken, charged)
 	q.mu.Lock()
-	if q.vclock.correct(c.key, delta, charged) {
+	if q.vclock.correct(c.key, delta, charged, rate) {
 		q.moveBack(c.key)
 	}
 	q.mu.Unlock()

@@ -27,6 +27,7 @@ type fleetTenant struct {
 	home    int // the instance that gets homeShare of its requests; -1: client c's is c mod the instances
 	hold    func(rng *rand.Rand) time.Duration
 	cost    int64 // units a request (0: 1)
+	used    int64 // units a request reports it used (Request.Used; 0: its units), in which shares are counted
 }
 
 // fleetRun is the outcome of a fleet run: each tenant's share of the
@@ -74,6 +75,10 @@ func runFleet(t *testing.T, zones []*Zone, lim *Limits, fair bool, homeShare flo
 						return
 					}
 					units := r.Units()
+					charged := units
+					if tn.used > 0 {
+						r.Used, charged = tn.used, tn.used
+					}
 					if n := held.Add(units); n > peak.Load() {
 						peak.Store(n)
 					}
@@ -90,8 +95,8 @@ func runFleet(t *testing.T, zones []*Zone, lim *Limits, fair bool, homeShare flo
 					held.Add(-units)
 					if b.After(a) {
 						mu.Lock()
-						unitSecs[i] += float64(units) * b.Sub(a).Seconds()
-						perZone[at][i] += float64(units) * b.Sub(a).Seconds() / measured.Seconds()
+						unitSecs[i] += float64(charged) * b.Sub(a).Seconds()
+						perZone[at][i] += float64(charged) * b.Sub(a).Seconds() / measured.Seconds()
 						area += float64(units) * b.Sub(a).Seconds()
 						mu.Unlock()
 					}
@@ -133,17 +138,25 @@ func between(lo, hi time.Duration) func(*rand.Rand) time.Duration {
 // Fair across the fleet: three instances, a total of 6, tenants of
 // weights 2 : 1 : 1 each sending 80 % of their requests to an instance of
 // their own. Each tenant's share of the unit-seconds is its weight's
-// within 0.03, Jain's index is at least 0.99, the backend holds at least
-// 0.95 of the total, and the fleet never holds more than 6.
+// within 0.03 (of the used units' seconds, where requests report what
+// they used), Jain's index is at least 0.99, the backend holds at least
+// 0.95 of the total, and the fleet never holds more than 6 (requests of
+// cost c: 6c).
 func TestFleetFairWeightsAcrossInstances(t *testing.T) {
+	requests := between(100*time.Millisecond, 300*time.Millisecond)
+	long, short := between(900*time.Millisecond, 1100*time.Millisecond), between(80*time.Millisecond, 120*time.Millisecond)
 	for _, c := range []struct {
 		name    string
 		weights []float64
 		cost    int64
+		holds   []func(*rand.Rand) time.Duration // by tenant; nil: requests
+		used    []int64                          // by tenant; nil: the units
 	}{
-		{"2:1:1", []float64{2, 1, 1}, 1},
-		{"1:1:1", []float64{1, 1, 1}, 1},
-		{"3:2:1 cost 2", []float64{3, 2, 1}, 2},
+		{"2:1:1", []float64{2, 1, 1}, 1, nil, nil},
+		{"1:1:1", []float64{1, 1, 1}, 1, nil, nil},
+		{"3:2:1 cost 2", []float64{3, 2, 1}, 2, nil, nil},
+		{"2:1:1 of 1 s against 100 ms", []float64{2, 1, 1}, 1, []func(*rand.Rand) time.Duration{long, short, short}, nil},
+		{"2:1:1 cost 5, using 5 against 1", []float64{2, 1, 1}, 5, nil, []int64{5, 1, 1}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -152,7 +165,14 @@ func TestFleetFairWeightsAcrossInstances(t *testing.T) {
 				lim := &Limits{Max: []int64{1000}, Total: total}
 				var tenants []fleetTenant
 				for i, w := range c.weights {
-					tenants = append(tenants, fleetTenant{weight: w, clients: 8, home: i, hold: between(100*time.Millisecond, 300*time.Millisecond), cost: c.cost})
+					tn := fleetTenant{weight: w, clients: 8, home: i, hold: requests, cost: c.cost}
+					if c.holds != nil {
+						tn.hold = c.holds[i]
+					}
+					if c.used != nil {
+						tn.used = c.used[i]
+					}
+					tenants = append(tenants, tn)
 				}
 				run := runFleet(t, zones, lim, true, 0.8, tenants, 10*time.Second, 120*time.Second)
 				checkShares(t, c.name, run.shares, c.weights)

@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -99,24 +100,27 @@ func (z *Zone) reportedSets(order []*waiter) map[Set]*reported {
 // computed, or, before any, what it holds plus its head's units.
 func (z *Zone) reportedTarget(set Set, r *reported) float64 {
 	if t := z.asks.targets[set]; t != nil {
-		return t.effective()
+		return t.effective(r.head.req.cost())
 	}
 	return float64(z.stateOf(set).inFlight + r.head.req.cost())
 }
 
 // entries is the zone's demand in set, by key, as a report carries it:
-// "id weight units" per key, ";" between them. A fair key's id is its
+// "id weight units held" per key (held: its units in flight here), ";" between them. A fair key's id is its
 // set's name (the same on every instance); the rest is "-". mu must be
 // held.
 func (z *Zone) entries(set Set, order []*waiter) string {
 	type demand struct {
 		weight float64
 		units  int64
+		held   float64
 	}
 	byKey := map[string]*demand{}
+	now := z.clock.Now()
 	var ids []string
 	rest := z.stateOf(set).inFlight
 	var restWaiting int64
+	var fairDims []int
 	for _, w := range order {
 		if !z.needs(w.req, set) {
 			continue
@@ -129,25 +133,36 @@ func (z *Zone) entries(set Set, order []*waiter) string {
 		if f.fleetKey == "" {
 			f.fleetKey = setName(f.keyDim, w.req.Keys[f.keyDim])
 		}
+		if !slices.Contains(fairDims, f.keyDim) {
+			fairDims = append(fairDims, f.keyDim)
+		}
 		d := byKey[f.fleetKey]
 		if d == nil {
-			inFlight := z.keyUnits(f.keyDim, f.hashes[f.keyDim])
-			d = &demand{weight: f.weight, units: inFlight}
+			inFlight, held := z.keyUnits(f.keyDim, f.hashes[f.keyDim], now)
+			d = &demand{weight: f.weight / z.vclock.rate(f.fairKey), units: inFlight, held: held}
 			rest -= inFlight
 			byKey[f.fleetKey] = d
 			ids = append(ids, f.fleetKey)
 		}
 		d.units += w.req.cost()
 	}
-	now := z.clock.Now()
+	for _, d := range fairDims { // the fair keys in flight here with no waiter here
+		z.eachKeyInFlight(d, now, func(name string, units int64, held float64) {
+			if byKey[name] == nil {
+				byKey[name] = &demand{units: units, held: held}
+				rest -= units
+				ids = append(ids, name)
+			}
+		})
+	}
 	var b strings.Builder
 	for _, id := range ids {
 		d := byKey[id]
-		writeEntry(&b, id, d.weight, z.smooth(set, id, float64(d.units), now))
+		writeEntry(&b, id, d.weight, z.smooth(set, id, float64(d.units), now), d.held)
 	}
 	if n := max(0, rest) + restWaiting; n > 0 {
 		d := z.smooth(set, "-", float64(n), now)
-		writeEntry(&b, "-", d, d)
+		writeEntry(&b, "-", d, d, float64(max(0, rest)))
 	}
 	return b.String()
 }
@@ -197,7 +212,7 @@ type demandKey struct {
 	id  string
 }
 
-func writeEntry(b *strings.Builder, id string, weight, units float64) {
+func writeEntry(b *strings.Builder, id string, weight, units, held float64) {
 	if b.Len() > 0 {
 		b.WriteByte(';')
 	}
@@ -206,6 +221,8 @@ func writeEntry(b *strings.Builder, id string, weight, units float64) {
 	b.WriteString(strconv.FormatFloat(weight, 'g', 6, 64))
 	b.WriteByte(' ')
 	b.WriteString(strconv.FormatFloat(units, 'g', 6, 64))
+	b.WriteByte(' ')
+	b.WriteString(strconv.FormatFloat(held, 'g', 6, 64))
 }
 
 // needs reports whether req needs set.
@@ -216,10 +233,32 @@ func (z *Zone) needs(req *Request, set Set) bool {
 	return set.Dim < len(req.Keys) && req.Keys[set.Dim] != "" && z.hash(req, set.Dim) == set.Hash
 }
 
-// keyUnits returns the units in flight of dimension d's key of hash h.
-func (z *Zone) keyUnits(d int, h uint64) int64 {
+// eachKeyInFlight calls fn with the name, units in flight and average
+// units held at now of each key of dimension d that holds an allowance
+// here and held units lately.
+func (z *Zone) eachKeyInFlight(d int, now time.Time, fn func(name string, units int64, held float64)) {
+	for i := range numShards {
+		s := &z.shards[d*numShards+i]
+		s.mu.Lock()
+		for h, a := range s.allow {
+			n := s.count(h)
+			if held := a.heldNow(now.UnixNano(), n); n > 0 || held >= 0.01 {
+				fn(a.name, n, held)
+			}
+		}
+		s.mu.Unlock()
+	}
+}
+
+// keyUnits returns the units in flight of dimension d's key of hash h,
+// and its average units held at now.
+func (z *Zone) keyUnits(d int, h uint64, now time.Time) (int64, float64) {
 	s := z.shardOf(d, h)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.count(h)
+	n := s.count(h)
+	if a := s.allowanceOf(h); a != nil {
+		return n, a.heldNow(now.UnixNano(), n)
+	}
+	return n, float64(n)
 }

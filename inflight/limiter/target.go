@@ -25,11 +25,21 @@ import (
 //     waits; each instance's other demand ("-") is a key of its own, of
 //     weight its demand, so without fair the room goes in proportion to
 //     the units each instance waits for.
-//  3. An instance's target is the sum, over its keys, of the key's share
+//     A fair key's weight is its own over the rate it is charged at
+//     (units used per unit taken: the tokens a model reported over those
+//     reserved), so that shares of units are shares of what is charged.
+//  3. Shares are of concurrency, and the instances give each key what
+//     its targets say only roughly (a short request's slot stands idle
+//     between it and the next; a key that waits at an instance now and
+//     then is not there when a unit frees): each instance counts what a
+//     key was owed over the fleet, its share less the units it held (its
+//     reports say, averaged over a second), and moves the key's share by
+//     it, within a unit, the moves summing to none.
+//  4. An instance's target is the sum, over its keys, of the key's share
 //     times the instance's part of the key's demand; a fair key's part
 //     also scales its weight on the instance's own clock, so that the
 //     keys it holds here share its target as the fleet's shares say.
-//  4. The instance that reported first, if its target is below its head's
+//  5. The instance that reported first, if its target is below its head's
 //     units, gets those units, and the others' targets shrink to make
 //     room: a request bigger than one instance's share is admitted, as
 //     the ledger holds the room it is owed while the units of the others
@@ -44,8 +54,11 @@ import (
 // table, and when that was read. A target is rarely whole (2.7 units),
 // and units are: owed counts the unit-seconds the zone held below it
 // (above: negative), fading over owedFade, and moves the target the zone
-// acts on (effective) by owed/owedFade, within a unit: so it holds 3 units
-// part of the time and 2 the rest, and 2.7 on average.
+// acts on (effective) by owed/owedFade, within a unit or its first
+// waiter's units if more: so it holds 3 units part of the time and 2 the
+// rest, and 2.7 on average; and a waiter of 3 units where the target is
+// 2.7 comes in once the zone was owed enough, as often as its share
+// allows, not only when no other instance waits before it.
 type target struct {
 	units float64
 	read  time.Time
@@ -60,10 +73,12 @@ type target struct {
 // owedFade is how long the unit-seconds a zone is owed (or owes) count.
 const owedFade = 2 * time.Second
 
-// effective is the target the zone acts on: units moved by what it is
-// owed, within a unit either way.
-func (t *target) effective() float64 {
-	return t.units + max(-1, min(1, t.owed/owedFade.Seconds()))
+// effective is the target the zone acts on, where its first waiter needs
+// head units: units moved by what it is owed, within max(1, head) either
+// way.
+func (t *target) effective(head int64) float64 {
+	reach := float64(max(1, head))
+	return t.units + max(-reach, min(reach, t.owed/owedFade.Seconds()))
 }
 
 // account brings what the zone is owed up to date at now, as it held
@@ -84,7 +99,11 @@ func (z *Zone) targetOf(set Set) (int64, bool) {
 	if t == nil || !t.others || z.clock.Now().Sub(t.read) > fleet.Listing {
 		return 0, false
 	}
-	return int64(math.Floor(t.effective() + 1e-9)), true
+	var head int64
+	if r := z.asks.reports[set]; r != nil {
+		head = r.head.req.cost()
+	}
+	return int64(math.Floor(t.effective(head) + 1e-9)), true
 }
 
 // readTables computes the zone's targets from a call's tables, where
@@ -96,7 +115,10 @@ func (z *Zone) readTables(tables []fleet.Table, named map[string]namedSet, now t
 		if !ok {
 			continue
 		}
-		units, parts, others, shared := targetIn(t, n.cap)
+		if z.asks.keyOwed[n.set] == nil {
+			z.asks.keyOwed[n.set] = map[string]*keyOwed{}
+		}
+		units, parts, others, shared := targetIn(t, n.cap, z.asks.keyOwed[n.set], now)
 		if !shared {
 			delete(z.asks.targets, n.set)
 			continue
@@ -121,6 +143,11 @@ func (z *Zone) readTables(tables []fleet.Table, named map[string]namedSet, now t
 			delete(z.asks.targets, set)
 		}
 	}
+	for set := range z.asks.keyOwed {
+		if z.asks.targets[set] == nil {
+			delete(z.asks.keyOwed, set)
+		}
+	}
 }
 
 // namedSet is a set a call named, and its cap.
@@ -130,19 +157,34 @@ type namedSet struct {
 }
 
 // keyDemand is one key's demand in a report: the reporting member's index,
-// the key's id, its weight and its units.
+// the key's id, its weight, its units (waiting or in flight, smoothed)
+// and its units in flight there.
 type keyDemand struct {
 	member int
 	id     string
 	weight float64
 	units  float64
+	held   float64
 }
+
+// keyOwed is what a fair key was owed over the fleet: the unit-seconds it
+// held below its share (above: negative), fading over keyOwedFade, as
+// this instance read the tables, and when it last did.
+type keyOwed struct {
+	owed float64
+	at   time.Time
+}
+
+// What a key is owed fades over keyOwedFade, and moves its share by its
+// mean over that time (the units it held below its share, on average),
+// within a unit either way.
+const keyOwedFade = 4 * time.Second
 
 // targetIn returns this instance's target in a table's set of cap c, its
 // part of each of its fair keys' demand, and whether another instance
 // holds less than the target it reported (owed); shared is false if no
 // other instance reports there.
-func targetIn(t fleet.Table, c int64) (mine float64, parts map[string]float64, owed, shared bool) {
+func targetIn(t fleet.Table, c int64, owedKeys map[string]*keyOwed, now time.Time) (mine float64, parts map[string]float64, owed, shared bool) {
 	room := float64(c)
 	self, first := -1, -1
 	var entries []keyDemand
@@ -178,9 +220,11 @@ func targetIn(t fleet.Table, c int64) (mine float64, parts map[string]float64, o
 		}
 		k.weight = max(k.weight, e.weight)
 		k.demand += e.units
+		k.held += e.held
 	}
 	slices.Sort(ids) // every instance sums in the same order
 	maxMinShares(room, ids, keys)
+	settleOwed(ids, keys, owedKeys, now)
 	targets := make([]float64, len(t.Members))
 	parts = map[string]float64{}
 	for _, e := range entries {
@@ -188,9 +232,9 @@ func targetIn(t fleet.Table, c int64) (mine float64, parts map[string]float64, o
 		if k.demand <= 0 {
 			continue
 		}
-		targets[e.member] += k.share * e.units / k.demand
-		if e.member == self && !strings.HasPrefix(e.id, "-") {
-			parts[e.id] = e.units / k.demand
+		targets[e.member] += k.owedShare * e.units / k.demand
+		if e.member == self && !strings.HasPrefix(e.id, "-") && k.share > 0 {
+			parts[e.id] = e.units / k.demand * k.owedShare / k.share
 		}
 	}
 	if head := float64(t.Members[first].Head); targets[first] < head {
@@ -206,22 +250,71 @@ func targetIn(t fleet.Table, c int64) (mine float64, parts map[string]float64, o
 	return targets[self], parts, owed, true
 }
 
-// fleetKey is a key being shared: its weight, its demand over the fleet,
-// and its share.
+// fleetKey is a key being shared: its weight, its demand and units in
+// flight over the fleet, its share, and its share moved by what it is
+// owed.
 type fleetKey struct {
-	weight, demand, share float64
+	weight, demand, held, share, owedShare float64
+}
+
+// settleOwed brings what each fair key is owed up to date, as it held
+// its units in flight since the last table, and moves its share by it
+// (see keyOwedFade): the shares are of concurrency, and a key
+// whose requests the instances serve less well than their targets say
+// (short ones, whose slots stand idle between them; those at an instance
+// where it waits now and then) is owed the difference, over the fleet.
+// The moves sum to none, so the targets still share the room.
+func settleOwed(ids []string, keys map[string]*fleetKey, owedKeys map[string]*keyOwed, now time.Time) {
+	var moves float64
+	var moved int
+	for _, id := range ids {
+		k := keys[id]
+		k.owedShare = k.share
+		if strings.HasPrefix(id, "-") || k.weight == 0 {
+			continue
+		}
+		o := owedKeys[id]
+		if o == nil {
+			o = &keyOwed{at: now}
+			owedKeys[id] = o
+		}
+		if dt := now.Sub(o.at).Seconds(); dt > 0 {
+			fade := math.Exp(-dt / keyOwedFade.Seconds())
+			o.owed = o.owed*fade + (k.share-k.held)*keyOwedFade.Seconds()*(1-fade)
+		}
+		o.at = now
+		k.owedShare += max(-1, min(1, o.owed/keyOwedFade.Seconds()))
+		moves += k.owedShare - k.share
+		moved++
+	}
+	for id := range owedKeys {
+		if k := keys[id]; k == nil || k.weight == 0 {
+			delete(owedKeys, id)
+		}
+	}
+	for _, id := range ids {
+		if k := keys[id]; moved > 0 && !strings.HasPrefix(id, "-") && k.weight > 0 {
+			k.owedShare = max(0, k.owedShare-moves/float64(moved))
+		}
+	}
 }
 
 // maxMinShares shares room among keys by weighted max-min: no key gets more
 // than its demand, and the others share what is left in proportion to
-// their weights.
+// their weights. A key of weight 0 waits nowhere: it keeps the units it
+// holds.
 func maxMinShares(room float64, ids []string, keys map[string]*fleetKey) {
 	active := make([]string, 0, len(ids))
 	for _, id := range ids {
-		if k := keys[id]; k.weight > 0 && k.demand > 0 {
+		switch k := keys[id]; {
+		case k.weight == 0:
+			k.share = k.demand
+			room -= k.demand
+		case k.demand > 0:
 			active = append(active, id)
 		}
 	}
+	room = max(0, room)
 	for len(active) > 0 {
 		var sum float64
 		for _, id := range active {
@@ -253,19 +346,20 @@ func parseEntries(member int, s string) []keyDemand {
 	var out []keyDemand
 	for part := range strings.SplitSeq(s, ";") {
 		f := strings.Fields(part)
-		if len(f) != 3 {
+		if len(f) != 4 {
 			continue
 		}
 		w, err1 := strconv.ParseFloat(f[1], 64)
 		u, err2 := strconv.ParseFloat(f[2], 64)
-		if err1 != nil || err2 != nil || !(w > 0) || !(u >= 0) || math.IsInf(w, 0) || math.IsInf(u, 0) {
+		h, err3 := strconv.ParseFloat(f[3], 64)
+		if err1 != nil || err2 != nil || err3 != nil || !(w >= 0) || !(u >= 0) || !(h >= 0) || math.IsInf(w, 0) || math.IsInf(u, 0) || math.IsInf(h, 0) {
 			continue
 		}
 		id := f[0]
 		if id == "-" {
 			id = "-" + strconv.Itoa(member)
 		}
-		out = append(out, keyDemand{member: member, id: id, weight: w, units: u})
+		out = append(out, keyDemand{member: member, id: id, weight: w, units: u, held: h})
 	}
 	return out
 }

@@ -354,6 +354,10 @@ func (z *Zone) Release(req *Request) {
 // held), records the blockers they free for dispatch.
 func (z *Zone) giveBack(req *Request, collect bool) {
 	units := req.taken
+	var now int64
+	if z.ledger != nil {
+		now = z.clock.Now().UnixNano()
+	}
 	for d, key := range req.Keys {
 		if key == "" {
 			continue
@@ -361,6 +365,9 @@ func (z *Zone) giveBack(req *Request, collect bool) {
 		h := z.hash(req, d)
 		s := z.shardOf(d, h)
 		s.mu.Lock()
+		if a := s.allowanceOf(h); a != nil && now != 0 {
+			a.track(now, s.count(h))
+		}
 		gone := s.decrement(h, units)
 		if gone && z.counting.Load() {
 			z.keys[d].n.Add(-1)
@@ -536,6 +543,9 @@ func (z *Zone) tryAcquire(req *Request, r *reservation) (Outcome, int) {
 			continue
 		}
 		if admit {
+			if now != 0 {
+				sl.shard.allowanceOf(sl.hash).track(now, sl.shard.count(sl.hash))
+			}
 			if sl.shard.increment(sl.hash, units) && countKeys {
 				z.keys[d].n.Add(1)
 			}

@@ -2,8 +2,6 @@ package fleetref
 
 import (
 	"errors"
-	"fmt"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -111,12 +109,6 @@ func (m *Member) Ask(c *fleet.Call) error {
 		Lease: f.Lease.Milliseconds(), Listing: fleet.Listing.Milliseconds()}, c)
 	if stale {
 		return errors.New("fleetref: stale call")
-	}
-	if os.Getenv("FLEETREF_DEBUG") != "" {
-		fmt.Printf("%s %s call writes %v reports %v\n", now.Format("05.000000"), m.id, c.Writes, c.Reports)
-		for _, w := range c.Wants {
-			fmt.Printf("   want %v units %v caps %v -> refused %d levels %v\n", w.Sets, w.Units, w.Caps, w.Refused, w.Levels)
-		}
 	}
 	m.tight.NoteTables(c, now)
 	for _, n := range notices {
