@@ -1,0 +1,149 @@
+package limiter
+
+import (
+	"context"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/internal/fleetref"
+)
+
+// waitInBackground starts z.Acquire of r, waiting an hour, and returns
+// where its result comes once every goroutine of the bubble is blocked.
+func waitInBackground(z *Zone, r *Request) chan Result {
+	done := make(chan Result, 1)
+	go func() { done <- z.Acquire(context.Background(), r, WaitOptions{Wait: time.Hour}) }()
+	synctest.Wait()
+	return done
+}
+
+// TestFleetReleaseHandsOffWithNoCall: with a ledger whose calls take
+// 100 ms, a release at an instance whose own request waits for the key
+// hands the unit to it at once, within the instance's allowance, with no
+// call: no virtual time passes.
+func TestFleetReleaseHandsOffWithNoCall(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := fleetref.NewFleet()
+		f.Latency = 100 * time.Millisecond
+		z := fleetZones(t, f, 1, 1, false)[0]
+		lim := &Limits{Max: []int64{1}}
+		holder := req(lim, "k")
+		if res := z.Acquire(context.Background(), holder, WaitOptions{}); res.Outcome != Admitted {
+			t.Fatalf("holder: outcome %d, want admitted", res.Outcome)
+		}
+		waiter := req(lim, "k")
+		done := waitInBackground(z, waiter)
+		time.Sleep(time.Second) // the fleet refused it; its calls are over
+		released := time.Now()
+		z.Release(holder)
+		res := <-done
+		if res.Outcome != Admitted {
+			t.Fatalf("waiter: outcome %d, want admitted", res.Outcome)
+		}
+		if took := time.Since(released); took != 0 {
+			t.Fatalf("the waiter was admitted %v after the release at its own instance, want at once (no call)", took)
+		}
+		z.Release(waiter)
+	})
+}
+
+// TestFleetWaiterWokenByAnotherInstancesRelease: a request waiting at
+// one instance is admitted as soon as the request holding the key's one
+// unit at another ends (its write back announces room), not at a poll:
+// no virtual time passes.
+func TestFleetWaiterWokenByAnotherInstancesRelease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		zones := fleetZones(t, fleetref.NewFleet(), 2, 1, false)
+		lim := &Limits{Max: []int64{1}}
+		holder := req(lim, "k")
+		if res := zones[0].Acquire(context.Background(), holder, WaitOptions{}); res.Outcome != Admitted {
+			t.Fatalf("holder: outcome %d, want admitted", res.Outcome)
+		}
+		waiter := req(lim, "k")
+		done := waitInBackground(zones[1], waiter)
+		time.Sleep(time.Second / 10)
+		released := time.Now()
+		zones[0].Release(holder)
+		res := <-done
+		if res.Outcome != Admitted {
+			t.Fatalf("waiter: outcome %d, want admitted", res.Outcome)
+		}
+		if took := time.Since(released); took != 0 {
+			t.Fatalf("the waiter was admitted %v after the release at the other instance, want at once (a poll is %v)", took, fleetPoll)
+		}
+		zones[1].Release(waiter)
+	})
+}
+
+// TestFleetAbortedAsGrantedGivesTheSlotBack: with a ledger, a waiter
+// whose client leaves just as a release at its instance hands it the
+// unit (both have happened when it wakes) gives it back, whichever it
+// sees first: the zone is empty afterwards, and once the linger passed
+// the fleet counts nothing. 64 rounds see an abort of a granted waiter
+// with a chance of 1 - 2^-64.
+func TestFleetAbortedAsGrantedGivesTheSlotBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := fleetref.NewFleet()
+		z := fleetZones(t, f, 1, 1, false)[0]
+		lim := &Limits{Max: []int64{1}}
+		aborted := 0
+		for round := range 64 {
+			holder := req(lim, "k")
+			if res := z.Acquire(context.Background(), holder, WaitOptions{}); res.Outcome != Admitted {
+				t.Fatalf("round %d: holder: outcome %d, want admitted", round, res.Outcome)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			waiter := req(lim, "k")
+			opt := WaitOptions{Wait: time.Hour, Queued: func() { z.Release(holder); cancel() }}
+			switch res := z.Acquire(ctx, waiter, opt); res.Outcome {
+			case Aborted:
+				aborted++
+			case Admitted:
+				z.Release(waiter)
+			default:
+				t.Fatalf("round %d: outcome %d, want aborted or admitted", round, res.Outcome)
+			}
+			if z.Held(0) != 0 || z.Waiting() != 0 {
+				t.Fatalf("round %d: held %d, waiting %d after the waiter ended; want 0, 0 (a unit leaked)", round, z.Held(0), z.Waiting())
+			}
+		}
+		if aborted == 0 {
+			t.Fatal("no round saw the waiter aborted as it was granted")
+		}
+		time.Sleep(3 * linger)
+		if n := f.Held(setName(0, "k")); n != 0 {
+			t.Fatalf("the fleet counts %d units of k once every request ended, want 0", n)
+		}
+	})
+}
+
+// TestFleetSecondReleasePanicsAndGivesNothingBack: with a ledger, a
+// second Release of the same admission panics and gives nothing back
+// twice: the zone still counts the request in flight, and the fleet at
+// least that.
+func TestFleetSecondReleasePanicsAndGivesNothingBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := fleetref.NewFleet()
+		z := fleetZones(t, f, 1, 1, true)[0]
+		lim := &Limits{Max: []int64{5}, Total: 10}
+		a, b := costly(lim, 3, "k"), costly(lim, 2, "k")
+		for _, r := range []*Request{a, b} {
+			if res := z.Acquire(context.Background(), r, WaitOptions{}); res.Outcome != Admitted {
+				t.Fatalf("cost %d: outcome %d, want admitted", r.Cost, res.Outcome)
+			}
+		}
+		z.Release(a)
+		if !panics(func() { z.Release(a) }) {
+			t.Error("a second Release returned quietly, want a panic")
+		}
+		time.Sleep(3 * linger)
+		if key, total := z.KeyUnits(0, "k"), z.Held(TotalDim); key != 2 || total != 2 {
+			t.Errorf("after a second Release: key holds %d units, total %d; want 2 and 2 (b's)", key, total)
+		}
+		if key, total := f.Held(setName(0, "k")), f.Held(totalSet); key < 2 || total < 2 {
+			t.Errorf("after a second Release: the fleet counts %d units of the key, %d of the total; want at least b's 2", key, total)
+		}
+		z.Release(b)
+	})
+}
