@@ -147,3 +147,53 @@ func TestFleetSecondReleasePanicsAndGivesNothingBack(t *testing.T) {
 		z.Release(b)
 	})
 }
+
+// TestFleetRoomGoesToTheInstanceOwedIt: units one instance writes back
+// go to the request that waits for them at another (a cost of 2 on a
+// cap of 4), not to a request that arrives later at the instance that
+// wrote them back and asks in the same call: the waiter's report holds
+// the room it is owed. Calls take 100 ms; the newcomer and the write
+// back meet in one call by arriving while another call is under way.
+func TestFleetRoomGoesToTheInstanceOwedIt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := fleetref.NewFleet()
+		f.Latency = 100 * time.Millisecond
+		zones := fleetZones(t, f, 2, 1, false)
+		here, there := zones[0], zones[1]
+		lim := &Limits{Max: []int64{4}}
+		var held []*Request
+		for range 4 {
+			r := req(lim, "k")
+			if res := here.Acquire(context.Background(), r, WaitOptions{}); res.Outcome != Admitted {
+				t.Fatalf("filling k: outcome %d, want admitted", res.Outcome)
+			}
+			held = append(held, r)
+		}
+		big := costly(lim, 2, "k")
+		waiting := waitInBackground(there, big)
+		time.Sleep(time.Second) // refused, it reports; the first instance hears it
+		o := req(lim, "o")
+		other := make(chan Result, 1)
+		go func() { other <- here.Acquire(context.Background(), o, WaitOptions{}) }()
+		synctest.Wait() // a call is under way
+		here.Release(held[0])
+		here.Release(held[1])
+		late := req(lim, "k")
+		newcomer := make(chan Result, 1)
+		go func() { newcomer <- here.Acquire(context.Background(), late, WaitOptions{}) }()
+		if res := <-newcomer; res.Outcome == Admitted {
+			here.Release(late)
+			t.Error("a newcomer at the instance that wrote back 2 units was admitted, before the request waiting for them elsewhere")
+		}
+		if res := <-waiting; res.Outcome != Admitted {
+			t.Fatalf("the waiter of cost 2: outcome %d, want admitted", res.Outcome)
+		}
+		there.Release(big)
+		here.Release(held[2])
+		here.Release(held[3])
+		if res := <-other; res.Outcome != Admitted {
+			t.Fatalf("the request of key o: outcome %d, want admitted", res.Outcome)
+		}
+		here.Release(o)
+	})
+}

@@ -75,7 +75,7 @@ func TestReportCarriesFairWeights(t *testing.T) {
 		z := NewZone(1, false, nil)
 		rec := &recorder{Ledger: f.Join()}
 		z.SetLedger(rec)
-		t.Cleanup(func() { closeZone(z) })
+		t.Cleanup(func() { closeZone(t, z) })
 		lim := &Limits{Max: []int64{2}}
 		there, holder := req(lim, "x"), req(lim, "x")
 		if res := other.Acquire(context.Background(), there, WaitOptions{}); res.Outcome != Admitted {
