@@ -100,9 +100,7 @@ func TestEarlyRefusalWithALedger(t *testing.T) {
 		zones := fleetZones(t, fleetref.NewFleet(), 2, 1, false)
 		lim := &Limits{Max: []int64{1}}
 		holder := req(lim, "k")
-		if res := zones[0].Acquire(context.Background(), holder, WaitOptions{}); res.Outcome != Admitted {
-			t.Fatalf("holder: outcome %d, want admitted", res.Outcome)
-		}
+		mustAdmit(t, zones[0], holder)
 		defer zones[0].Release(holder)
 		for i, z := range zones {
 			asked := false

@@ -77,9 +77,7 @@ func spareAtOne(t *testing.T) (f *fleetref.Fleet, zones []*Zone, lim *Limits) {
 	lim = &Limits{Max: []int64{10}}
 	for range 2 {
 		r := req(lim, "k")
-		if res := zones[0].Acquire(context.Background(), r, WaitOptions{}); res.Outcome != Admitted {
-			t.Fatalf("at the first instance: outcome %d, want admitted", res.Outcome)
-		}
+		mustAdmit(t, zones[0], r)
 		t.Cleanup(func() { zones[0].Release(r) })
 	}
 	time.Sleep(2 * linger) // what it keeps idle is what it keeps

@@ -29,9 +29,7 @@ func TestFleetReleaseHandsOffWithNoCall(t *testing.T) {
 		z := fleetZones(t, f, 1, 1, false)[0]
 		lim := &Limits{Max: []int64{1}}
 		holder := req(lim, "k")
-		if res := z.Acquire(context.Background(), holder, WaitOptions{}); res.Outcome != Admitted {
-			t.Fatalf("holder: outcome %d, want admitted", res.Outcome)
-		}
+		mustAdmit(t, z, holder)
 		waiter := req(lim, "k")
 		done := waitInBackground(z, waiter)
 		time.Sleep(time.Second) // the fleet refused it; its calls are over
@@ -57,9 +55,7 @@ func TestFleetWaiterWokenByAnotherInstancesRelease(t *testing.T) {
 		zones := fleetZones(t, fleetref.NewFleet(), 2, 1, false)
 		lim := &Limits{Max: []int64{1}}
 		holder := req(lim, "k")
-		if res := zones[0].Acquire(context.Background(), holder, WaitOptions{}); res.Outcome != Admitted {
-			t.Fatalf("holder: outcome %d, want admitted", res.Outcome)
-		}
+		mustAdmit(t, zones[0], holder)
 		waiter := req(lim, "k")
 		done := waitInBackground(zones[1], waiter)
 		time.Sleep(time.Second / 10)
@@ -78,39 +74,13 @@ func TestFleetWaiterWokenByAnotherInstancesRelease(t *testing.T) {
 
 // TestFleetAbortedAsGrantedGivesTheSlotBack: with a ledger, a waiter
 // whose client leaves just as a release at its instance hands it the
-// unit (both have happened when it wakes) gives it back, whichever it
-// sees first: the zone is empty afterwards, and once the linger passed
-// the fleet counts nothing. 64 rounds see an abort of a granted waiter
-// with a chance of 1 - 2^-64.
+// unit gives it back, whichever it sees first (see abortedAsGranted):
+// the zone is empty afterwards, and once the linger passed the fleet
+// counts nothing.
 func TestFleetAbortedAsGrantedGivesTheSlotBack(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := fleetref.NewFleet()
-		z := fleetZones(t, f, 1, 1, false)[0]
-		lim := &Limits{Max: []int64{1}}
-		aborted := 0
-		for round := range 64 {
-			holder := req(lim, "k")
-			if res := z.Acquire(context.Background(), holder, WaitOptions{}); res.Outcome != Admitted {
-				t.Fatalf("round %d: holder: outcome %d, want admitted", round, res.Outcome)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			waiter := req(lim, "k")
-			opt := WaitOptions{Wait: time.Hour, Queued: func() { z.Release(holder); cancel() }}
-			switch res := z.Acquire(ctx, waiter, opt); res.Outcome {
-			case Aborted:
-				aborted++
-			case Admitted:
-				z.Release(waiter)
-			default:
-				t.Fatalf("round %d: outcome %d, want aborted or admitted", round, res.Outcome)
-			}
-			if z.Held(0) != 0 || z.Waiting() != 0 {
-				t.Fatalf("round %d: held %d, waiting %d after the waiter ended; want 0, 0 (a unit leaked)", round, z.Held(0), z.Waiting())
-			}
-		}
-		if aborted == 0 {
-			t.Fatal("no round saw the waiter aborted as it was granted")
-		}
+		abortedAsGranted(t, fleetZones(t, f, 1, 1, false)[0], &Limits{Max: []int64{1}})
 		time.Sleep(3 * linger)
 		if n := f.Held(setName(0, "k")); n != 0 {
 			t.Fatalf("the fleet counts %d units of k once every request ended, want 0", n)
@@ -129,9 +99,7 @@ func TestFleetSecondReleasePanicsAndGivesNothingBack(t *testing.T) {
 		lim := &Limits{Max: []int64{5}, Total: 10}
 		a, b := costly(lim, 3, "k"), costly(lim, 2, "k")
 		for _, r := range []*Request{a, b} {
-			if res := z.Acquire(context.Background(), r, WaitOptions{}); res.Outcome != Admitted {
-				t.Fatalf("cost %d: outcome %d, want admitted", r.Cost, res.Outcome)
-			}
+			mustAdmit(t, z, r)
 		}
 		z.Release(a)
 		if !panics(func() { z.Release(a) }) {
@@ -164,9 +132,7 @@ func TestFleetRoomGoesToTheInstanceOwedIt(t *testing.T) {
 		var held []*Request
 		for range 4 {
 			r := req(lim, "k")
-			if res := here.Acquire(context.Background(), r, WaitOptions{}); res.Outcome != Admitted {
-				t.Fatalf("filling k: outcome %d, want admitted", res.Outcome)
-			}
+			mustAdmit(t, here, r)
 			held = append(held, r)
 		}
 		big := costly(lim, 2, "k")

@@ -78,13 +78,9 @@ func TestReportCarriesFairWeights(t *testing.T) {
 		t.Cleanup(func() { closeZone(t, z) })
 		lim := &Limits{Max: []int64{2}}
 		there, holder := req(lim, "x"), req(lim, "x")
-		if res := other.Acquire(context.Background(), there, WaitOptions{}); res.Outcome != Admitted {
-			t.Fatalf("at the other instance: outcome %d, want admitted", res.Outcome)
-		}
+		mustAdmit(t, other, there)
 		defer other.Release(there)
-		if res := z.Acquire(context.Background(), holder, WaitOptions{}); res.Outcome != Admitted {
-			t.Fatalf("holder: outcome %d, want admitted", res.Outcome)
-		}
+		mustAdmit(t, z, holder)
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan Result, 1)
 		go func() {
