@@ -126,7 +126,7 @@ func fleetZones(t *testing.T, f *fleetref.Fleet, n, dims int, total bool) []*Zon
 		zones[i] = NewZone(dims, total, nil)
 		zones[i].SetLedger(f.Join())
 		z := zones[i]
-		t.Cleanup(func() { closeZone(z) })
+		t.Cleanup(func() { closeZone(t, z) })
 	}
 	return zones
 }

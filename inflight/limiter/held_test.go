@@ -120,8 +120,8 @@ func TestFleetWaiterNeedingTwoCapsIsNotPassedForEver(t *testing.T) {
 		here, there := NewZone(2, false, nil), NewZone(2, false, nil)
 		here.SetLedger(fleet.Join())
 		there.SetLedger(fleet.Join())
-		t.Cleanup(func() { closeZone(here) })
-		t.Cleanup(func() { closeZone(there) })
+		t.Cleanup(func() { closeZone(t, here) })
+		t.Cleanup(func() { closeZone(t, there) })
 		s := newTwoCaps()
 		s.try = func(r *Request) bool {
 			return there.Acquire(context.Background(), r, WaitOptions{}).Outcome == Admitted

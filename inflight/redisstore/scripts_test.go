@@ -67,9 +67,11 @@ func TestCallScriptMatchesReference(t *testing.T) {
 				t.Fatalf("seed %d step %d, call %+v:\nRedis     %+v\nreference %+v", seed, step, twin, answers(c), answers(twin))
 			}
 			for _, want := range notices {
-				msg, err := sub.ReceiveMessage(ctx)
+				heard, cancel := context.WithTimeout(ctx, time.Second) // a notice not published fails, not hangs
+				msg, err := sub.ReceiveMessage(heard)
+				cancel()
 				if err != nil {
-					t.Fatal(err)
+					t.Fatalf("seed %d step %d: notice %q not heard: %v", seed, step, want, err)
 				}
 				if msg.Payload != want {
 					t.Fatalf("seed %d step %d: notice %q, want %q", seed, step, msg.Payload, want)
