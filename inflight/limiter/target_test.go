@@ -29,23 +29,46 @@ func TestTargetsShareTheCapByWeightedMaxMin(t *testing.T) {
 		members []fleet.Member
 		want    []float64 // each reporting member's target, seen from itself
 	}{
-		{"weights 2:1", 9, []fleet.Member{member(1, 1, "x 2 100"), member(2, 1, "y 1 100")}, []float64{6, 3}},
-		{"a key wants less than its share", 9, []fleet.Member{member(1, 1, "x 2 1"), member(2, 1, "y 1 100")}, []float64{1, 8}},
-		{"one key at two instances", 8, []fleet.Member{member(1, 1, "x 1 30"), member(2, 1, "x 1 10;y 1 100")}, []float64{3, 5}},
-		{"an instance that does not report", 9, []fleet.Member{member(1, 1, "x 1 100"), member(2, 1, "y 1 100"), {Units: 3}}, []float64{3, 3}},
-		{"without fair: by units waiting", 3, []fleet.Member{member(1, 1, "- 4 4"), member(2, 1, "- 2 2")}, []float64{2, 1}},
-		{"the first's head beyond its share", 6, []fleet.Member{member(1, 5, "x 1 100"), member(2, 1, "y 1 100")}, []float64{5, 1}},
+		{"weights 2:1", 9, []fleet.Member{member(1, 1, "x 2 100 0"), member(2, 1, "y 1 100 0")}, []float64{6, 3}},
+		{"a key wants less than its share", 9, []fleet.Member{member(1, 1, "x 2 1 0"), member(2, 1, "y 1 100 0")}, []float64{1, 8}},
+		{"one key at two instances", 8, []fleet.Member{member(1, 1, "x 1 30 0"), member(2, 1, "x 1 10 0;y 1 100 0")}, []float64{3, 5}},
+		{"an instance that does not report", 9, []fleet.Member{member(1, 1, "x 1 100 0"), member(2, 1, "y 1 100 0"), {Units: 3}}, []float64{3, 3}},
+		{"without fair: by units waiting", 3, []fleet.Member{member(1, 1, "- 4 4 0"), member(2, 1, "- 2 2 0")}, []float64{2, 1}},
+		{"the first's head beyond its share", 6, []fleet.Member{member(1, 5, "x 1 100 0"), member(2, 1, "y 1 100 0")}, []float64{5, 1}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			for i, want := range c.want {
 				members := append([]fleet.Member(nil), c.members...)
 				members[i].Self = true
-				got, _, _, shared := targetIn(fleet.Table{Set: "s", Members: members}, c.cap)
+				got, _, _, shared := targetIn(fleet.Table{Set: "s", Members: members}, c.cap, map[string]*keyOwed{}, time.Now())
 				if !shared || math.Abs(got-want) > 1e-9 {
 					t.Errorf("instance %d's target of %d: %.3f (shared %v), want %.3f", i, c.cap, got, shared, want)
 				}
 			}
 		})
+	}
+}
+
+// TestTargetsMoveByWhatAKeyWasOwed: two keys of equal weight share a cap
+// of 6, but x held nothing over the fleet and y all 6: read again 4 s
+// later, x is owed more than a unit-second a second, and its instance's
+// target moves up by a unit (the most), y's down by as much.
+func TestTargetsMoveByWhatAKeyWasOwed(t *testing.T) {
+	member := func(seq int64, entries string) fleet.Member {
+		return fleet.Member{Reports: true, Seq: seq, Head: 1, Entries: entries}
+	}
+	for i, want := range []float64{4, 2} {
+		members := []fleet.Member{member(1, "x 1 100 0"), member(2, "y 1 100 6")}
+		members[i].Self = true
+		owed := map[string]*keyOwed{}
+		now := time.Now()
+		if got, _, _, _ := targetIn(fleet.Table{Set: "s", Members: members}, 6, owed, now); math.Abs(got-3) > 1e-9 {
+			t.Fatalf("instance %d's first target %.3f, want 3 (nothing owed yet)", i, got)
+		}
+		got, _, _, _ := targetIn(fleet.Table{Set: "s", Members: members}, 6, owed, now.Add(4*time.Second))
+		if math.Abs(got-want) > 1e-9 {
+			t.Errorf("instance %d's target 4 s later: %.3f, want %.0f", i, got, want)
+		}
 	}
 }
 
@@ -102,7 +125,7 @@ func TestReportCarriesFairWeights(t *testing.T) {
 			t.Fatal("the zone reported nothing while its fair waiter waited")
 		}
 		e := strings.Fields(entries[0])
-		if len(e) != 3 || e[0] != setName(0, "x") {
+		if len(e) != 4 || e[0] != setName(0, "x") {
 			t.Fatalf("report entries %q, want one entry, the key's name in the fleet %s", entries[0], setName(0, "x"))
 		}
 		if w, _ := strconv.ParseFloat(e[1], 64); w != 3 {
