@@ -1,8 +1,8 @@
 package limiter
 
 // Units are counted within 1 to MaxCost, and every cap within the same
-// range, so that the total's word (units in its low unitBits bits, see
-// totalWord) never carries units into its request count: the caps and the
+// range, so that the total's word (units in its low unitBits bits) never
+// carries units into its request count: the caps and the
 // costs of a configuration above MaxCost count as MaxCost, here and in a
 // store shared by the fleet alike. A fixed max or total above it is
 // refused when the configuration loads; a per-request max resolved above

@@ -27,7 +27,7 @@
 //     is read, and nothing is written unless everything fits. A refused
 //     request never changes a count, so it can never cause a neighbour to
 //     be refused.
-//   - The total is an atomic counter of units and requests (see totalWord),
+//   - The total is an atomic counter of units and requests (see unitBits),
 //     raised only after the keyed dimensions have been checked under their
 //     locks, by compare-and-swap against its max; it never exceeds the max
 //     it was checked against, and every max is within MaxCost (units.go),
@@ -84,7 +84,7 @@ const (
 )
 
 // MaxCost is the largest cost a request can have, and the largest cap: the
-// total counts units in the low bits of one word (see totalWord).
+// total counts units in the low bits of one word (see unitBits).
 const MaxCost = 1<<unitBits - 1
 
 // The total's word: units in the low unitBits bits, requests above them
@@ -188,7 +188,7 @@ type Zone struct {
 	keysMu   sync.Mutex // starts counting
 	newKeys  sync.Mutex // serialises admissions of new keys under MaxKeys
 	_        [cacheLine]byte
-	total    atomic.Int64 // see totalWord
+	total    atomic.Int64 // see unitBits
 	_        [cacheLine - 8]byte
 
 	// latest are the Limits of the newest handler provisioned for this zone;
