@@ -42,6 +42,10 @@ type asking struct {
 	// the last such round started.
 	rewrite []Set
 	renewed time.Time
+	// answered is when the ledger last answered a call: past half a
+	// lease without one, the allowances it kept may lapse there (see
+	// lapse).
+	answered time.Time
 	// unsure are the sets of the wants of a call that got no answer: what
 	// its script may have granted there is written back to what the zone
 	// holds (nothing, where it holds no allowance).
@@ -82,6 +86,7 @@ func (z *Zone) SetLedger(l Ledger) {
 	z.asks.demand = map[demandKey]*smoothed{}
 	z.asks.keyOwed = map[Set]map[string]*keyOwed{}
 	z.asks.renewed = z.clock.Now()
+	z.asks.answered = z.asks.renewed
 	z.asks.epoch = l.Epoch()
 }
 
@@ -376,6 +381,38 @@ func (z *Zone) rewriteAll(now time.Time) {
 	})
 }
 
+// lapse drops the idle units of every allowance the zone holds, and its
+// spare, once the ledger has not answered for half a lease: the ledger
+// forgets an allowance a lease after it was last written, and may grant
+// its units elsewhere, so the zone admits within its allowances while
+// the ledger cannot answer only as long as the ledger still counts them
+// (renewal writes each every third of a lease, and a failed renewal
+// lapses them, half a lease on at the latest). What is in flight stays
+// counted, and is written again once the ledger answers. mu must be held.
+func (z *Zone) lapse() {
+	if z.hasTotal {
+		z.totalAllow.spare.Store(0)
+		for { // an admission racing it is counted
+			n := z.total.Load() & MaxCost
+			z.totalAllow.units.Store(n)
+			if z.total.Load()&MaxCost <= n {
+				break
+			}
+		}
+	}
+	dims := len(z.shards) / numShards
+	for d := range dims {
+		for i := range numShards {
+			s := &z.shards[d*numShards+i]
+			s.mu.Lock()
+			for h, a := range s.allow {
+				a.units, a.spare = s.count(h), 0
+			}
+			s.mu.Unlock()
+		}
+	}
+}
+
 // eachAllowance calls fn for each allowance the zone holds, the total's
 // included (with a nil allowance). mu must be held; fn must not lock a
 // shard.
@@ -487,6 +524,11 @@ func (z *Zone) nameOf(req *Request, d int) string {
 // next, and decides the wants alone (see fallback). mu must be held.
 func (z *Zone) answer(c *fleet.Call, st *sent, err error) {
 	now := z.clock.Now()
+	if err == nil {
+		z.asks.answered = now
+	} else if now.Sub(z.asks.answered) >= z.ledger.Lease()/2 {
+		z.lapse()
+	}
 	if err != nil {
 		z.rewriteAll(now)
 		for i, want := range c.Wants {

@@ -112,3 +112,54 @@ func TestEarlyRefusalWithALedger(t *testing.T) {
 		}
 	})
 }
+
+// TestAllowancesLapseWithoutAnAnswer: an instance keeps admitting within
+// the idle allowance it holds while the ledger cannot answer, with no
+// call, but only while the ledger still counts it: once a lease has
+// passed with no answer (the ledger forgets allowances a lease after
+// they were written, and may grant those units elsewhere), a request
+// beyond what is in flight is decided as the ledger fails (closed:
+// refused, Unavailable), not admitted within the lapsed allowance.
+func TestAllowancesLapseWithoutAnAnswer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fl := fleetref.NewFleet()
+		fl.Set(func(f *fleetref.Fleet) { f.Closed = true })
+		z := NewZone(1, false, nil)
+		z.SetLedger(fl.Join())
+		t.Cleanup(func() { closeZone(t, z) })
+		lim := &Limits{Max: []int64{100}}
+		var held []*Request
+		for range 4 { // a key used again and again: it is granted room ahead (spare)
+			r := req(lim, "k")
+			mustAdmit(t, z, r)
+			held = append(held, r)
+		}
+		for _, r := range held {
+			z.Release(r)
+		}
+		synctest.Wait()
+		if z.stateOf(Set{Dim: 0, Hash: z.hash(req(lim, "k"), 0)}).idle() == 0 {
+			t.Fatal("no idle allowance kept after four requests of one key: the test needs some")
+		}
+		fl.Set(func(f *fleetref.Fleet) { f.Fail = true })
+		failed := time.Now()
+		lease := z.ledger.Lease()
+		var last Outcome
+		for time.Since(failed) < lease+time.Second { // used again and again, so never idle for long
+			r := req(lim, "k")
+			res := z.Acquire(context.Background(), r, WaitOptions{})
+			if res.Outcome == Admitted {
+				z.Release(r)
+			}
+			if time.Since(failed) < lease/3 && res.Outcome != Admitted {
+				t.Fatalf("within the idle allowance, %v after the ledger failed: outcome %d, want admitted", time.Since(failed), res.Outcome)
+			}
+			last = res.Outcome
+			time.Sleep(20 * time.Millisecond)
+		}
+		if last != Unavailable {
+			t.Fatalf("a lease after the ledger last answered: outcome %d, want refused as the ledger fails closed (%d)", last, Unavailable)
+		}
+		fl.Recover()
+	})
+}
