@@ -400,16 +400,8 @@ func (z *Zone) lapse() {
 			}
 		}
 	}
-	dims := len(z.shards) / numShards
-	for d := range dims {
-		for i := range numShards {
-			s := &z.shards[d*numShards+i]
-			s.mu.Lock()
-			for h, a := range s.allow {
-				a.units, a.spare = s.count(h), 0
-			}
-			s.mu.Unlock()
-		}
+	for d := range len(z.shards) / numShards {
+		z.eachKeyAllowance(d, func(s *shard, h uint64, a *allowance) { a.units, a.spare = s.count(h), 0 })
 	}
 }
 
@@ -420,16 +412,21 @@ func (z *Zone) eachAllowance(fn func(Set, *allowance)) {
 	if z.hasTotal && (z.totalAllow.units.Load() > 0 || z.totalAllow.spare.Load() > 0) {
 		fn(Set{Dim: TotalDim}, &allowance{name: totalSet, units: z.totalAllow.units.Load(), spare: z.totalAllow.spare.Load()})
 	}
-	dims := len(z.shards) / numShards
-	for d := range dims {
-		for i := range numShards {
-			s := &z.shards[d*numShards+i]
-			s.mu.Lock()
-			for h, a := range s.allow {
-				fn(Set{Dim: d, Hash: h}, a)
-			}
-			s.mu.Unlock()
+	for d := range len(z.shards) / numShards {
+		z.eachKeyAllowance(d, func(_ *shard, h uint64, a *allowance) { fn(Set{Dim: d, Hash: h}, a) })
+	}
+}
+
+// eachKeyAllowance calls fn for each allowance of dimension d's keys the
+// zone holds, with its shard's lock held; fn must not lock a shard.
+func (z *Zone) eachKeyAllowance(d int, fn func(s *shard, h uint64, a *allowance)) {
+	for i := range numShards {
+		s := &z.shards[d*numShards+i]
+		s.mu.Lock()
+		for h, a := range s.allow {
+			fn(s, h, a)
 		}
+		s.mu.Unlock()
 	}
 }
 

@@ -237,17 +237,12 @@ func (z *Zone) needs(req *Request, set Set) bool {
 // units held at now of each key of dimension d that holds an allowance
 // here and held units lately.
 func (z *Zone) eachKeyInFlight(d int, now time.Time, fn func(name string, units int64, held float64)) {
-	for i := range numShards {
-		s := &z.shards[d*numShards+i]
-		s.mu.Lock()
-		for h, a := range s.allow {
-			n := s.count(h)
-			if held := a.heldNow(now.UnixNano(), n); n > 0 || held >= 0.01 {
-				fn(a.name, n, held)
-			}
+	z.eachKeyAllowance(d, func(s *shard, h uint64, a *allowance) {
+		n := s.count(h)
+		if held := a.heldNow(now.UnixNano(), n); n > 0 || held >= 0.01 {
+			fn(a.name, n, held)
 		}
-		s.mu.Unlock()
-	}
+	})
 }
 
 // keyUnits returns the units in flight of dimension d's key of hash h,
