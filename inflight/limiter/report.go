@@ -106,7 +106,9 @@ func (z *Zone) reportedTarget(set Set, r *reported) float64 {
 }
 
 // entries is the zone's demand in set, by key, as a report carries it:
-// "id weight units held" per key (held: its units in flight here), ";" between them. A fair key's id is its
+// "id weight units held [cap]" per key (held: its units in flight here,
+// averaged; cap: in another set than its key's own, the key's cap, which
+// bounds what it can use of this one), ";" between them. A fair key's id is its
 // set's name (the same on every instance); the rest is "-". mu must be
 // held.
 func (z *Zone) entries(set Set, order []*waiter) string {
@@ -114,6 +116,7 @@ func (z *Zone) entries(set Set, order []*waiter) string {
 		weight float64
 		units  int64
 		held   float64
+		keyCap int64
 	}
 	byKey := map[string]*demand{}
 	now := z.clock.Now()
@@ -140,6 +143,9 @@ func (z *Zone) entries(set Set, order []*waiter) string {
 		if d == nil {
 			inFlight, held := z.keyUnits(f.keyDim, f.hashes[f.keyDim], now)
 			d = &demand{weight: f.weight / z.vclock.rate(f.fairKey), units: inFlight, held: held}
+			if set.Dim != f.keyDim {
+				d.keyCap = z.limitsFor(w.req).capOf(w.req, f.keyDim, true)
+			}
 			rest -= inFlight
 			byKey[f.fleetKey] = d
 			ids = append(ids, f.fleetKey)
@@ -158,11 +164,11 @@ func (z *Zone) entries(set Set, order []*waiter) string {
 	var b strings.Builder
 	for _, id := range ids {
 		d := byKey[id]
-		writeEntry(&b, id, d.weight, z.smooth(set, id, float64(d.units), now), d.held)
+		writeEntry(&b, id, d.weight, z.smooth(set, id, float64(d.units), now), d.held, d.keyCap)
 	}
 	if n := max(0, rest) + restWaiting; n > 0 {
 		d := z.smooth(set, "-", float64(n), now)
-		writeEntry(&b, "-", d, d, float64(max(0, rest)))
+		writeEntry(&b, "-", d, d, float64(max(0, rest)), 0)
 	}
 	return b.String()
 }
@@ -212,7 +218,7 @@ type demandKey struct {
 	id  string
 }
 
-func writeEntry(b *strings.Builder, id string, weight, units, held float64) {
+func writeEntry(b *strings.Builder, id string, weight, units, held float64, keyCap int64) {
 	if b.Len() > 0 {
 		b.WriteByte(';')
 	}
@@ -223,6 +229,10 @@ func writeEntry(b *strings.Builder, id string, weight, units, held float64) {
 	b.WriteString(strconv.FormatFloat(units, 'g', 6, 64))
 	b.WriteByte(' ')
 	b.WriteString(strconv.FormatFloat(held, 'g', 6, 64))
+	if keyCap > 0 {
+		b.WriteByte(' ')
+		b.WriteString(strconv.FormatInt(keyCap, 10))
+	}
 }
 
 // needs reports whether req needs set.

@@ -165,6 +165,7 @@ type keyDemand struct {
 	weight float64
 	units  float64
 	held   float64
+	keyCap float64 // 0: none
 }
 
 // keyOwed is what a fair key was owed over the fleet: the unit-seconds it
@@ -219,8 +220,17 @@ func targetIn(t fleet.Table, c int64, owedKeys map[string]*keyOwed, now time.Tim
 			ids = append(ids, e.id)
 		}
 		k.weight = max(k.weight, e.weight)
-		k.demand += e.units
+		k.units += e.units
 		k.held += e.held
+		if e.keyCap > 0 && (k.keyCap == 0 || e.keyCap < k.keyCap) {
+			k.keyCap = e.keyCap
+		}
+	}
+	for _, k := range keys { // a key uses no more of the set than its own cap lets it
+		k.demand = k.units
+		if k.keyCap > 0 {
+			k.demand = min(k.demand, k.keyCap)
+		}
 	}
 	slices.Sort(ids) // every instance sums in the same order
 	maxMinShares(room, ids, keys)
@@ -229,12 +239,12 @@ func targetIn(t fleet.Table, c int64, owedKeys map[string]*keyOwed, now time.Tim
 	parts = map[string]float64{}
 	for _, e := range entries {
 		k := keys[e.id]
-		if k.demand <= 0 {
+		if k.units <= 0 {
 			continue
 		}
-		targets[e.member] += k.owedShare * e.units / k.demand
+		targets[e.member] += k.owedShare * e.units / k.units
 		if e.member == self && !strings.HasPrefix(e.id, "-") && k.share > 0 {
-			parts[e.id] = e.units / k.demand * k.owedShare / k.share
+			parts[e.id] = e.units / k.units * k.owedShare / k.share
 		}
 	}
 	if head := float64(t.Members[first].Head); targets[first] < head {
@@ -250,11 +260,12 @@ func targetIn(t fleet.Table, c int64, owedKeys map[string]*keyOwed, now time.Tim
 	return targets[self], parts, owed, true
 }
 
-// fleetKey is a key being shared: its weight, its demand and units in
-// flight over the fleet, its share, and its share moved by what it is
-// owed.
+// fleetKey is a key being shared: its weight, its units waiting or in
+// flight over the fleet, its own cap (0: none), its demand (its units,
+// within its cap), its units in flight, its share, and its share moved
+// by what it is owed.
 type fleetKey struct {
-	weight, demand, held, share, owedShare float64
+	weight, units, keyCap, demand, held, share, owedShare float64
 }
 
 // settleOwed brings what each fair key is owed up to date, as it held
@@ -346,8 +357,16 @@ func parseEntries(member int, s string) []keyDemand {
 	var out []keyDemand
 	for part := range strings.SplitSeq(s, ";") {
 		f := strings.Fields(part)
-		if len(f) != 4 {
+		if len(f) != 4 && len(f) != 5 {
 			continue
+		}
+		var keyCap float64
+		if len(f) == 5 {
+			c, err := strconv.ParseFloat(f[4], 64)
+			if err != nil || !(c > 0) || math.IsInf(c, 0) {
+				continue
+			}
+			keyCap = c
 		}
 		w, err1 := strconv.ParseFloat(f[1], 64)
 		u, err2 := strconv.ParseFloat(f[2], 64)
@@ -359,7 +378,7 @@ func parseEntries(member int, s string) []keyDemand {
 		if id == "-" {
 			id = "-" + strconv.Itoa(member)
 		}
-		out = append(out, keyDemand{member: member, id: id, weight: w, units: u, held: h})
+		out = append(out, keyDemand{member: member, id: id, weight: w, units: u, held: h, keyCap: keyCap})
 	}
 	return out
 }
