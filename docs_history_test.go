@@ -17,8 +17,6 @@ var (
 	issueNumber = regexp.MustCompile(`(?i)(?:^|[^\w.:/#-])(#\d{1,5})(?:[^\w-]|$)|\b((?:issues?|pull requests?|PRs?)\s+#?\d{1,5})\b`)
 	aimWord     = regexp.MustCompile(`(?i)\b(aims?)\b`)
 	isoDate     = regexp.MustCompile(`\b(20\d\d-[01]\d-[0-3]\d)\b`)
-	hexLetter   = regexp.MustCompile(`[a-f]`)
-	hexDigit    = regexp.MustCompile(`[0-9]`)
 )
 
 // historyMarks returns what in line reads as history: commit hashes,
@@ -26,7 +24,7 @@ var (
 func historyMarks(line string, datesAllowed bool) []string {
 	var marks []string
 	for _, m := range commitHash.FindAllStringSubmatch(line, -1) {
-		if hexLetter.MatchString(m[1]) && hexDigit.MatchString(m[1]) {
+		if strings.ContainsAny(m[1], "abcdef") && strings.ContainsAny(m[1], "0123456789") { // a word of letters (facade) or a number is not a hash
 			marks = append(marks, "commit hash "+m[1])
 		}
 	}

@@ -186,6 +186,7 @@ type faultProxy struct {
 	delay    time.Duration
 	stall    chan struct{} // non-nil: replies wait until it is closed
 	holdReqs chan struct{} // non-nil: requests read now wait until it is closed
+	held     int           // reads that waited on holdReqs
 	refuse   bool
 	conns    []net.Conn
 }
@@ -258,6 +259,9 @@ func (p *faultProxy) forwardRequests(c, up net.Conn) {
 		if n > 0 {
 			p.mu.Lock()
 			hold := p.holdReqs
+			if hold != nil {
+				p.held++
+			}
 			p.mu.Unlock()
 			if hold != nil {
 				<-hold
@@ -273,13 +277,21 @@ func (p *faultProxy) forwardRequests(c, up net.Conn) {
 }
 
 // holdRequests holds back the requests sent from now on. After stop, new
-// requests pass again, while those held wait for flush.
-func (p *faultProxy) holdRequests() (stop, flush func()) {
+// requests pass again, while those held wait for flush. Stop first waits
+// until a request is held: under load the proxy may read one that was
+// sent before stop only after it, and would let it pass.
+func (p *faultProxy) holdRequests(t testing.TB) (stop, flush func()) {
 	hold := make(chan struct{})
 	p.mu.Lock()
-	p.holdReqs = hold
+	p.holdReqs, p.held = hold, 0
 	p.mu.Unlock()
 	stop = func() {
+		t.Helper()
+		eventually(t, "a request held in the network", func() bool {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			return p.held > 0
+		})
 		p.mu.Lock()
 		p.holdReqs = nil
 		p.mu.Unlock()

@@ -20,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -229,15 +230,29 @@ func waitForPort(t testing.TB, addr string) {
 	})
 }
 
+// freePort returns a loopback port free now for Caddy to listen on, from
+// below the kernel's ephemeral range (32768 up on Linux): a port the
+// kernel hands out for a listener on :0 or for a client's connection is
+// never one Caddy is about to take (Caddy listens with SO_REUSEPORT, so
+// another listener on its port would share its connections). Each port
+// is handed out once per process, from a place its process ID sets.
 func freePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for range portSpan {
+		port := portLow + int((uint64(os.Getpid())*7919+nextPort.Add(1))%portSpan)
+		if l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port)); err == nil {
+			l.Close()
+			return port
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Fatal("no free port below the ephemeral range")
+	return 0
 }
+
+// The ports freePort hands out: portLow to portLow+portSpan-1.
+const portLow, portSpan = 20000, 12000
+
+var nextPort atomic.Uint64
 
 func addr(t testing.TB) string { return "127.0.0.1:" + strconv.Itoa(freePort(t)) }
 
