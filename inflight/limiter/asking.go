@@ -241,6 +241,13 @@ func (z *Zone) wanting() bool {
 	return false
 }
 
+// fleetKeyFull reports whether the fleet refused f's head by one of its
+// keys since it was last short: a tenant at its cap over the fleet, which
+// cannot take the total's room before one of its own requests ends.
+func (z *Zone) fleetKeyFull(f *flow) bool {
+	return !f.turned.IsZero() && f.fleetSet != nil && f.fleetSet.Dim != TotalDim
+}
+
 // asked is what the zone knows of a call's want: the waiter or newcomer
 // it asks for, its sets, and this instance's share of their caps (for a
 // fallback).
@@ -552,12 +559,18 @@ func (z *Zone) answer(c *fleet.Call, st *sent, err error) {
 		case res.Outcome == Unavailable:
 			z.refuseWaiter(a.w, Unavailable, res.Dim)
 		default: // full in the fleet, or in its share alone: it holds that room in the next calls
+			f := a.w.flow
+			z.uncharge(a.w) // its turn passed without a grant
 			a.w.levels = res.Levels
-			a.w.flow.refusedBy(res.Dim)
+			f.refusedBy(res.Dim)
 			for k := range a.sets {
 				if a.sets[k].Dim == res.Dim {
-					a.w.flow.fleetSet, a.w.flow.turned = &a.sets[k], now
+					f.fleetSet, f.turned = &a.sets[k], now
 				}
+			}
+			if z.fleetKeyFull(f) { // the total's room goes to those who can take it (see keysFit)
+				delete(z.short, f)
+				z.freed = append(z.freed, blocker{total: true})
 			}
 		}
 	}
@@ -700,9 +713,17 @@ func (z *Zone) refuseWaiter(w *waiter, o Outcome, d int) {
 // asked for in the asker's next call; refused by a cap, it waits for this
 // instance's releases alone. mu must be held.
 func (z *Zone) fileRefusal(f *flow, o Outcome, d int) {
+	if o == short && z.fleetKeyFull(f) { // as refused by that key's cap, asked for again at the fleet's next change
+		z.file(f, Full, f.fleetSet.Dim)
+		z.uncharge(f.head)
+		return
+	}
 	z.file(f, o, d)
 	if z.ledger == nil {
 		return
+	}
+	if o != short { // its turn passed without a grant
+		z.uncharge(f.head)
 	}
 	switch {
 	case o == fleetFull: // asked for just now: again at the fleet's next change
@@ -715,9 +736,15 @@ func (z *Zone) fileRefusal(f *flow, o Outcome, d int) {
 		f.fleetSet = &set
 		z.startAsking()
 	case o == short: // short of what this instance holds: asked for in the next call
-		f.asks, f.turned = true, time.Time{}
+		f.asks = true
 		if z.short == nil {
 			z.short = map[*flow]int64{}
+		}
+		if z.short[f] == 0 { // newly short (still short: as the fleet last answered)
+			f.turned = time.Time{}
+			if f.head.req.fair == nil { // else set as it was charged
+				f.shortPlace = z.turn(f).tag
+			}
 		}
 		z.short[f] = z.unitsOf(f)
 		z.startAsking()

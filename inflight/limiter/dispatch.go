@@ -39,12 +39,22 @@ func (z *Zone) dispatch() reservation {
 			break
 		}
 		o, d := z.tryAcquire(f.head.req, r.against(z, f, now))
-		if o == Admitted {
-			if f.fair {
-				z.chargeGrant(f.head)
+		charge := f.fair && f.head.req.fair == nil // not charged at its turn already
+		switch o {
+		case Admitted:
+			if charge {
+				z.chargeGrant(f.head, f.head.req.taken)
+			} else if c := f.head.req.fair; c != nil { // charged at its turn: held from now
+				c.at = now
 			}
 			z.grant(f.head)
-		} else {
+		case short: // its turn, but for this instance's allowance
+			if charge {
+				f.shortPlace = z.turn(f).tag
+				z.chargeGrant(f.head, z.unitsOf(f))
+			}
+			fallthrough
+		default:
 			f.tried = z.epoch
 			z.fileRefusal(f, o, d)
 		}
@@ -134,8 +144,8 @@ func compactBlockers(bs []blocker) []blocker {
 // grant hands w the units it was just admitted to, and wakes it.
 func (q *queue) grant(w *waiter) {
 	delete(q.short, w.flow)
+	w.granted = true
 	q.dequeue(w)
 	q.pending.Add(-1)
-	w.granted = true
 	close(w.ready)
 }

@@ -181,26 +181,44 @@ func (c *virtualClock) estimate(key uint64) float64 {
 }
 
 // advance records a grant of work unit-seconds to key at weight w (within
-// the bounds): the arithmetic of fair sharing.
-func (c *virtualClock) advance(key uint64, work, w float64) {
+// the bounds): the arithmetic of fair sharing. It returns what the grant
+// added to key's tag and to virtual time, for a charge taken back.
+func (c *virtualClock) advance(key uint64, work, w float64) (tag, vtime float64) {
 	if c.tags == nil {
 		c.tags = map[uint64]float64{}
 	}
+	was, before := c.tags[key], c.vtime
 	start := c.start(key)
 	if start == c.vtime && c.active > 0 {
 		c.vtime += work / c.active
 	}
 	c.vtime = max(c.vtime, start)
 	c.tags[key] = start + work/w
+	return c.tags[key] - was, c.vtime - before
 }
 
 // charge records a grant of units to key at weight w, charged for est
-// seconds, rebasing when due.
-func (c *virtualClock) charge(key uint64, units int64, w, est float64) {
-	c.advance(key, float64(units)*est, w)
+// seconds, rebasing when due. It returns what the grant added (see
+// advance), and the rebases so far, which a charge taken back needs.
+func (c *virtualClock) charge(key uint64, units int64, w, est float64) (added [2]float64, base float64) {
+	added[0], added[1] = c.advance(key, float64(units)*est, w)
 	if len(c.tags) > max(c.rebaseAbove, minRebaseAbove) || c.vtime >= rebaseAt {
 		c.rebase()
 		c.rebaseAbove = 2 * len(c.tags)
+		added[1] = 0 // moved back with the rest
+	}
+	return added, c.base
+}
+
+// uncharge takes back a charge to key that added added (see charge) when
+// the rebases were at base: virtual time goes back too, unless a rebase
+// moved it since.
+func (c *virtualClock) uncharge(key uint64, added [2]float64, base float64) {
+	if tag, ok := c.tags[key]; ok {
+		c.tags[key] = tag - added[0]
+	}
+	if c.base == base {
+		c.vtime = max(0, c.vtime-added[1])
 	}
 }
 
@@ -275,14 +293,28 @@ func (c *virtualClock) rebase() {
 	c.vtime = 0
 }
 
-// chargeGrant records the grant of w's units to its flow's key, charged
-// for the key's estimated hold time.
-func (q *queue) chargeGrant(w *waiter) {
+// chargeGrant records the grant of units to w's flow's key, charged for
+// the key's estimated hold time. With a ledger, a waiter whose turn came
+// but is short of allowance is charged then, with the units it would
+// take, as the grant it would be in a zone of its own (see dispatch): the
+// grant that comes with the allowance is not charged again, and one that
+// never comes is taken back (see uncharge).
+func (q *queue) chargeGrant(w *waiter, units int64) {
 	f := w.flow
 	est := q.vclock.estimate(f.fairKey)
 	wt := f.weight * f.fleetShare()
-	q.vclock.charge(f.fairKey, w.req.taken, wt, est)
-	q.charged(w.req, &fairCharge{key: f.fairKey, weight: wt, est: est})
+	added, base := q.vclock.charge(f.fairKey, units, wt, est)
+	q.charged(w.req, &fairCharge{key: f.fairKey, weight: wt, est: est, added: added, base: base})
+}
+
+// uncharge takes back the charge of w, a waiter charged at its turn whose
+// turn passed without its grant (see chargeGrant).
+func (q *queue) uncharge(w *waiter) {
+	if c := w.req.fair; c != nil {
+		w.req.fair = nil
+		q.vclock.uncharge(c.key, c.added, c.base)
+		q.moveBack(c.key) // its tag fell
+	}
 }
 
 // charged records what req's grant charged, for its Release to correct.
@@ -299,6 +331,10 @@ type fairCharge struct {
 	weight float64
 	est    float64 // seconds
 	at     time.Time
+	// added and base are what it added to its key's tag and virtual
+	// time, and the clock's rebases then: to take it back (see uncharge).
+	added [2]float64
+	base  float64
 }
 
 // delta is how far a charge for units moves its key's tag once corrected

@@ -43,6 +43,10 @@ type flow struct {
 	// after fleetPoll (see asking.go).
 	asks   bool
 	turned time.Time
+	// shortPlace is its key's place on the fair clock when it went short,
+	// before its charge at its turn: where it stands in the queue order as
+	// it holds (see queue.turn).
+	shortPlace float64
 	// refused lists the dimensions (TotalDim: the total) whose counts
 	// refused it since it started waiting, for a ledger's holds (see
 	// Want.Holds), and fleetSet the set the fleet last refused its head
@@ -124,8 +128,8 @@ type flows struct {
 	epoch  uint64
 	// short are the flows whose head fits the caps and waits for more of
 	// this instance's allowance (with a ledger), with its units: each
-	// holds them in its keys and the total against the tries after it,
-	// as if admitted (see reservation).
+	// holds them in its keys and the total as if admitted, against the
+	// tries after it in the queue order at its turn (see reservation).
 	short map[*flow]int64
 	// Fair sharing's virtual time (see fair.go).
 	vclock virtualClock
@@ -216,6 +220,9 @@ func (q *queue) dequeue(w *waiter) {
 		w.next.prev = w.prev
 	}
 	w.prev, w.next = nil, nil
+	if !w.granted {
+		q.uncharge(w)
+	}
 	f.n--
 	q.queued.Add(-1)
 	if w.perKey != 0 {

@@ -12,9 +12,12 @@ import (
 // must be held.
 func (q *queue) order(now time.Time) []*waiter {
 	sim := q.vclock.simulate()
-	tag := func(f *flow) float64 {
-		if !f.fair {
+	tag := func(f *flow, w *waiter) float64 {
+		switch {
+		case !f.fair:
 			return 0
+		case w == f.head && q.short[f] > 0: // where it stood at its turn (see queue.turn)
+			return f.shortPlace - q.vclock.base
 		}
 		return sim.tag(f.fairKey)
 	}
@@ -22,14 +25,14 @@ func (q *queue) order(now time.Time) []*waiter {
 	h.now = now
 	for _, f := range q.byID {
 		for ; f != nil; f = f.collide {
-			h.items = append(h.items, candidate{f: f, w: f.head, tag: tag(f)})
+			h.items = append(h.items, candidate{f: f, w: f.head, tag: tag(f, f.head)})
 		}
 	}
 	heap.Init(&h)
 	out := make([]*waiter, 0, q.queued.Load())
 	for h.Len() > 0 {
 		c := h.items[0]
-		if s := tag(c.f); s > c.tag { // its key was charged meanwhile
+		if s := tag(c.f, c.w); s > c.tag { // its key was charged meanwhile
 			h.items[0].tag = s
 			heap.Fix(&h, 0)
 			continue
@@ -42,7 +45,7 @@ func (q *queue) order(now time.Time) []*waiter {
 			heap.Pop(&h)
 			continue
 		}
-		h.items[0] = candidate{f: c.f, w: c.w.next, tag: tag(c.f)}
+		h.items[0] = candidate{f: c.f, w: c.w.next, tag: tag(c.f, c.w.next)}
 		heap.Fix(&h, 0)
 	}
 	return out

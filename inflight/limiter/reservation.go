@@ -60,13 +60,16 @@ type reservation struct {
 	// shortNew are the keys not in flight that the short flows before f
 	// need: each holds one key of its limit's key bound.
 	shortNew []Set
+	// ofHolder says the try is by f's holder (see queue.holder), not its
+	// head: f's own short head holds against it, as admitted.
+	ofHolder bool
 }
 
 // against readies r for a try by f (nil: a newcomer) at now. mu must be
 // held, and no shard lock.
 func (r *reservation) against(z *Zone, f *flow, now time.Time) *reservation {
 	q := &z.queue
-	r.f, r.q, r.now = f, q, now
+	r.f, r.q, r.now, r.ofHolder = f, q, now, false
 	r.shortNew = r.shortNew[:0]
 	for g := range q.short {
 		if !r.after(g) {
@@ -79,9 +82,9 @@ func (r *reservation) against(z *Zone, f *flow, now time.Time) *reservation {
 		}
 	}
 	// The holders are the first flows that are not short: a short one
-	// goes before them, or after.
-	r.headFirst = r.head != nil && r.head != f && (f == nil || q.short[f] == 0 || q.before(r.head, f, now))
-	r.sharedFirst = r.shared != nil && r.shared != f && (f == nil || q.before(r.shared, f, now))
+	// goes before them, or after, as it stood at its turn (see turn).
+	r.headFirst = r.head != nil && r.head != f && (f == nil || q.short[f] == 0 || q.holding(r.head).before(q.turn(f), now))
+	r.sharedFirst = r.shared != nil && r.shared != f && (f == nil || q.holding(r.shared).before(q.turn(f), now))
 	return r
 }
 
@@ -96,17 +99,48 @@ func (r *reservation) holdsKey(d int, hash uint64) int64 {
 		n = r.headUnits
 	}
 	for g, units := range r.q.short {
-		if g != r.head && g.keyed(d) && g.hashes[d] == hash && r.after(g) {
+		if g.keyed(d) && g.hashes[d] == hash && r.after(g) {
 			n += units
 		}
 	}
 	return n
 }
 
-// after reports whether r's try comes after the short flow g, which
-// holds against it (a newcomer comes after every waiter).
+// after reports whether r's try comes after the short flow g, which then
+// holds against it: a newcomer's does, a waiter's if it goes after g in
+// the queue order as it stood at g's turn (see queue.turn), and g's own
+// holder's.
 func (r *reservation) after(g *flow) bool {
-	return g != r.f && (r.f == nil || r.q.before(g, r.f, r.now))
+	if g == r.f {
+		return r.ofHolder
+	}
+	return r.f == nil || r.q.turn(g).before(r.q.turn(r.f), r.now)
+}
+
+// holding returns the candidate of f's holder (see holder) where it
+// stands in the queue order: the holder of a short flow after its head's
+// charge at its turn.
+func (q *queue) holding(f *flow) candidate {
+	c := candidate{f: f, w: q.holder(f)}
+	if f.fair {
+		c.tag = q.vclock.place(f.fairKey)
+	}
+	return c
+}
+
+// turn returns f's candidate in the queue order where it stands: a short
+// flow where it stood when it went short, before its charge at its turn,
+// so that its charge moves no one ahead of it; fair flows by their keys'
+// places, which rebases do not move.
+func (q *queue) turn(f *flow) candidate {
+	c := candidate{f: f, w: f.head}
+	switch {
+	case q.short[f] > 0:
+		c.tag = f.shortPlace
+	case f.fair:
+		c.tag = q.vclock.place(f.fairKey)
+	}
+	return c
 }
 
 // holdsNewKey returns the keys r holds in dimension d's key bound against
@@ -138,7 +172,7 @@ func (r *reservation) holdsTotal() int64 {
 		n = r.sharedUnits
 	}
 	for g, units := range r.q.short {
-		if g != r.shared && r.after(g) {
+		if r.after(g) {
 			n += units
 		}
 	}
@@ -150,12 +184,12 @@ func (r *reservation) holdsTotal() int64 {
 // freed. mu must be held.
 func (z *Zone) reserve(now time.Time) reservation {
 	var r reservation
-	if r.head = z.firstNotShort(&z.line, orderListing, now); r.head != nil {
-		r.headUnits = z.unitsOf(r.head)
+	if r.head = z.firstHolding(&z.line, orderListing, now); r.head != nil {
+		r.headUnits = z.unitsOfWaiter(z.holder(r.head))
 		r.shared = z.firstWithRoom(&r, now)
 	}
 	if r.shared != nil {
-		r.sharedUnits = z.unitsOf(r.shared)
+		r.sharedUnits = z.unitsOfWaiter(z.holder(r.shared))
 		r.fresh = z.fresh[:0]
 		for d := range r.shared.hashes {
 			r.fresh = append(r.fresh, r.shared.keyed(d) && z.countOf(d, r.shared.hashes[d]) == 0)
@@ -184,11 +218,11 @@ func (z *Zone) reserve(now time.Time) reservation {
 // held.
 func (z *Zone) firstWithRoom(r *reservation, now time.Time) *flow {
 	for {
-		f := z.firstNotShort(&z.eligible, eligibleListing, now)
+		f := z.firstHolding(&z.eligible, eligibleListing, now)
 		if f == nil {
 			return nil
 		}
-		r.against(z, f, now)
+		r.against(z, f, now).ofHolder = z.short[f] > 0
 		d, ok := z.keysFit(f, r)
 		if ok {
 			return f
@@ -197,15 +231,19 @@ func (z *Zone) firstWithRoom(r *reservation, now time.Time) *flow {
 	}
 }
 
-// keysFit reports whether f's head fits in each of its keys beyond r's
+// keysFit reports whether f's holder fits in each of its keys beyond r's
 // hold, and if not, the first dimension it does not fit in. With a ledger
 // the caps are the fleet's: a waiter short only of this instance's
 // allowance has room in its keys, as far as the zone knows, and holds the
-// shared constraints while its allowance is asked for.
+// shared constraints while its allowance is asked for; one the fleet
+// refused by one of its keys has none there until it asks again.
 func (z *Zone) keysFit(f *flow, r *reservation) (int, bool) {
-	req := f.head.req
+	if z.fleetKeyFull(f) {
+		return f.fleetSet.Dim, false
+	}
+	req := z.holder(f).req
 	lim := z.limitsFor(req)
-	units := z.unitsOf(f)
+	units := z.units(lim, req)
 	for d := range f.hashes {
 		if f.keyed(d) && z.countOf(d, f.hashes[d])+units+r.holdsKey(d, f.hashes[d]) > z.capFor(lim, req, d) {
 			return d, false
@@ -215,9 +253,21 @@ func (z *Zone) keysFit(f *flow, r *reservation) (int, bool) {
 }
 
 // unitsOf returns the units of f's head under the limits that apply to it.
-func (z *Zone) unitsOf(f *flow) int64 {
-	req := f.head.req
-	return z.units(z.limitsFor(req), req)
+func (z *Zone) unitsOf(f *flow) int64 { return z.unitsOfWaiter(f.head) }
+
+// unitsOfWaiter returns the units of w under the limits that apply to it.
+func (z *Zone) unitsOfWaiter(w *waiter) int64 {
+	return z.units(z.limitsFor(w.req), w.req)
+}
+
+// holder returns the waiter of f that holds room as the head or the
+// shared holder: its head, or the next one if its head is short (which
+// counts as admitted); nil if none.
+func (q *queue) holder(f *flow) *waiter {
+	if q.short[f] > 0 {
+		return f.head.next
+	}
+	return f.head
 }
 
 // countOf returns the units in flight of dimension d's key hash.
@@ -249,17 +299,17 @@ func (f *flow) sharedBlockers(out []blocker) []blocker {
 	return append(out, blocker{total: true})
 }
 
-// firstNotShort returns the first flow of fl in the queue order at now
-// that is not short: a short flow counts as admitted (its units held)
-// while its allowance is asked for, so the holders are found beyond it.
-// at gives a flow's listing in fl.
-func (q *queue) firstNotShort(fl *filing, at func(*flow) **listing, now time.Time) *flow {
+// firstHolding returns the first flow of fl in the queue order at now
+// that has a holder (see holder): a short head counts as admitted (its
+// units held) while its allowance is asked for, so the holders are found
+// beyond it. at gives a flow's listing in fl.
+func (q *queue) firstHolding(fl *filing, at func(*flow) **listing, now time.Time) *flow {
 	f := q.first(fl, now)
 	if len(q.short) == 0 {
 		return f
 	}
 	var out []*flow
-	for ; f != nil && q.short[f] > 0; f = q.first(fl, now) {
+	for ; f != nil && q.holder(f) == nil; f = q.first(fl, now) {
 		q.leave(fl, *at(f))
 		out = append(out, f)
 	}

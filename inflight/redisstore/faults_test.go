@@ -272,15 +272,33 @@ func TestLateScriptWritesNothing(t *testing.T) {
 	limits := &limiter.Limits{Max: []int64{5}}
 	z := zoneOf(t, s, "late", limits)
 	warmUp(t, z, limits, cli)
-	stop, flush := p.holdRequests()
+	stop, flush := p.holdRequests(t)
 	if res := z.Acquire(context.Background(), request(limits, "k"), limiter.WaitOptions{}); res.Outcome != limiter.Unavailable {
 		t.Fatalf("with the call held beyond the timeout: %v, want unavailable (on_error closed)", res.Outcome)
 	}
 	stop()
 	time.Sleep(300 * time.Millisecond) // past the deadline
+	refused := refusedLate(t, cli)
 	flush()
-	time.Sleep(200 * time.Millisecond) // the held script ran, late
+	eventually(t, "the held script refused as late", func() bool { return refusedLate(t, cli) > refused })
 	if units := allowances(t, cli, "t"); units != 0 {
 		t.Fatalf("Redis counts %d units after a script that ran past its deadline, want 0", units)
 	}
+}
+
+// refusedLate counts the scripts Redis refused as past their deadline
+// (their error replies, in Redis's error statistics).
+func refusedLate(t *testing.T, cli *redis.Client) int64 {
+	t.Helper()
+	info, err := cli.Info(context.Background(), "errorstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "errorstat_"+lateError+":count="); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	return 0
 }
