@@ -3,6 +3,9 @@ package redisstore
 import (
 	"context"
 	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
 
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 	"github.com/caddy-inflight/caddy-inflight/inflight/storestatus"
@@ -14,7 +17,8 @@ import (
 func TestHealth(t *testing.T) {
 	addr, _ := startRedis(t)
 	proxy := newFaultProxy(t, addr)
-	s := newStore(t, store(proxy.addr, nil))
+	// A timeout no load reaches: only the proxy being down fails a call.
+	s := newStore(t, store(proxy.addr, func(s *Store) { s.Timeout = caddy.Duration(5 * time.Second) }))
 	limits := &limiter.Limits{Max: []int64{10}}
 	z := zoneOf(t, s, "health", limits)
 	health := func() storestatus.Health {
