@@ -242,10 +242,15 @@ func (z *Zone) wanting() bool {
 }
 
 // fleetKeyFull reports whether the fleet refused f's head by one of its
-// keys since it was last short: a tenant at its cap over the fleet, which
-// cannot take the total's room before one of its own requests ends.
+// keys since it was last short, and this instance's allowance there still
+// cannot cover it: a tenant at its cap over the fleet, which cannot take
+// the total's room before one of its own requests ends (here: then the
+// units it gave back are its own to take).
 func (z *Zone) fleetKeyFull(f *flow) bool {
-	return !f.turned.IsZero() && f.fleetSet != nil && f.fleetSet.Dim != TotalDim
+	if f.turned.IsZero() || f.fleetSet == nil || f.fleetSet.Dim == TotalDim {
+		return false
+	}
+	return z.stateOf(*f.fleetSet).idle() < z.unitsOf(f)
 }
 
 // asked is what the zone knows of a call's want: the waiter or newcomer
