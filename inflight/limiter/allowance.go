@@ -3,7 +3,6 @@ package limiter
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"math"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -47,31 +46,27 @@ type allowance struct {
 	spare int64
 	used  int64 // the zone's clock, unix nanoseconds
 	level int64 // the fleet's units in the set, as the latest call read them
-	// held is the key's units in flight here, averaged over heldFade, as
-	// of heldAt: what a fair key's report says it holds (see entries),
-	// kept as its count changes, so that requests that come and go
-	// between reports count.
-	held   float64
-	heldAt int64
+	// heldSecs is the unit-seconds the key held here since the entry was
+	// made, as of heldAt: what a fair key's report says it held (see
+	// entries), kept as its count changes, so that every request counts,
+	// however short, whenever the reports are read.
+	heldSecs float64
+	heldAt   int64
 }
 
-// heldFade is how long the units a key held count in its average.
-const heldFade = time.Second
-
-// heldNow returns a's average units in flight at now, the key holding n
+// heldSecsAt returns a's unit-seconds held at now, the key holding n
 // since a.heldAt.
-func (a *allowance) heldNow(now, n int64) float64 {
+func (a *allowance) heldSecsAt(now, n int64) float64 {
 	if a.heldAt == 0 {
-		return float64(n)
+		return a.heldSecs
 	}
-	fade := math.Exp(-float64(now-a.heldAt) / float64(heldFade))
-	return a.held*fade + float64(n)*(1-fade)
+	return a.heldSecs + float64(n)*float64(now-a.heldAt)/float64(time.Second)
 }
 
-// track brings a's average up to date at now, as its key's count is to
-// change from n: the shard's lock must be held.
+// track brings a's unit-seconds up to date at now, as its key's count is
+// to change from n: the shard's lock must be held.
 func (a *allowance) track(now, n int64) {
-	a.held, a.heldAt = a.heldNow(now, n), now
+	a.heldSecs, a.heldAt = a.heldSecsAt(now, n), now
 }
 
 // totalAllowance is the total's allowance, read by admissions without mu.

@@ -1,7 +1,9 @@
 package limiter
 
 import (
+	"math/rand/v2"
 	"slices"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -59,6 +61,9 @@ type asking struct {
 	demand  map[demandKey]*smoothed
 	// keyOwed is what each fair key was owed over the fleet, by set.
 	keyOwed map[Set]map[string]*keyOwed
+	// self names this instance in its reports' entries, for as long as
+	// the zone lives (see settleOwed).
+	self string
 	closed  atomic.Bool // the zone is no longer used: keep no idle allowance
 }
 
@@ -85,6 +90,7 @@ func (z *Zone) SetLedger(l Ledger) {
 	z.asks.targets = map[Set]*target{}
 	z.asks.demand = map[demandKey]*smoothed{}
 	z.asks.keyOwed = map[Set]map[string]*keyOwed{}
+	z.asks.self = strconv.FormatUint(rand.Uint64(), 36)
 	z.asks.renewed = z.clock.Now()
 	z.asks.answered = z.asks.renewed
 	z.asks.epoch = l.Epoch()

@@ -106,9 +106,11 @@ func (z *Zone) reportedTarget(set Set, r *reported) float64 {
 }
 
 // entries is the zone's demand in set, by key, as a report carries it:
-// "id weight units held [cap]" per key (held: its units in flight here,
-// averaged; cap: in another set than its key's own, the key's cap, which
-// bounds what it can use of this one), ";" between them. A fair key's id is its
+// "@self" (the zone's name in reports: see settleOwed), then
+// "id weight units held [cap]" per key (held: the unit-seconds it held
+// here so far, of which readers count what it held between two tables;
+// cap: in another set than its key's own, the key's cap, which bounds
+// what it can use of this one), ";" between them. A fair key's id is its
 // set's name (the same on every instance); the rest is "-". mu must be
 // held.
 func (z *Zone) entries(set Set, order []*waiter) string {
@@ -162,13 +164,14 @@ func (z *Zone) entries(set Set, order []*waiter) string {
 		})
 	}
 	var b strings.Builder
+	b.WriteString("@" + z.asks.self)
 	for _, id := range ids {
 		d := byKey[id]
 		writeEntry(&b, id, d.weight, z.smooth(set, id, float64(d.units), now), d.held, d.keyCap)
 	}
 	if n := max(0, rest) + restWaiting; n > 0 {
 		d := z.smooth(set, "-", float64(n), now)
-		writeEntry(&b, "-", d, d, float64(max(0, rest)), 0)
+		writeEntry(&b, "-", d, d, 0, 0) // its held is never read: not one key
 	}
 	return b.String()
 }
@@ -243,27 +246,26 @@ func (z *Zone) needs(req *Request, set Set) bool {
 	return set.Dim < len(req.Keys) && req.Keys[set.Dim] != "" && z.hash(req, set.Dim) == set.Hash
 }
 
-// eachKeyInFlight calls fn with the name, units in flight and average
-// units held at now of each key of dimension d that holds an allowance
-// here and held units lately.
+// eachKeyInFlight calls fn with the name, units in flight and
+// unit-seconds held by now of each key of dimension d that holds an
+// allowance here and held units within fleet.Listing.
 func (z *Zone) eachKeyInFlight(d int, now time.Time, fn func(name string, units int64, held float64)) {
 	z.eachKeyAllowance(d, func(s *shard, h uint64, a *allowance) {
-		n := s.count(h)
-		if held := a.heldNow(now.UnixNano(), n); n > 0 || held >= 0.01 {
-			fn(a.name, n, held)
+		if n := s.count(h); n > 0 || now.UnixNano()-a.heldAt < int64(fleet.Listing) {
+			fn(a.name, n, a.heldSecsAt(now.UnixNano(), n))
 		}
 	})
 }
 
 // keyUnits returns the units in flight of dimension d's key of hash h,
-// and its average units held at now.
+// and its unit-seconds held here by now.
 func (z *Zone) keyUnits(d int, h uint64, now time.Time) (int64, float64) {
 	s := z.shardOf(d, h)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := s.count(h)
 	if a := s.allowanceOf(h); a != nil {
-		return n, a.heldNow(now.UnixNano(), n)
+		return n, a.heldSecsAt(now.UnixNano(), n)
 	}
-	return n, float64(n)
+	return n, 0
 }

@@ -33,8 +33,10 @@ import (
 //     between it and the next; a key that waits at an instance now and
 //     then is not there when a unit frees): each instance counts what a
 //     key was owed over the fleet, its share less the units it held (its
-//     reports say, averaged over a second), and moves the key's share by
-//     it, within a unit, the moves summing to none.
+//     reports say the unit-seconds it held at each instance so far, so
+//     what it held between two tables counts whenever they are read), and
+//     moves the key's share by it, within a unit, the moves summing to
+//     none.
 //  4. An instance's target is the sum, over its keys, of the key's share
 //     times the instance's part of the key's demand; a fair key's part
 //     also scales its weight on the instance's own clock, so that the
@@ -156,11 +158,13 @@ type namedSet struct {
 	cap int64
 }
 
-// keyDemand is one key's demand in a report: the reporting member's index,
-// the key's id, its weight, its units (waiting or in flight, smoothed)
-// and its units in flight there.
+// keyDemand is one key's demand in a report: the reporting member's index
+// and the name it gives itself in its reports, the key's id, its weight,
+// its units (waiting or in flight, smoothed) and the unit-seconds it held
+// there so far.
 type keyDemand struct {
 	member int
+	from   string
 	id     string
 	weight float64
 	units  float64
@@ -170,10 +174,12 @@ type keyDemand struct {
 
 // keyOwed is what a fair key was owed over the fleet: the unit-seconds it
 // held below its share (above: negative), fading over keyOwedFade, as
-// this instance read the tables, and when it last did.
+// this instance read the tables, when it last did, and the unit-seconds
+// each instance's report said it held then.
 type keyOwed struct {
 	owed float64
 	at   time.Time
+	seen map[string]float64
 }
 
 // What a key is owed fades over keyOwedFade, and moves its share by its
@@ -221,7 +227,6 @@ func targetIn(t fleet.Table, c int64, owedKeys map[string]*keyOwed, now time.Tim
 		}
 		k.weight = max(k.weight, e.weight)
 		k.units += e.units
-		k.held += e.held
 		if e.keyCap > 0 && (k.keyCap == 0 || e.keyCap < k.keyCap) {
 			k.keyCap = e.keyCap
 		}
@@ -234,7 +239,7 @@ func targetIn(t fleet.Table, c int64, owedKeys map[string]*keyOwed, now time.Tim
 	}
 	slices.Sort(ids) // every instance sums in the same order
 	maxMinShares(room, ids, keys)
-	settleOwed(ids, keys, owedKeys, now)
+	settleOwed(ids, keys, entries, owedKeys, now)
 	targets := make([]float64, len(t.Members))
 	parts = map[string]float64{}
 	for _, e := range entries {
@@ -262,20 +267,25 @@ func targetIn(t fleet.Table, c int64, owedKeys map[string]*keyOwed, now time.Tim
 
 // fleetKey is a key being shared: its weight, its units waiting or in
 // flight over the fleet, its own cap (0: none), its demand (its units,
-// within its cap), its units in flight, its share, and its share moved
-// by what it is owed.
+// within its cap), its share, and its share moved by what it is owed.
 type fleetKey struct {
-	weight, units, keyCap, demand, held, share, owedShare float64
+	weight, units, keyCap, demand, share, owedShare float64
 }
 
 // settleOwed brings what each fair key is owed up to date, as it held
-// its units in flight since the last table, and moves its share by it
-// (see keyOwedFade): the shares are of concurrency, and a key
-// whose requests the instances serve less well than their targets say
-// (short ones, whose slots stand idle between them; those at an instance
-// where it waits now and then) is owed the difference, over the fleet.
-// The moves sum to none, so the targets still share the room.
-func settleOwed(ids []string, keys map[string]*fleetKey, owedKeys map[string]*keyOwed, now time.Time) {
+// units since the last table, and moves its share by it (see
+// keyOwedFade): the shares are of concurrency, and a key whose requests
+// the instances serve less well than their targets say (short ones, whose
+// slots stand idle between them; those at an instance where it waits now
+// and then) is owed the difference, over the fleet; one served better
+// (long ones, granted where it comes now and then) owes it. What it held
+// is what each report's unit-seconds grew by since the last table: so it
+// counts whenever the tables are read (a snapshot of its units, read at
+// the calls, which follow releases, would count it low). A report new
+// since then counts from now on; one whose count fell made its entry
+// afresh, and counts what it says. The moves sum to none, so the targets
+// still share the room.
+func settleOwed(ids []string, keys map[string]*fleetKey, entries []keyDemand, owedKeys map[string]*keyOwed, now time.Time) {
 	var moves float64
 	var moved int
 	for _, id := range ids {
@@ -289,12 +299,28 @@ func settleOwed(ids []string, keys map[string]*fleetKey, owedKeys map[string]*ke
 			o = &keyOwed{at: now}
 			owedKeys[id] = o
 		}
-		if dt := now.Sub(o.at).Seconds(); dt > 0 {
-			fade := math.Exp(-dt / keyOwedFade.Seconds())
-			o.owed = o.owed*fade + (k.share-k.held)*keyOwedFade.Seconds()*(1-fade)
+		if dt := now.Sub(o.at).Seconds(); dt > 0 || o.seen == nil {
+			var held float64
+			seen := map[string]float64{}
+			for _, e := range entries {
+				if e.id != id || e.from == "" {
+					continue
+				}
+				seen[e.from] = e.held
+				if last, ok := o.seen[e.from]; ok {
+					held += e.held - last
+					if e.held < last {
+						held += last
+					}
+				}
+			}
+			if o.seen != nil {
+				fade := math.Exp(-dt / keyOwedFade.Seconds())
+				o.owed = o.owed*fade + (k.share*dt-held)/dt*keyOwedFade.Seconds()*(1-fade)
+			}
+			o.seen, o.at = seen, now
 		}
-		o.at = now
-		k.owedShare += max(-1, min(1, o.owed/keyOwedFade.Seconds()))
+		k.owedShare += max(-1, min(1, owedGain*o.owed/keyOwedFade.Seconds()))
 		moves += k.owedShare - k.share
 		moved++
 	}
@@ -355,7 +381,12 @@ func maxMinShares(room float64, ids []string, keys map[string]*fleetKey) {
 // a key of the member's own.
 func parseEntries(member int, s string) []keyDemand {
 	var out []keyDemand
+	var from string
 	for part := range strings.SplitSeq(s, ";") {
+		if name, ok := strings.CutPrefix(part, "@"); ok {
+			from = name
+			continue
+		}
 		f := strings.Fields(part)
 		if len(f) != 4 && len(f) != 5 {
 			continue
@@ -378,7 +409,9 @@ func parseEntries(member int, s string) []keyDemand {
 		if id == "-" {
 			id = "-" + strconv.Itoa(member)
 		}
-		out = append(out, keyDemand{member: member, id: id, weight: w, units: u, held: h, keyCap: keyCap})
+		out = append(out, keyDemand{member: member, from: from, id: id, weight: w, units: u, held: h, keyCap: keyCap})
 	}
 	return out
 }
+
+const owedGain = 3

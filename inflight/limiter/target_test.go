@@ -50,22 +50,26 @@ func TestTargetsShareTheCapByWeightedMaxMin(t *testing.T) {
 }
 
 // TestTargetsMoveByWhatAKeyWasOwed: two keys of equal weight share a cap
-// of 6, but x held nothing over the fleet and y all 6: read again 4 s
-// later, x is owed more than a unit-second a second, and its instance's
-// target moves up by a unit (the most), y's down by as much.
+// of 6, but over 4 s x held nothing over the fleet and y all 6 (its
+// report's unit-seconds grew by 24): read again then, x is owed more than
+// a unit-second a second, and its instance's target moves up by a unit
+// (the most), y's down by as much.
 func TestTargetsMoveByWhatAKeyWasOwed(t *testing.T) {
 	member := func(seq int64, entries string) fleet.Member {
 		return fleet.Member{Reports: true, Seq: seq, Head: 1, Entries: entries}
 	}
 	for i, want := range []float64{4, 2} {
-		members := []fleet.Member{member(1, "x 1 100 0"), member(2, "y 1 100 6")}
-		members[i].Self = true
+		table := func(y string) fleet.Table {
+			members := []fleet.Member{member(1, "@a;x 1 100 7"), member(2, "@b;y 1 100 "+y)}
+			members[i].Self = true
+			return fleet.Table{Set: "s", Members: members}
+		}
 		owed := map[string]*keyOwed{}
 		now := time.Now()
-		if got, _, _, _ := targetIn(fleet.Table{Set: "s", Members: members}, 6, owed, now); math.Abs(got-3) > 1e-9 {
+		if got, _, _, _ := targetIn(table("10"), 6, owed, now); math.Abs(got-3) > 1e-9 {
 			t.Fatalf("instance %d's first target %.3f, want 3 (nothing owed yet)", i, got)
 		}
-		got, _, _, _ := targetIn(fleet.Table{Set: "s", Members: members}, 6, owed, now.Add(4*time.Second))
+		got, _, _, _ := targetIn(table("34"), 6, owed, now.Add(4*time.Second))
 		if math.Abs(got-want) > 1e-9 {
 			t.Errorf("instance %d's target 4 s later: %.3f, want %.0f", i, got, want)
 		}
@@ -124,9 +128,10 @@ func TestReportCarriesFairWeights(t *testing.T) {
 		if len(entries) == 0 {
 			t.Fatal("the zone reported nothing while its fair waiter waited")
 		}
-		e := strings.Fields(entries[0])
-		if len(e) != 4 || e[0] != setName(0, "x") {
-			t.Fatalf("report entries %q, want one entry, the key's name in the fleet %s", entries[0], setName(0, "x"))
+		self, entry, _ := strings.Cut(entries[0], ";")
+		e := strings.Fields(entry)
+		if !strings.HasPrefix(self, "@") || len(e) != 4 || e[0] != setName(0, "x") {
+			t.Fatalf("report entries %q, want the instance's name, then one entry, the key's name in the fleet %s", entries[0], setName(0, "x"))
 		}
 		if w, _ := strconv.ParseFloat(e[1], 64); w != 3 {
 			t.Errorf("report entries %q: weight %s, want 3 (the key's)", entries[0], e[1])
