@@ -63,8 +63,8 @@ type asking struct {
 	keyOwed map[Set]map[string]*keyOwed
 	// self names this instance in its reports' entries, for as long as
 	// the zone lives (see settleOwed).
-	self string
-	closed  atomic.Bool // the zone is no longer used: keep no idle allowance
+	self   string
+	closed atomic.Bool // the zone is no longer used: keep no idle allowance
 }
 
 // newcomer is a request that arrived short of allowance: the next call

@@ -182,10 +182,16 @@ type keyOwed struct {
 	seen map[string]float64
 }
 
-// What a key is owed fades over keyOwedFade, and moves its share by its
-// mean over that time (the units it held below its share, on average),
-// within a unit either way.
-const keyOwedFade = 4 * time.Second
+// What a key is owed fades over keyOwedFade, and moves its share by
+// owedGain times its mean over that time (the units it held below its
+// share, on average), within a unit either way. The move is proportional:
+// where the instances give a key more than its share by some bias (a
+// key's long requests granted where it comes now and then), it is left
+// with 1/(1+owedGain) of it.
+const (
+	keyOwedFade = 4 * time.Second
+	owedGain    = 3
+)
 
 // targetIn returns this instance's target in a table's set of cap c, its
 // part of each of its fair keys' demand, and whether another instance
@@ -413,5 +419,3 @@ func parseEntries(member int, s string) []keyDemand {
 	}
 	return out
 }
-
-const owedGain = 3
