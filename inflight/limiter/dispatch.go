@@ -46,12 +46,14 @@ func (z *Zone) dispatch() reservation {
 				z.chargeGrant(f.head, f.head.req.taken)
 			} else if c := f.head.req.fair; c != nil { // charged at its turn: held from now
 				c.at = now
+				z.vclock.turn(c.key, -1)
 			}
 			z.grant(f.head)
 		case short: // its turn, but for this instance's allowance
 			if charge {
 				f.shortPlace = z.turn(f).tag
 				z.chargeGrant(f.head, z.unitsOf(f))
+				z.vclock.turn(f.fairKey, 1)
 			}
 			fallthrough
 		default:

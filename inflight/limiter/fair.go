@@ -107,6 +107,11 @@ type virtualClock struct {
 	// weight, by which a grant's charge moves vtime on.
 	waiting map[uint64]*keyFlows
 	active  float64
+	// turned counts, by key, its waiters charged at their turn and not
+	// yet granted (with a ledger: short of allowance): they count as
+	// granted, so a key all of whose waiters are leaves active, as it
+	// would have left the queue at its grant.
+	turned map[uint64]int
 	// of, if set, is the clock this one simulates grants on (see
 	// SharedQueue.order): its tags and holds are read where this one has
 	// none.
@@ -189,12 +194,35 @@ func (c *virtualClock) advance(key uint64, work, w float64) (tag, vtime float64)
 	}
 	was, before := c.tags[key], c.vtime
 	start := c.start(key)
-	if start == c.vtime && c.active > 0 {
-		c.vtime += work / c.active
+	if active := c.activeNow(); start == c.vtime && active > 0 {
+		c.vtime += work / active
 	}
 	c.vtime = max(c.vtime, start)
 	c.tags[key] = start + work/w
 	return c.tags[key] - was, c.vtime - before
+}
+
+// activeNow is the weight of the waiting keys, less those whose every
+// waiter was charged at its turn.
+func (c *virtualClock) activeNow() float64 {
+	active := c.active
+	for key, n := range c.turned {
+		if kf := c.waiting[key]; kf != nil && n >= kf.waiters() {
+			active -= kf.weight
+		}
+	}
+	return max(0, active)
+}
+
+// turn counts a waiter of key charged at its turn (by 1), or one that
+// no longer is (by -1): granted, or its turn taken back.
+func (c *virtualClock) turn(key uint64, by int) {
+	if c.turned == nil {
+		c.turned = map[uint64]int{}
+	}
+	if c.turned[key] += by; c.turned[key] <= 0 {
+		delete(c.turned, key)
+	}
 }
 
 // charge records a grant of units to key at weight w, charged for est
@@ -311,6 +339,7 @@ func (q *queue) chargeGrant(w *waiter, units int64) {
 // turn passed without its grant (see chargeGrant).
 func (q *queue) uncharge(w *waiter) {
 	if c := w.req.fair; c != nil {
+		q.vclock.turn(c.key, -1)
 		w.req.fair = nil
 		q.vclock.uncharge(c.key, c.added, c.base)
 		q.moveBack(c.key) // its tag fell

@@ -88,6 +88,15 @@ type keyFlows struct {
 	weight float64
 }
 
+// waiters counts the key's waiters.
+func (kf *keyFlows) waiters() int {
+	n := 0
+	for _, f := range kf.flows {
+		n += f.n
+	}
+	return n
+}
+
 // blocker names a constraint that can keep a flow waiting: a key at its
 // cap in a dimension, a dimension at its key bound (keys_full), or the
 // total. Blockers other than the total are mixed into one 64-bit
