@@ -58,7 +58,8 @@
 //     it the script writes nothing, however long it waited in a socket (a
 //     stopped Redis). An admission whose reply does not come within
 //     timeout may still have run before its deadline: its members are
-//     removed on every renewal tick until such a lease would have expired
+//     removed at once, then on every renewal tick (and once Redis answers
+//     after an outage, not at every probe) until such a lease would have expired
 //     (lease + timeout), so such a ghost holds a slot for at most one
 //     renewal interval after it appears, plus the removal's round trip
 //     (timeout at most), whatever the stall's length. So are, once
