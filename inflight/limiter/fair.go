@@ -416,12 +416,15 @@ func (q *queue) next(f *flow) candidate {
 
 // before reports whether a goes before b at time now. Fair flows sharing a
 // dimension go by their keys' tags, ties by arrival: the order a fair lane
-// keeps (see filing). Flows not comparable so go by the queue order.
+// keeps (see filing); flows of one key by arrival alone, as their key's
+// tag is theirs too (a short flow's place is its key's before its charge,
+// which would put it before its key's earlier flows). Flows not
+// comparable so go by the queue order.
 func (a candidate) before(b candidate, now time.Time) bool {
 	if !a.f.fair || !b.f.fair || a.f.keyDim != b.f.keyDim {
 		return a.w.Before(b.w.Place, now)
 	}
-	if a.tag != b.tag {
+	if a.tag != b.tag && a.f.fairKey != b.f.fairKey {
 		return a.tag < b.tag
 	}
 	return a.w.Seq < b.w.Seq
