@@ -143,6 +143,21 @@ func (q *queue) turn(f *flow) candidate {
 	return c
 }
 
+// shortHolds reports whether a short flow before r's try has dimension
+// d's key hash, not in flight: counted as admitted at its turn, it puts
+// the key in flight for the try, which its key bound does not refuse.
+func (r *reservation) shortHolds(d int, hash uint64) bool {
+	if r == nil {
+		return false
+	}
+	for _, k := range r.shortNew {
+		if k.Dim == d && k.Hash == hash {
+			return true
+		}
+	}
+	return false
+}
+
 // holdsNewKey returns the keys r holds in dimension d's key bound against
 // a try whose key there (hash) is not in flight.
 func (r *reservation) holdsNewKey(d int, hash uint64) int64 {

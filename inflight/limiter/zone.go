@@ -497,7 +497,7 @@ func (z *Zone) tryAcquire(req *Request, r *reservation) (Outcome, int) {
 		}
 	}
 	for d, sl := range locked {
-		if outcome != Admitted || sl.shard == nil || sl.count > 0 || lim.MaxKeys == 0 {
+		if outcome != Admitted || sl.shard == nil || sl.count > 0 || lim.MaxKeys == 0 || r.shortHolds(d, sl.hash) {
 			continue
 		}
 		if !counted {
