@@ -6,10 +6,10 @@
 #
 # One Caddy, a `respond` route behind `inflight 1000000` (one key: wrk's
 # address; then with `fair client` too), then behind a limit on a header
-# that wrk sets to one of 64 keys, request by request (keys64.lua; the
-# only limit), a
-# loopback redis-server on a port of its own, and wrk -c16
-# (DURATION, default 5s). Everything listens on 127.0.0.1 and is stopped on
+# that wrk sets to one of 64, then 1,000 keys, request by request
+# (keys.lua; the only limit), a
+# loopback redis-server on a port of its own, and wrk -c16 (and -c1 for
+# the latency of one connection; DURATION, default 5s). Everything listens on 127.0.0.1 and is stopped on
 # exit. Other work on the machine skews the figures: compare runs made
 # back to back. With PIN=1, Caddy and wrk run on CPU 0 and Redis on CPU 1
 # (taskset), in every run: Redis no longer takes Caddy's CPU, as when it
@@ -71,12 +71,16 @@ CADDY
 	redis-cli -p "$redis_port" config resetstat >/dev/null
 	local out rps cpu0 cpu1
 	cpu0=$(redis_cpu)
-	out=$("${on_caddy[@]}" wrk -t2 -c16 -d"$duration" "${script[@]}" "http://127.0.0.1:$http_port/")
+	local conns=${CONNS:-16} threads=2
+	((conns < 2)) && threads=1
+	out=$("${on_caddy[@]}" wrk -t$threads -c"$conns" -d"$duration" --latency "${script[@]}" "http://127.0.0.1:$http_port/")
 	cpu1=$(redis_cpu)
 	rps=$(awk '/^Requests\/sec/ {print $2}' <<<"$out")
-	local requests
+	local requests p50 p90
 	requests=$(awk '/requests in/ {print $1}' <<<"$out")
-	echo "$name: $rps requests/s ($requests requests in $duration)"
+	p50=$(awk '$1 == "50%" {print $2}' <<<"$out")
+	p90=$(awk '$1 == "90%" {print $2}' <<<"$out")
+	echo "$name: $rps requests/s ($requests requests in $duration, $conns connections; p50 $p50, p90 $p90)"
 	if [[ -n $store ]]; then
 		redis-cli -p "$redis_port" info commandstats | tr -d '\r' | awk -F'[:=,]' -v n="$requests" '
 			/^cmdstat_(evalsha|eval|zrem|zadd|incrby|decrby|get|zrangebyscore|zremrangebyscore|pexpire)(_ro)?:/ {
@@ -100,9 +104,17 @@ run redis-fair "wait 5s
 		store redis {
 			address 127.0.0.1:$redis_port
 		}"
-# 64 keys, the only limit.
-keys64="limit key {header.X-Key} 1000000"
-run in-process-keys64 "" "$keys64" keys64.lua
-run redis-keys64 "store redis {
+# One connection: the latency a request pays, p50 and p90.
+CONNS=1 run in-process-1conn ""
+CONNS=1 run redis-1conn "store redis {
 			address 127.0.0.1:$redis_port
-		}" "$keys64" keys64.lua
+		}"
+# 64 and 1,000 keys, the only limit.
+keyed="limit key {header.X-Key} 1000000"
+for keys in 64 1000; do
+	export KEYS=$keys
+	run in-process-keys$keys "" "$keyed" keys.lua
+	run redis-keys$keys "store redis {
+			address 127.0.0.1:$redis_port
+		}" "$keyed" keys.lua
+done
