@@ -36,7 +36,8 @@ type Write struct {
 }
 
 // A Report tells the fleet that this instance waits for a set: the units
-// of its first waiter needing it (Head; 0 withdraws the report), its
+// of its first waiter needing it (Head; 0 withdraws the report) and what
+// it lacks beyond the idle units this instance holds there (Need), its
 // target there (see limiter/target.go), and what it waits for by key (Entries,
 // opaque to the ledger). New places it after every report there: its
 // first waiter changed.
@@ -44,6 +45,7 @@ type Report struct {
 	Set     string
 	New     bool
 	Head    int64
+	Need    int64
 	Target  float64
 	Entries string
 }

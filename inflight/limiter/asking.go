@@ -589,6 +589,32 @@ func (z *Zone) answer(c *fleet.Call, st *sent, err error) {
 		z.readTables(c.Tables, st.named, now)
 	}
 	z.dispatch()
+	z.trimTables(c, st)
+}
+
+// trimTables writes back, after a call's tables moved the zone's
+// targets, the idle allowance beyond what it keeps now in the sets the
+// tables named, but for those a want of the call was granted in (a grant
+// waits for its waiter's turn): a target that fell, or another instance
+// now owed units, lets go of units that no release would. mu must be
+// held.
+func (z *Zone) trimTables(c *fleet.Call, st *sent) {
+	if len(c.Tables) == 0 {
+		return
+	}
+	granted := map[Set]bool{}
+	for i, want := range c.Wants {
+		if want.Refused == 0 {
+			for _, set := range st.asked[i].sets {
+				granted[set] = true
+			}
+		}
+	}
+	for _, t := range c.Tables {
+		if n, ok := st.named[t.Set]; ok && !granted[n.set] {
+			z.trim([]Set{n.set}, false)
+		}
+	}
 }
 
 // verdict applies want's answer to the allowances, and returns what its

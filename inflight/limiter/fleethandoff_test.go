@@ -163,3 +163,55 @@ func TestFleetRoomGoesToTheInstanceOwedIt(t *testing.T) {
 		here.Release(o)
 	})
 }
+
+// TestFleetRoomGoesToTheWaiterThatLacksIt is
+// TestFleetRoomGoesToTheInstanceOwedIt with the waiter (a cost of 3 on a
+// cap of 4) holding one idle unit already at its instance: its report
+// holds the 2 units it lacks, so the 2 written back elsewhere go to it,
+// not to a newcomer there. (Were the report to hold its whole cost, 3,
+// it would be owed nothing: its target, 3, less the unit it holds, is
+// short of 3.)
+func TestFleetRoomGoesToTheWaiterThatLacksIt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := fleetref.NewFleet()
+		f.Latency = 100 * time.Millisecond
+		zones := fleetZones(t, f, 2, 1, false)
+		here, there := zones[0], zones[1]
+		lim := &Limits{Max: []int64{4}}
+		var held []*Request
+		for range 3 {
+			r := req(lim, "k")
+			mustAdmit(t, here, r)
+			held = append(held, r)
+		}
+		mine := req(lim, "k")
+		mustAdmit(t, there, mine)
+		big := costly(lim, 3, "k")
+		waiting := waitInBackground(there, big)
+		time.Sleep(time.Second) // refused, it reports; the first instance hears it
+		there.Release(mine)     // kept idle for big, which lacks 2 now
+		time.Sleep(time.Second) // its report says so
+		o := req(lim, "o")
+		other := make(chan Result, 1)
+		go func() { other <- here.Acquire(context.Background(), o, WaitOptions{}) }()
+		synctest.Wait() // a call is under way
+		here.Release(held[0])
+		here.Release(held[1])
+		late := req(lim, "k")
+		newcomer := make(chan Result, 1)
+		go func() { newcomer <- here.Acquire(context.Background(), late, WaitOptions{}) }()
+		if res := <-newcomer; res.Outcome == Admitted {
+			here.Release(late)
+			t.Error("a newcomer at the instance that wrote back 2 units was admitted, before the request that lacks them elsewhere")
+		}
+		if res := <-waiting; res.Outcome != Admitted {
+			t.Fatalf("the waiter of cost 3: outcome %d, want admitted", res.Outcome)
+		}
+		there.Release(big)
+		here.Release(held[2])
+		if res := <-other; res.Outcome != Admitted {
+			t.Fatalf("the request of key o: outcome %d, want admitted", res.Outcome)
+		}
+		here.Release(o)
+	})
+}

@@ -25,9 +25,10 @@ import (
 //   - An allowance lives for Lease unless written again, so a dead
 //     instance's units come back within one lease.
 //   - A report whose instance is owed room for its head there
-//     (floor(target) - its allowance is at least head) holds head units
-//     against the wants of the instances that reported after it, do not
-//     report, or would pass their own target.
+//     (floor(target) - its allowance is at least what the head lacks
+//     beyond the instance's idle units, need) holds need units against
+//     the wants of the instances that reported after it, do not report,
+//     or would pass their own target.
 //   - Spare (idle units granted ahead) comes only from the room beyond the
 //     reserve, a tenth of the cap, while no other instance reports on the
 //     set, and the spares of a set sum to at most the reserve.

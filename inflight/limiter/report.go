@@ -33,7 +33,12 @@ type reported struct {
 	name string
 	cap  int64
 	head *waiter
-	sent time.Time
+	need int64 // the units head lacks beyond the idle allowance here
+	// target is the target reported: a report is sent again when its
+	// whole units move, so that the others see at once whom the ledger
+	// holds room for.
+	target float64
+	sent   time.Time
 }
 
 // reportsFor returns the reports of the next call, by the queue order:
@@ -43,7 +48,7 @@ func (z *Zone) reportsFor(order []*waiter, now time.Time, anyway bool) []fleet.R
 	cur := z.reportedSets(order)
 	due := anyway || len(cur) != len(z.asks.reports)
 	for set, r := range z.asks.reports {
-		if c := cur[set]; c == nil || c.head != r.head || now.Sub(r.sent) >= fleetPoll {
+		if c := cur[set]; c == nil || c.head != r.head || c.need != r.need || math.Floor(c.target) != math.Floor(r.target) || now.Sub(r.sent) >= fleetPoll {
 			due = true
 		}
 	}
@@ -59,8 +64,8 @@ func (z *Zone) reportsFor(order []*waiter, now time.Time, anyway bool) []fleet.R
 	for set, c := range cur {
 		old := z.asks.reports[set]
 		c.sent = now
-		out = append(out, fleet.Report{Set: c.name, New: old != nil && old.head != c.head, Head: c.head.req.cost(),
-			Target: z.reportedTarget(set, c), Entries: z.entries(set, order)})
+		out = append(out, fleet.Report{Set: c.name, New: old != nil && old.head != c.head, Head: c.head.req.cost(), Need: c.need,
+			Target: c.target, Entries: z.entries(set, order)})
 	}
 	z.asks.reports = cur
 	return out
@@ -89,7 +94,8 @@ func (z *Zone) reportedSets(order []*waiter) map[Set]*reported {
 	for _, w := range order { // the head of each: the first that needs it
 		for _, set := range z.setsOf(w.req) {
 			if r := cur[set]; r != nil && r.head == nil {
-				r.head = w
+				r.head, r.need = w, max(0, w.req.cost()-max(0, z.stateOf(set).idle()))
+				r.target = z.reportedTarget(set, r)
 			}
 		}
 	}

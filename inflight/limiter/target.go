@@ -200,6 +200,7 @@ const (
 func targetIn(t fleet.Table, c int64, owedKeys map[string]*keyOwed, now time.Time) (mine float64, parts map[string]float64, owed, shared bool) {
 	room := float64(c)
 	self, first := -1, -1
+	reach := 1.0 // a request's units: the largest head reported
 	var entries []keyDemand
 	for i, m := range t.Members {
 		if m.Self {
@@ -209,6 +210,7 @@ func targetIn(t fleet.Table, c int64, owedKeys map[string]*keyOwed, now time.Tim
 			room -= float64(m.Units)
 			continue
 		}
+		reach = max(reach, float64(m.Head))
 		if !m.Self {
 			shared = true
 			owed = owed || m.Units < int64(math.Floor(m.Target+1e-9))
@@ -245,7 +247,7 @@ func targetIn(t fleet.Table, c int64, owedKeys map[string]*keyOwed, now time.Tim
 	}
 	slices.Sort(ids) // every instance sums in the same order
 	maxMinShares(room, ids, keys)
-	settleOwed(ids, keys, entries, owedKeys, now)
+	settleOwed(ids, keys, entries, owedKeys, reach, now)
 	targets := make([]float64, len(t.Members))
 	parts = map[string]float64{}
 	for _, e := range entries {
@@ -291,7 +293,7 @@ type fleetKey struct {
 // since then counts from now on; one whose count fell made its entry
 // afresh, and counts what it says. The moves sum to none, so the targets
 // still share the room.
-func settleOwed(ids []string, keys map[string]*fleetKey, entries []keyDemand, owedKeys map[string]*keyOwed, now time.Time) {
+func settleOwed(ids []string, keys map[string]*fleetKey, entries []keyDemand, owedKeys map[string]*keyOwed, reach float64, now time.Time) {
 	var moves float64
 	var moved int
 	for _, id := range ids {
@@ -326,7 +328,7 @@ func settleOwed(ids []string, keys map[string]*fleetKey, entries []keyDemand, ow
 			}
 			o.seen, o.at = seen, now
 		}
-		k.owedShare += max(-1, min(1, owedGain*o.owed/keyOwedFade.Seconds()))
+		k.owedShare += max(-reach, min(reach, owedGain*o.owed/keyOwedFade.Seconds()))
 		moves += k.owedShare - k.share
 		moved++
 	}

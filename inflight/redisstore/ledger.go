@@ -102,7 +102,7 @@ func (l *ledger) encode(c *fleet.Call, deadline int64) ([]string, []any) {
 		}
 		return i
 	}
-	args := make([]any, 0, 10+3*len(c.Writes)+5*len(c.Reports)+len(c.Wants)*10)
+	args := make([]any, 0, 10+3*len(c.Writes)+6*len(c.Reports)+len(c.Wants)*10)
 	args = append(args, deadline, l.book.lease.Milliseconds(), fleet.Listing.Milliseconds(), l.book.instance,
 		versions.Add(1), len(l.tag)+2, flag(c.Again), len(c.Writes))
 	for _, w := range c.Writes {
@@ -110,7 +110,7 @@ func (l *ledger) encode(c *fleet.Call, deadline int64) ([]string, []any) {
 	}
 	args = append(args, len(c.Reports))
 	for _, r := range c.Reports {
-		args = append(args, key(r.Set), flag(r.New), r.Head, strconv.FormatFloat(r.Target, 'g', -1, 64), r.Entries)
+		args = append(args, key(r.Set), flag(r.New), r.Head, r.Need, strconv.FormatFloat(r.Target, 'g', -1, 64), r.Entries)
 	}
 	args = append(args, len(c.Wants))
 	for _, w := range c.Wants {
@@ -174,17 +174,17 @@ func tableOf(set string, fields [][2]string, me string) fleet.Table {
 	for _, f := range fields {
 		name, value := f[0], f[1]
 		if inst, ok := strings.CutPrefix(name, "~r:"); ok {
-			p := strings.SplitN(value, " ", 6)
-			if len(p) < 5 {
+			p := strings.SplitN(value, " ", 7)
+			if len(p) < 6 {
 				continue
 			}
 			m := member(inst)
 			m.Reports = true
 			m.Seq, _ = strconv.ParseInt(p[0], 10, 64)
 			m.Head, _ = strconv.ParseInt(p[1], 10, 64)
-			m.Target, _ = strconv.ParseFloat(p[2], 64)
-			if len(p) == 6 {
-				m.Entries = p[5]
+			m.Target, _ = strconv.ParseFloat(p[3], 64)
+			if len(p) == 7 {
+				m.Entries = p[6]
 			}
 			continue
 		}

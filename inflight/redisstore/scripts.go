@@ -7,7 +7,7 @@ import (
 // A zone's ledger in Redis (layout a1): per set (see fleet), a hash at
 // "<tag>:<set>" with a field per instance holding an allowance,
 // "<units> <spare> <expiry> <version>", and a field "~r:<instance>" per
-// instance reporting, "<seq> <head> <target> <expiry> <notified>
+// instance reporting, "<seq> <head> <need> <target> <expiry> <notified>
 // <entries>" (times in Redis's milliseconds); the reports' places come
 // from the counter "<tag>:~seq"; notices go out on the channel
 // "<tag>:n". The hash expires two leases after its last write, so a set
@@ -26,7 +26,8 @@ import (
 // length plus two (a notice names a set by its key less the tag and the
 // colon), 1 if the call is sent again; then the number of writes and per
 // write its set's index in KEYS, units and spare; the number of reports
-// and per report its set's index, 1 if new, head, target and entries;
+// and per report its set's index, 1 if new, head, need, target and
+// entries;
 // the number of wants and per want its number of sets, 1 if it waits,
 // then per set its index, cap, units, spare asked, 1 if it holds the
 // set, and the allowance and spare the instance held there.
@@ -58,11 +59,11 @@ local function load(i)
 	for j = 1, #all, 2 do
 		local f, v = all[j], all[j + 1]
 		if string.sub(f, 1, 3) == '~r:' then
-			local seq, head, target, expiry, notified, entries = string.match(v, '^(%S+) (%S+) (%S+) (%S+) (%S+) ?(.*)$')
+			local seq, head, need, target, expiry, notified, entries = string.match(v, '^(%S+) (%S+) (%S+) (%S+) (%S+) (%S+) ?(.*)$')
 			if tonumber(expiry) <= now then
 				call('HDEL', KEYS[i], f)
 			else
-				s.reports[string.sub(f, 4)] = {seq = tonumber(seq), head = tonumber(head), target = target,
+				s.reports[string.sub(f, 4)] = {seq = tonumber(seq), head = tonumber(head), need = tonumber(need), target = target,
 					expiry = tonumber(expiry), notified = tonumber(notified), entries = entries}
 			end
 		else
@@ -102,8 +103,8 @@ local function holds(s, want)
 	local all = mine == nil or units(s, me) + want > floor(tonumber(mine.target))
 	local n = 0
 	for inst, r in pairs(s.reports) do
-		if inst ~= me and (all or r.seq < mine.seq) and floor(tonumber(r.target)) - units(s, inst) >= r.head then
-			n = n + r.head
+		if inst ~= me and (all or r.seq < mine.seq) and floor(tonumber(r.target)) - units(s, inst) >= r.need then
+			n = n + r.need
 		end
 	end
 	return n
@@ -117,12 +118,12 @@ local wpos = pos + 1
 pos = wpos + 3 * writes
 local reports = tonumber(ARGV[pos])
 local rpos = pos + 1
-pos = rpos + 5 * reports
+pos = rpos + 6 * reports
 local wants = tonumber(ARGV[pos])
 local qpos = pos + 1
 local touched = {}
 for j = 0, writes - 1 do touched[#touched + 1] = tonumber(ARGV[wpos + 3 * j]) end
-for j = 0, reports - 1 do touched[#touched + 1] = tonumber(ARGV[rpos + 5 * j]) end
+for j = 0, reports - 1 do touched[#touched + 1] = tonumber(ARGV[rpos + 6 * j]) end
 pos = qpos
 for j = 1, wants do
 	local n = tonumber(ARGV[pos])
@@ -171,8 +172,8 @@ local function table1(i)
 	end
 end
 for j = 0, reports - 1 do
-	local p = rpos + 5 * j
-	local i, new, head, target, entries = tonumber(ARGV[p]), ARGV[p + 1] == '1', tonumber(ARGV[p + 2]), ARGV[p + 3], ARGV[p + 4]
+	local p = rpos + 6 * j
+	local i, new, head, need, target, entries = tonumber(ARGV[p]), ARGV[p + 1] == '1', tonumber(ARGV[p + 2]), tonumber(ARGV[p + 3]), ARGV[p + 4], ARGV[p + 5]
 	local s = sets[i]
 	local old = s.reports[me]
 	if head <= 0 then
@@ -186,8 +187,8 @@ for j = 0, reports - 1 do
 		end
 		local seq
 		if old and not new then seq = old.seq else seq = call('INCR', KEYS[1]) end
-		s.reports[me] = {seq = seq, head = head, target = target, expiry = now + listing, notified = notified, entries = entries}
-		call('HSET', KEYS[i], '~r:' .. me, seq .. ' ' .. head .. ' ' .. target .. ' ' .. (now + listing) .. ' ' .. notified .. ' ' .. entries)
+		s.reports[me] = {seq = seq, head = head, need = need, target = target, expiry = now + listing, notified = notified, entries = entries}
+		call('HSET', KEYS[i], '~r:' .. me, seq .. ' ' .. head .. ' ' .. need .. ' ' .. target .. ' ' .. (now + listing) .. ' ' .. notified .. ' ' .. entries)
 		call('PEXPIRE', KEYS[i], 2 * lease)
 		table1(i)
 	end
@@ -273,7 +274,7 @@ for _, i in ipairs(tables) do
 	end
 	for inst, r in pairs(s.reports) do
 		fields[#fields + 1] = '~r:' .. inst
-		fields[#fields + 1] = r.seq .. ' ' .. r.head .. ' ' .. r.target .. ' ' .. r.expiry .. ' ' .. r.notified .. ' ' .. r.entries
+		fields[#fields + 1] = r.seq .. ' ' .. r.head .. ' ' .. r.need .. ' ' .. r.target .. ' ' .. r.expiry .. ' ' .. r.notified .. ' ' .. r.entries
 	end
 	out[#out + 1] = i
 	out[#out + 1] = #fields / 2

@@ -113,7 +113,8 @@ func randomCall(rng *rand.Rand, sets []string) *fleet.Call {
 		c.Writes = append(c.Writes, fleet.Write{Set: pick(), Units: int64(rng.IntN(4)), Spare: int64(rng.IntN(2))})
 	}
 	for range rng.IntN(3) {
-		r := fleet.Report{Set: pick(), New: rng.IntN(3) == 0, Head: int64(rng.IntN(4)),
+		head := int64(rng.IntN(4))
+		r := fleet.Report{Set: pick(), New: rng.IntN(3) == 0, Head: head, Need: rng.Int64N(head + 1),
 			Target: float64(rng.IntN(80)) / 10, Entries: fmt.Sprintf("k%d 1 %d;- 2 2", rng.IntN(3), rng.IntN(5))}
 		c.Reports = append(c.Reports, r)
 	}

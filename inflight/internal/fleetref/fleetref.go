@@ -10,21 +10,22 @@
 //     each lives until its expiry (a lease), renewed by the instance's
 //     calls, so a dead instance's allowance comes back within one lease;
 //   - each waiting instance's report: the units of its first waiter there
-//     (head), the instance's target (its share of the set, computed by the
-//     engine from the reports), what it waits for by key (entries, opaque
-//     here), and its place among the reports (seq); a report lives until
-//     its expiry, renewed by the instance's calls while it waits.
+//     (head) and what it lacks beyond the idle units its instance holds
+//     there (need), the instance's target (its share of the set, computed
+//     by the engine from the reports), what it waits for by key (entries,
+//     opaque here), and its place among the reports (seq); a report lives
+//     until its expiry, renewed by the instance's calls while it waits.
 //
 // The rules:
 //   - Exact: the allowances of a set sum to at most its cap whenever a
 //     want is granted (a write that lowers an allowance is always applied;
 //     a reload that lowers a cap only refuses more).
 //   - Holds: each report whose instance is owed room for its head
-//     (floor(target) - allowance is at least head) holds head units
-//     against the wants of the instances that reported after it, that do
-//     not report, or that would pass their own target with the want. A
-//     report owed less holds nothing: room it could not use would be
-//     idle.
+//     (floor(target) - allowance is at least need: its units in flight
+//     and its head fit within its target) holds need units against the
+//     wants of the instances that reported after it, that do not report,
+//     or that would pass their own target with the want. A report owed
+//     less holds nothing: room it could not use would be idle.
 //   - Reserve: a set keeps a tenth of its cap (rounded down) free of
 //     spare. Spare (units granted ahead, which the instance may keep idle)
 //     is granted only to a want that asks for some, only while no other
@@ -72,6 +73,7 @@ type Allowance struct {
 type Report struct {
 	Seq      int64
 	Head     int64
+	Need     int64
 	Target   float64
 	Entries  string
 	Expiry   int64 // ms
@@ -167,7 +169,7 @@ func (l *Ledger) Apply(now int64, who Caller, c *fleet.Call) (notices []string, 
 			l.seq++
 			seq = l.seq
 		}
-		s.reports[me] = &Report{Seq: seq, Head: r.Head, Target: r.Target, Entries: r.Entries, Expiry: now + who.Listing, Notified: notified}
+		s.reports[me] = &Report{Seq: seq, Head: r.Head, Need: r.Need, Target: r.Target, Entries: r.Entries, Expiry: now + who.Listing, Notified: notified}
 		tables = appendOnce(tables, r.Set)
 	}
 	reserved := map[string]bool{}
@@ -273,8 +275,8 @@ func (s *set) holds(me string, units int64) int64 {
 		if inst == me || !all && r.Seq > mine.Seq {
 			continue
 		}
-		if int64(math.Floor(r.Target))-s.units(inst) >= r.Head {
-			n += r.Head
+		if int64(math.Floor(r.Target))-s.units(inst) >= r.Need {
+			n += r.Need
 		}
 	}
 	return n
