@@ -157,12 +157,13 @@ func TestFleetFairWeightsAcrossInstances(t *testing.T) {
 		{"3:2:1 cost 2", []float64{3, 2, 1}, 2, nil, nil},
 		{"2:1:1 of 1 s against 100 ms", []float64{2, 1, 1}, 1, []func(*rand.Rand) time.Duration{long, short, short}, nil},
 		{"2:1:1 cost 5, using 5 against 1", []float64{2, 1, 1}, 5, nil, []int64{5, 1, 1}},
+		{"2:1:1 of 1,025 tokens, using 1,025 against 205", []float64{2, 1, 1}, 1025, nil, []int64{1025, 205, 205}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				total := int64(6) * max(1, c.cost)
 				zones := fleetZones(t, fleetref.NewFleet(), 3, 1, true)
-				lim := &Limits{Max: []int64{1000}, Total: total}
+				lim := &Limits{Max: []int64{1000 * max(1, c.cost)}, Total: total}
 				var tenants []fleetTenant
 				for i, w := range c.weights {
 					tn := fleetTenant{weight: w, clients: 8, home: i, hold: requests, cost: c.cost}
