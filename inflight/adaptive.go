@@ -135,7 +135,7 @@ func (h *Handler) serveMeasured(w http.ResponseWriter, r *http.Request, next cad
 		if he, ok := errors.AsType[caddyhttp.HandlerError](err); ok && he.StatusCode != 0 {
 			status = he.StatusCode
 		}
-		m.h.adaptive.Fail(time.Now(), status, m.h.engine.Held(limiter.TotalDim))
+		m.h.gate.ObserveFailure(status)
 	}
 	m.ResponseWriter = nil
 	return err
@@ -182,7 +182,7 @@ func (m *measuredWriter) Flush() {
 // is none of them.
 func (m *measuredWriter) answered(code int) {
 	m.done = true
-	if code != http.StatusSwitchingProtocols && m.h.adaptive.Observe(time.Now(), m.admitted, code, m.h.engine.Held(limiter.TotalDim)) {
-		m.h.engine.Kick()
+	if code != http.StatusSwitchingProtocols {
+		m.h.gate.ObserveAnswer(m.admitted, code)
 	}
 }

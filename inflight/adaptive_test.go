@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -15,17 +16,33 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
-	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
+	"github.com/caddy-inflight/caddy-inflight/inflight/core"
 )
 
-// measuredHandler is a handler with only what serveMeasured uses: a zone
-// with a total and its controller, at limit 8, whose windows close as soon
-// as they hold 4 responses (a window of 1ns is always long past), with the
-// overload statuses of at.
-func measuredHandler(at AdaptiveTotal) *Handler {
+// measuredHandler provisions a handler with only an adaptive total, in a
+// zone of its own, at limit 8, whose windows close as soon as they hold 4
+// responses (a window of 1ns is always long past), with the overload
+// statuses of at.
+func measuredHandler(t *testing.T, at AdaptiveTotal) *Handler {
 	at.Min, at.Max, at.Initial, at.Tolerance, at.Window = 1, 1000, 8, 0.2, caddy.Duration(time.Nanosecond)
-	a := limiter.NewAdaptive(at.config(), time.Now())
-	return &Handler{engine: limiter.NewZone(0, true, nil), adaptive: a}
+	measuredZones++
+	zone := fmt.Sprintf("measured-%d", measuredZones)
+	return provisioned(t, &Handler{Config: core.Config{Zone: zone}, TotalAdaptive: &at})
+}
+
+var measuredZones int
+
+// adaptiveState returns the adaptive total of h's zone, as the admin API
+// shows it.
+func adaptiveState(t *testing.T, h *Handler) core.AdaptiveState {
+	t.Helper()
+	for _, z := range core.States() {
+		if z.Zone == h.Zone && z.Adaptive != nil {
+			return *z.Adaptive
+		}
+	}
+	t.Fatalf("zone %s shows no adaptive total", h.Zone)
+	return core.AdaptiveState{}
 }
 
 // serveN serves n requests through serveMeasured with next, and returns the
@@ -73,9 +90,9 @@ func TestAdaptiveOverloadSignals(t *testing.T) {
 		{"500 written, overload_status 500", []int{500}, written(http.StatusInternalServerError), 4},
 		{"503 written, overload_status 500", []int{500}, written(http.StatusServiceUnavailable), 8},
 	} {
-		h := measuredHandler(AdaptiveTotal{OverloadStatus: tc.overload})
+		h := measuredHandler(t, AdaptiveTotal{OverloadStatus: tc.overload})
 		serveN(h, 4, context.Background(), tc.next)
-		if got := h.adaptive.Limit(); got != tc.want {
+		if got := adaptiveState(t, h).Limit; got != tc.want {
 			t.Errorf("%s: limit %d after a window of them, want %d", tc.name, got, tc.want)
 		}
 	}
@@ -106,13 +123,13 @@ func TestAdaptiveIgnores(t *testing.T) {
 			return caddyhttp.Error(http.StatusNotFound, errors.New("no such file"))
 		}},
 	} {
-		h := measuredHandler(AdaptiveTotal{})
+		h := measuredHandler(t, AdaptiveTotal{})
 		serveN(h, 3, context.Background(), func(w http.ResponseWriter, _ *http.Request) error {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			return nil
 		})
 		serveN(h, 32, tc.ctx, tc.next)
-		if got := h.adaptive.Limit(); got != 8 {
+		if got := adaptiveState(t, h).Limit; got != 8 {
 			t.Errorf("%s: limit %d, want 8: these requests must not count", name, got)
 		}
 	}
@@ -121,15 +138,15 @@ func TestAdaptiveIgnores(t *testing.T) {
 // The latency sample is the time to the response headers: a stream (SSE)
 // has given its sample while it still flows.
 func TestAdaptiveSamplesAtHeaders(t *testing.T) {
-	h := measuredHandler(AdaptiveTotal{})
+	h := measuredHandler(t, AdaptiveTotal{})
 	n := 0
-	var sampledWhileStreaming time.Duration
+	var sampledWhileStreaming float64
 	serveN(h, 32, context.Background(), func(w http.ResponseWriter, _ *http.Request) error {
 		w.Header().Set("Content-Type", "text/event-stream")
 		w.WriteHeader(http.StatusOK)
 		http.NewResponseController(w).Flush()
 		if n++; n == 32 {
-			sampledWhileStreaming = h.adaptive.Sample()
+			sampledWhileStreaming = adaptiveState(t, h).SampleSeconds
 		}
 		_, err := w.Write([]byte("data: x\n\n"))
 		return err

@@ -169,9 +169,7 @@ type Handler struct {
 
 	logger     *zap.Logger
 	gate       *core.Gate
-	meter      *llm.Meter        // with costs; estimates with cost tokens
-	engine     *limiter.Zone     // the zone's counts in this process
-	adaptive   *limiter.Adaptive // the zone's, with total_adaptive
+	meter      *llm.Meter // with costs; estimates with cost tokens
 	keys       []valueFunc
 	maxes      []valueFunc // nil where the max is fixed
 	priority   valueFunc
@@ -366,7 +364,6 @@ func (h *Handler) compile() {
 	}
 	h.retryAfter = strconv.Itoa(int(math.Ceil(time.Duration(h.RetryAfter).Seconds())))
 	g := h.gate
-	h.engine, h.adaptive = g.Engine(), g.Adaptive()
 	h.admissions.New = func() any {
 		a := new(admission)
 		g.InitTicket(&a.ticket)

@@ -86,9 +86,9 @@ func (h *Handler) limitLevels() ([]int, error) {
 // answered the call that decided a (res.Levels), or, for a request
 // admitted within this instance's allowance, its latest call for that
 // key: the fleet's cap and the units held across the fleet; a limit the
-// ledger did not read (one after the limit that refused a) is left out. While the store cannot answer and
-// fails open (res.Alone), the level is this instance's, its share of each
-// cap, marked with localScope. Nothing is sent when no level is known (a
+// ledger did not read (one after the limit that refused a) is left out.
+// While the store cannot answer and fails open (res.Alone), the level is
+// this instance's, its share of each cap, marked with localScope. Nothing is sent when no level is known (a
 // refusal for max_keys, or by a store that fails closed).
 func (h *Handler) sendLevels(w http.ResponseWriter, a *admission, res limiter.Result) {
 	if h.levels == nil || res.Outcome == limiter.Aborted {
@@ -96,7 +96,7 @@ func (h *Handler) sendLevels(w http.ResponseWriter, a *admission, res limiter.Re
 	}
 	local := !h.shared || res.Alone
 	if !local && res.Levels == nil && res.Outcome == limiter.Admitted { // within this instance's allowance
-		res.Levels = h.engine.Levels(&a.ticket.Req)
+		res.Levels = h.gate.FleetLevels(&a.ticket)
 	}
 	if !local && res.Levels == nil {
 		return
@@ -111,18 +111,14 @@ func (h *Handler) sendLevels(w http.ResponseWriter, a *admission, res limiter.Re
 			}
 		}
 		var capacity, used int64
-		switch {
-		case !local:
+		if local {
+			capacity, used = h.gate.Level(&a.ticket, d)
+		} else {
 			l, ok := res.Levels.Of(d)
 			if !ok {
 				continue
 			}
 			capacity, used = l.Cap, l.Held
-		case d == limiter.TotalDim:
-			capacity = h.capOf(a, d)
-			used, _ = h.engine.Load(limiter.TotalDim)
-		default:
-			capacity, used = h.capOf(a, d), h.engine.KeyUnits(d, key)
 		}
 		if capacity <= 0 {
 			continue
@@ -145,11 +141,4 @@ func (h *Handler) sendLevels(w http.ResponseWriter, a *admission, res limiter.Re
 		w.Header().Set(policyField, string(policy))
 		w.Header().Set(levelField, string(level))
 	}
-}
-
-// capOf returns the cap this instance enforces on a's key in dimension d
-// (limiter.TotalDim: the total's), in units: as the engine counts it, the
-// fixed max or a's own, split by replicas, or the adaptive total's limit.
-func (h *Handler) capOf(a *admission, d int) int64 {
-	return h.gate.Limits().Cap(&a.ticket.Req, d)
 }

@@ -49,6 +49,23 @@ func (s *adaptiveState) current() *limiter.Adaptive {
 	return s.a
 }
 
+// ObserveAnswer tells the adaptive total that a unit admitted at admitted
+// was answered, now, with code: an overload, an application's error
+// (ignored) or a latency sample. A window that closes with a higher limit
+// lets waiters in. Only for a gate with an adaptive total.
+func (g *Gate) ObserveAnswer(admitted time.Time, code int) {
+	if g.adaptive.Observe(time.Now(), admitted, code, g.zone.Held(limiter.TotalDim)) {
+		g.zone.Kick()
+	}
+}
+
+// ObserveFailure tells the adaptive total that a unit failed, now, before
+// it was answered, and is answered with status: an overload if status is
+// one. Only for a gate with an adaptive total.
+func (g *Gate) ObserveFailure(status int) {
+	g.adaptive.Fail(time.Now(), status, g.zone.Held(limiter.TotalDim))
+}
+
 var (
 	adaptiveLimitDesc = prometheus.NewDesc("caddy_inflight_adaptive_limit",
 		"The adaptive total's current limit, by zone (the first zone of a name that has one).",

@@ -112,15 +112,6 @@ func (g *Gate) Leave() error {
 // Zone returns the zone's name, as metrics and the admin API show it.
 func (g *Gate) Zone() string { return g.label }
 
-// Engine returns the zone's counts in this process.
-func (g *Gate) Engine() *limiter.Zone { return g.zone.Zone }
-
-// Limits returns the caps the gate enforces.
-func (g *Gate) Limits() *limiter.Limits { return g.limits }
-
-// Adaptive returns the zone's adaptive total, nil without one.
-func (g *Gate) Adaptive() *limiter.Adaptive { return g.adaptive }
-
 // compile turns the config into what Admit reads.
 func (g *Gate) compile(edge Edge) {
 	c := g.cfg

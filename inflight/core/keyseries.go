@@ -4,9 +4,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
+	"github.com/caddy-inflight/caddy-inflight/inflight/metric"
 )
 
 // maxKeySeries bounds the keys of one zone in per-key series; keys beyond
@@ -27,21 +26,17 @@ const keyWaitIdle = 5 * time.Minute
 var keyWaitBuckets = []float64{.01, .05, .25, 1, 5, 30, 120}
 
 var (
-	keyRequests = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "caddy_inflight_key_requests",
-		Help: "Slots held now per key (hashed unless plain_keys), for handlers with per_key_metrics; at most 1000 keys per zone, the rest under key _overflow.",
-	}, []string{"zone", "limit", "key"})
+	keyRequests = metric.Gauge("caddy_inflight_key_requests",
+		"Slots held now per key (hashed unless plain_keys), for handlers with per_key_metrics; at most 1000 keys per zone, the rest under key _overflow.",
+		"zone", "limit", "key")
 
-	keyWaitSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name:    "caddy_inflight_key_wait_seconds",
-		Help:    "Time requests spent waiting for an inflight slot per key (hashed unless plain_keys) and outcome (admitted, timeout, aborted), for handlers with per_key_metrics; at most 1000 keys per zone, the rest under key _overflow; a key's series go 5 minutes after its last wait once it holds no slot and has no request waiting.",
-		Buckets: keyWaitBuckets,
-	}, []string{"zone", "limit", "key", "outcome"})
+	keyWaitSeconds = metric.Histogram("caddy_inflight_key_wait_seconds",
+		"Time requests spent waiting for an inflight slot per key (hashed unless plain_keys) and outcome (admitted, timeout, aborted), for handlers with per_key_metrics; at most 1000 keys per zone, the rest under key _overflow; a key's series go 5 minutes after its last wait once it holds no slot and has no request waiting.",
+		keyWaitBuckets, "zone", "limit", "key", "outcome")
 
-	keyGivenSeconds = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "caddy_inflight_key_given_seconds_total",
-		Help: "Unit-seconds (slot-seconds, or the cost's units × seconds) held by the requests of each key that waited, counted as each request ends, for handlers with per_key_metrics: one key's rate over the sum of its limit's is its share of what the backend gave, to set beside its weight under fair; the series goes with the key's wait series.",
-	}, []string{"zone", "limit", "key"})
+	keyGivenSeconds = metric.Counter("caddy_inflight_key_given_seconds_total",
+		"Unit-seconds (slot-seconds, or the cost's units × seconds) held by the requests of each key that waited, counted as each request ends, for handlers with per_key_metrics: one key's rate over the sum of its limit's is its share of what the backend gave, to set beside its weight under fair; the series goes with the key's wait series.",
+		"zone", "limit", "key")
 )
 
 // keySeries tracks the per-key series of a zone: the slots each key holds

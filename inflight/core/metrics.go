@@ -7,24 +7,20 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
+	"github.com/caddy-inflight/caddy-inflight/inflight/metric"
 	"github.com/caddy-inflight/caddy-inflight/inflight/storestatus"
 )
 
-// The collectors are made once per process so their values outlive reloads,
-// and registered in every config's registry. Every family is declared with
-// its full name, as prometheus.NewDesc takes it, so that a search for a
-// metric's name finds it.
+// The families are declared as package metric says; those read from the
+// live zones at scrape time (stateCollector) with their full names too.
 var (
-	rejectedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "caddy_inflight_rejected_total",
-		Help: "Requests refused by an inflight limit, by zone, limit and reason (full, timeout, queue_full, keys_full, store_error, dry_run).",
-	}, []string{"zone", "limit", "reason"})
+	rejectedTotal = metric.Counter("caddy_inflight_rejected_total",
+		"Requests refused by an inflight limit, by zone, limit and reason (full, timeout, queue_full, keys_full, store_error, dry_run).",
+		"zone", "limit", "reason")
 
-	waitSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name:    "caddy_inflight_wait_seconds",
-		Help:    "Time requests spent waiting for an inflight slot, by zone and outcome (admitted, timeout, aborted).",
-		Buckets: waitBuckets[:],
-	}, []string{"zone", "outcome"})
+	waitSeconds = metric.Histogram("caddy_inflight_wait_seconds",
+		"Time requests spent waiting for an inflight slot, by zone and outcome (admitted, timeout, aborted).",
+		waitBuckets[:], "zone", "outcome")
 
 	requestsDesc = prometheus.NewDesc("caddy_inflight_requests",
 		"Requests in flight now, summed over keys, by zone and limit (total: the zone-wide total); see caddy_inflight_units for the units they hold.",

@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
+	"github.com/caddy-inflight/caddy-inflight/inflight/metric"
 )
 
 // A request holds units, its cost (1 by default), in every limit and the
@@ -25,11 +26,9 @@ var (
 		"Units the requests waiting now ask for (their costs, before any clamping to a cap), by zone.",
 		[]string{"zone"}, nil)
 
-	requestCost = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name:    "caddy_inflight_request_cost",
-		Help:    "Units each admitted request held (its cost, clamped to the smallest cap it was checked against), by zone.",
-		Buckets: costBuckets,
-	}, []string{"zone"})
+	requestCost = metric.Histogram("caddy_inflight_request_cost",
+		"Units each admitted request held (its cost, clamped to the smallest cap it was checked against), by zone.",
+		costBuckets, "zone")
 )
 
 // unitStats are a zone's units that the engine does not count: those its

@@ -8,19 +8,18 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/metric"
 )
 
 var (
-	errorsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "caddy_inflight_store_errors_total",
-		Help: "Failed operations on a shared store, by store, zone and operation (acquire, release, renew).",
-	}, []string{"store", "zone", "op"})
+	errorsTotal = metric.Counter("caddy_inflight_store_errors_total",
+		"Failed operations on a shared store, by store, zone and operation (acquire, release, renew).",
+		"store", "zone", "op")
 
-	seconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name:    "caddy_inflight_store_seconds",
-		Help:    "Latency of shared store operations, by store, zone and operation.",
-		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1},
-	}, []string{"store", "zone", "op"})
+	seconds = metric.Histogram("caddy_inflight_store_seconds",
+		"Latency of shared store operations, by store, zone and operation.",
+		[]float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1}, "store", "zone", "op")
 )
 
 // Collectors returns the metrics, for registering.
