@@ -229,9 +229,6 @@ func (q *queue) dequeue(w *waiter) {
 		w.next.prev = w.prev
 	}
 	w.prev, w.next = nil, nil
-	if !w.granted {
-		q.uncharge(w)
-	}
 	f.n--
 	q.queued.Add(-1)
 	if w.perKey != 0 {
@@ -240,6 +237,9 @@ func (q *queue) dequeue(w *waiter) {
 		}
 	}
 	if f.n > 0 {
+		if !w.granted {
+			q.uncharge(w)
+		}
 		if wasHead {
 			q.headLeft(f)
 		}
@@ -249,6 +249,9 @@ func (q *queue) dequeue(w *waiter) {
 	delete(q.short, f)
 	if f.fair {
 		q.dropFair(f)
+	}
+	if !w.granted { // once f is gone: its key's places move back without it, headless
+		q.uncharge(w)
 	}
 	switch first := q.byID[f.id]; {
 	case first != f:
