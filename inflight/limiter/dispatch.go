@@ -33,6 +33,12 @@ func (z *Zone) dispatch() reservation {
 	}
 	z.epoch++
 	z.freed = compactBlockers(z.freed)
+	// Each change of holders tries the flows again; a flow whose try
+	// changes them back (going short makes another the holder, whose
+	// room then refuses it by a cap, which makes it the holder again)
+	// would go on for ever with mu held: past this many changes the
+	// flows are tried once more each, and the next dispatch goes on.
+	changes := 2*len(z.byID) + 2
 	for {
 		f := z.nextToTry(now)
 		if f == nil {
@@ -63,7 +69,8 @@ func (z *Zone) dispatch() reservation {
 		// A grant, or a refusal that found a flow's keys with room, may
 		// change the holders; room they no longer hold goes to freed.
 		head, sharer := z.head, z.sharer
-		if r = z.reserve(now); z.head != head || z.sharer != sharer {
+		if r = z.reserve(now); (z.head != head || z.sharer != sharer) && changes > 0 {
+			changes--
 			z.unpark()
 			z.epoch++
 			z.freed = compactBlockers(z.freed)
