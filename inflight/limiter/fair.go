@@ -113,8 +113,7 @@ type virtualClock struct {
 	// would have left the queue at its grant.
 	turned map[uint64]int
 	// of, if set, is the clock this one simulates grants on (see
-	// SharedQueue.order): its tags and holds are read where this one has
-	// none.
+	// queue.order): its tags and holds are read where this one has none.
 	of *virtualClock
 }
 
