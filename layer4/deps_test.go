@@ -9,8 +9,9 @@ import (
 )
 
 // TestLinksNoHTTPEdge: a build with the layer4 handler links, of this
-// module, only what every protocol shares: the core, the engine, the Redis
-// store and the Caddyfile reading of the shared options. Never the HTTP
+// module, only what every protocol shares: the core, the engine, the
+// metric declarations, the Redis store and the Caddyfile reading of the
+// shared options. Never the HTTP
 // edge (inflight, and caddyfile, whose import registers the HTTP
 // directive) nor the LLM token and usage code it uses.
 func TestLinksNoHTTPEdge(t *testing.T) {
@@ -18,6 +19,7 @@ func TestLinksNoHTTPEdge(t *testing.T) {
 	shared := map[string]bool{
 		module + "/inflight/core":        true,
 		module + "/inflight/limiter":     true,
+		module + "/inflight/metric":      true,
 		module + "/inflight/storestatus": true,
 		module + "/inflight/redisstore":  true,
 		module + "/caddyfile/options":    true,
