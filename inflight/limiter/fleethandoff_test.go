@@ -123,45 +123,7 @@ func TestFleetSecondReleasePanicsAndGivesNothingBack(t *testing.T) {
 // the room it is owed. Calls take 100 ms; the newcomer and the write
 // back meet in one call by arriving while another call is under way.
 func TestFleetRoomGoesToTheInstanceOwedIt(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		f := fleetref.NewFleet()
-		f.Latency = 100 * time.Millisecond
-		zones := fleetZones(t, f, 2, 1, false)
-		here, there := zones[0], zones[1]
-		lim := &Limits{Max: []int64{4}}
-		var held []*Request
-		for range 4 {
-			r := req(lim, "k")
-			mustAdmit(t, here, r)
-			held = append(held, r)
-		}
-		big := costly(lim, 2, "k")
-		waiting := waitInBackground(there, big)
-		time.Sleep(time.Second) // refused, it reports; the first instance hears it
-		o := req(lim, "o")
-		other := make(chan Result, 1)
-		go func() { other <- here.Acquire(context.Background(), o, WaitOptions{}) }()
-		synctest.Wait() // a call is under way
-		here.Release(held[0])
-		here.Release(held[1])
-		late := req(lim, "k")
-		newcomer := make(chan Result, 1)
-		go func() { newcomer <- here.Acquire(context.Background(), late, WaitOptions{}) }()
-		if res := <-newcomer; res.Outcome == Admitted {
-			here.Release(late)
-			t.Error("a newcomer at the instance that wrote back 2 units was admitted, before the request waiting for them elsewhere")
-		}
-		if res := <-waiting; res.Outcome != Admitted {
-			t.Fatalf("the waiter of cost 2: outcome %d, want admitted", res.Outcome)
-		}
-		there.Release(big)
-		here.Release(held[2])
-		here.Release(held[3])
-		if res := <-other; res.Outcome != Admitted {
-			t.Fatalf("the request of key o: outcome %d, want admitted", res.Outcome)
-		}
-		here.Release(o)
-	})
+	synctest.Test(t, func(t *testing.T) { roomGoesToTheWaiter(t, 0) })
 }
 
 // TestFleetRoomGoesToTheWaiterThatLacksIt is
@@ -172,46 +134,59 @@ func TestFleetRoomGoesToTheInstanceOwedIt(t *testing.T) {
 // it would be owed nothing: its target, 3, less the unit it holds, is
 // short of 3.)
 func TestFleetRoomGoesToTheWaiterThatLacksIt(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		f := fleetref.NewFleet()
-		f.Latency = 100 * time.Millisecond
-		zones := fleetZones(t, f, 2, 1, false)
-		here, there := zones[0], zones[1]
-		lim := &Limits{Max: []int64{4}}
-		var held []*Request
-		for range 3 {
-			r := req(lim, "k")
+	synctest.Test(t, func(t *testing.T) { roomGoesToTheWaiter(t, 1) })
+}
+
+// roomGoesToTheWaiter: on a cap of 4, one instance holds 4 - idle units
+// and the other idle ones (it admits them, and its waiter of cost 2 +
+// idle waits for them to end there); the first writes back 2 while a
+// newcomer there asks in the same call.
+func roomGoesToTheWaiter(t *testing.T, idle int) {
+	f := fleetref.NewFleet()
+	f.Latency = 100 * time.Millisecond
+	zones := fleetZones(t, f, 2, 1, false)
+	here, there := zones[0], zones[1]
+	lim := &Limits{Max: []int64{4}}
+	var held, mine []*Request
+	for i := range 4 {
+		r := req(lim, "k")
+		if i < 4-idle {
 			mustAdmit(t, here, r)
 			held = append(held, r)
+		} else {
+			mustAdmit(t, there, r)
+			mine = append(mine, r)
 		}
-		mine := req(lim, "k")
-		mustAdmit(t, there, mine)
-		big := costly(lim, 3, "k")
-		waiting := waitInBackground(there, big)
-		time.Sleep(time.Second) // refused, it reports; the first instance hears it
-		there.Release(mine)     // kept idle for big, which lacks 2 now
-		time.Sleep(time.Second) // its report says so
-		o := req(lim, "o")
-		other := make(chan Result, 1)
-		go func() { other <- here.Acquire(context.Background(), o, WaitOptions{}) }()
-		synctest.Wait() // a call is under way
-		here.Release(held[0])
-		here.Release(held[1])
-		late := req(lim, "k")
-		newcomer := make(chan Result, 1)
-		go func() { newcomer <- here.Acquire(context.Background(), late, WaitOptions{}) }()
-		if res := <-newcomer; res.Outcome == Admitted {
-			here.Release(late)
-			t.Error("a newcomer at the instance that wrote back 2 units was admitted, before the request that lacks them elsewhere")
-		}
-		if res := <-waiting; res.Outcome != Admitted {
-			t.Fatalf("the waiter of cost 3: outcome %d, want admitted", res.Outcome)
-		}
-		there.Release(big)
-		here.Release(held[2])
-		if res := <-other; res.Outcome != Admitted {
-			t.Fatalf("the request of key o: outcome %d, want admitted", res.Outcome)
-		}
-		here.Release(o)
-	})
+	}
+	big := costly(lim, int64(2+idle), "k")
+	waiting := waitInBackground(there, big)
+	time.Sleep(time.Second) // refused, it reports; the first instance hears it
+	for _, r := range mine {
+		there.Release(r) // kept idle for big, which lacks 2 now
+	}
+	time.Sleep(time.Second) // its report says so
+	o := req(lim, "o")
+	other := make(chan Result, 1)
+	go func() { other <- here.Acquire(context.Background(), o, WaitOptions{}) }()
+	synctest.Wait() // a call is under way
+	here.Release(held[0])
+	here.Release(held[1])
+	late := req(lim, "k")
+	newcomer := make(chan Result, 1)
+	go func() { newcomer <- here.Acquire(context.Background(), late, WaitOptions{}) }()
+	if res := <-newcomer; res.Outcome == Admitted {
+		here.Release(late)
+		t.Error("a newcomer at the instance that wrote back 2 units was admitted, before the request waiting for them elsewhere")
+	}
+	if res := <-waiting; res.Outcome != Admitted {
+		t.Fatalf("the waiter of cost %d: outcome %d, want admitted", 2+idle, res.Outcome)
+	}
+	there.Release(big)
+	for _, r := range held[2:] {
+		here.Release(r)
+	}
+	if res := <-other; res.Outcome != Admitted {
+		t.Fatalf("the request of key o: outcome %d, want admitted", res.Outcome)
+	}
+	here.Release(o)
 }
