@@ -15,11 +15,13 @@ import (
 // TestFairFleetCostsThroughCaddy in virtual time: three instances, a
 // total of 6 units, weights 2 : 1 : 1, each tenant's 8 clients sending 80
 // % of their requests to an instance of their own, requests of 200 ms
-// whose costs cycle 1, 2, 3 units, a ledger 1 ms away. Over 20 s after a
+// whose costs cycle 1, 2, 3 units, a ledger 1 ms away. Over 100 s after a
 // 5 s warm-up each tenant's share of the unit-seconds is its weight's
 // within 0.03, and the fleet holds at least 0.85 of the total (one zone,
 // the same clients: 0.89–0.92, what a 3-unit head waiting with room held
-// for it costs).
+// for it costs). Shares over 20 s vary by about 0.01 (one standard
+// deviation) from run to run, so 20 s would fail the bound by chance about
+// once in 30 runs; over 100 s they vary by 0.004.
 func TestFleetFairCyclingCosts(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := fleetref.NewFleet()
@@ -30,7 +32,7 @@ func TestFleetFairCyclingCosts(t *testing.T) {
 		var mu sync.Mutex
 		unitSecs := make([]float64, len(weights))
 		start := time.Now()
-		from, end := start.Add(5*time.Second), start.Add(25*time.Second)
+		from, end := start.Add(5*time.Second), start.Add(105*time.Second)
 		var wg sync.WaitGroup
 		for i, w := range weights {
 			for c := range 8 {
@@ -68,7 +70,9 @@ func TestFleetFairCyclingCosts(t *testing.T) {
 			shares[i] = u / sum
 		}
 		checkShares(t, "cycling costs", shares, weights)
-		if held := sum / end.Sub(from).Seconds(); held < 0.85*6 {
+		held := sum / end.Sub(from).Seconds()
+		t.Logf("the fleet held %.2f of 6 on average", held)
+		if held < 0.85*6 {
 			t.Errorf("the fleet held %.2f of 6 on average, want at least %.2f", held, 0.85*6)
 		}
 	})

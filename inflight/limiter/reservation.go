@@ -1,6 +1,10 @@
 package limiter
 
-import "time"
+import (
+	"cmp"
+	"slices"
+	"time"
+)
 
 // While requests wait, room is held for two of them at most, as the queue
 // order stands at the zone's latest event (an arrival, a release, a
@@ -63,6 +67,8 @@ type reservation struct {
 	// ofHolder says the try is by f's holder (see queue.holder), not its
 	// head: f's own short head holds against it, as admitted.
 	ofHolder bool
+	// shorts are the short flows in one order (see after).
+	shorts []*flow
 }
 
 // against readies r for a try by f (nil: a newcomer) at now. mu must be
@@ -71,6 +77,7 @@ func (r *reservation) against(z *Zone, f *flow, now time.Time) *reservation {
 	q := &z.queue
 	r.f, r.q, r.now, r.ofHolder = f, q, now, false
 	r.shortNew = r.shortNew[:0]
+	r.orderShorts()
 	for g := range q.short {
 		if !r.after(g) {
 			continue
@@ -111,10 +118,36 @@ func (r *reservation) holdsKey(d int, hash uint64) int64 {
 // the queue order as it stood at g's turn (see queue.turn), and g's own
 // holder's.
 func (r *reservation) after(g *flow) bool {
-	if g == r.f {
+	switch {
+	case g == r.f:
 		return r.ofHolder
+	case r.f == nil:
+		return true
+	case r.q.short[r.f] > 0:
+		return slices.Index(r.shorts, g) < slices.Index(r.shorts, r.f)
 	}
-	return r.f == nil || r.q.turn(g).before(r.q.turn(r.f), r.now)
+	return r.q.turn(g).before(r.q.turn(r.f), r.now)
+}
+
+// orderShorts puts the short flows in r.shorts in one order: as the queue
+// order stood at their turns (see queue.turn), by insertion from their
+// heads' arrival. The queue order is not one order over short flows
+// (flows of one key go by arrival, others by tag: over three short flows,
+// two of one key, each would go before the next), and each holding
+// against the next, none would be admitted while the allowance they wait
+// for sat idle.
+func (r *reservation) orderShorts() {
+	s := r.shorts[:0]
+	for g := range r.q.short {
+		s = append(s, g)
+	}
+	slices.SortFunc(s, func(a, b *flow) int { return cmp.Compare(a.head.Seq, b.head.Seq) })
+	for i := 1; i < len(s); i++ {
+		for j := i; j > 0 && r.q.turn(s[j]).before(r.q.turn(s[j-1]), r.now); j-- {
+			s[j], s[j-1] = s[j-1], s[j]
+		}
+	}
+	r.shorts = s
 }
 
 // holding returns the candidate of f's holder (see holder) where it
@@ -124,6 +157,9 @@ func (q *queue) holding(f *flow) candidate {
 	c := candidate{f: f, w: q.holder(f)}
 	if f.fair {
 		c.tag = q.vclock.place(f.fairKey)
+		if q.short[f] > 0 {
+			c.tag = max(c.tag, f.shortPlace)
+		}
 	}
 	return c
 }
