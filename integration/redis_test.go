@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -122,6 +123,97 @@ func TestKilledInstanceSlotsComeBackAfterTheLease(t *testing.T) {
 	t.Logf("slots of the killed instance came back after %v (lease %v, renewed every %v)", back, lease, lease/3)
 	if back < lease-lease/3 || back > lease+lease/3+time.Second {
 		t.Fatalf("slots came back after %v, want between %v (lease minus a renewal) and %v", back, lease-lease/3, lease+lease/3)
+	}
+}
+
+// TestKilledInstanceStrandsItsAllowance: an instance killed while busy
+// far below its cap (100, reserve 10) strands what its allowance holds in
+// Redis: its units in flight and, beyond them, its spare and the units it
+// was giving back, at most the reserve. Meanwhile the fleet admits
+// requests that do not wait up to the cap less what is stranded (less the
+// reserve at worst, see docs/fleet-guarantees.md); once the lease has run
+// out, up to the whole cap. The run logs the figures.
+func TestKilledInstanceStrandsItsAllowance(t *testing.T) {
+	const capacity, reserve, holds, clients = 100, 10, 4, 8
+	const lease = 5 * time.Second
+	r := startRedis(t)
+	b := newBackend(t)
+	portA, portB := freePort(t), freePort(t)
+	a := startCaddy(t, fleetSite(portA, r.addr, b.addr, capacity, lease.String(), "closed"), portA)
+	startCaddy(t, fleetSite(portB, r.addr, b.addr, capacity, lease.String(), "closed"), portB)
+	rc := redis.NewClient(&redis.Options{Addr: r.addr})
+	defer rc.Close()
+	c := client("127.0.0.1")
+	urlA := fmt.Sprintf("http://127.0.0.1:%d", portA)
+	for range holds {
+		go get(context.Background(), c, urlA+"/hold", "X-Tenant", "acme")
+	}
+	eventually(t, "instance A holds its requests", func() bool { return b.cur.Load() == holds })
+	// Short requests at A, one after another from each client, for a
+	// second: A keeps spare to admit them without a call.
+	busy, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var served atomic.Int64
+	for range clients {
+		wg.Go(func() {
+			for busy.Err() == nil {
+				if get(busy, c, urlA+"/", "X-Tenant", "acme").status == 200 {
+					served.Add(1)
+				}
+			}
+		})
+	}
+	time.Sleep(time.Second)
+	a.kill()
+	killed, killedAt := time.Now(), redisNow(t, rc)
+	stop()
+	wg.Wait()
+	stranded := fleetUnits(t, rc, "")
+	t.Logf("A served %d short requests in a second; killed with %d held and at most %d short ones in flight, it strands %d units", served.Load(), holds, clients, stranded)
+	if stranded < holds || stranded > holds+clients+reserve {
+		t.Errorf("stranded %d units, want between %d (held) and %d (in flight at most, plus the reserve)", stranded, holds, holds+clients+reserve)
+	}
+	eventually(t, "the backend sees A's requests end", func() bool { return b.cur.Load() == 0 })
+
+	// B fills the cap: all but what A stranded.
+	fill := func() (admitted int64) {
+		refused := make(chan result, capacity)
+		urlB := fmt.Sprintf("http://127.0.0.1:%d/hold", portB)
+		for range capacity {
+			go func() {
+				if res := get(context.Background(), c, urlB, "X-Tenant", "acme"); res.status != 0 {
+					refused <- res
+				}
+			}()
+		}
+		eventually(t, "B answers every request", func() bool { return b.cur.Load()+int64(len(refused)) == capacity })
+		for range len(refused) {
+			if res := <-refused; res.status != 429 {
+				t.Fatalf("B: %d %v, want 429", res.status, res.err)
+			}
+		}
+		admitted = b.cur.Load()
+		b.open()
+		eventually(t, "B's requests end", func() bool { return b.cur.Load() == 0 })
+		b.close()
+		return admitted
+	}
+	expiry := allowanceExpiry(t, rc)
+	got := fill()
+	if now := redisNow(t, rc); now >= expiry {
+		t.Fatalf("B's requests ended %d ms after A's allowance expired: too slow to see it stranded", now-expiry)
+	}
+	t.Logf("while A's allowance lives, B admitted %d of %d", got, capacity)
+	if got > capacity-stranded || got < capacity-stranded-reserve {
+		t.Errorf("while A's allowance lives, B admitted %d of %d, want the cap less the %d stranded, %d, or less by the reserve at most", got, capacity, stranded, capacity-stranded)
+	}
+	// Within a lease of the death: A last wrote its allowance before it.
+	time.Sleep(time.Until(killed.Add(lease + 500*time.Millisecond)))
+	t.Logf("A's allowance expired %d ms after the kill (lease %v)", expiry-killedAt, lease)
+	got = fill()
+	t.Logf("after the lease, B admitted %d of %d", got, capacity)
+	if got < capacity-reserve {
+		t.Errorf("after the lease, B admitted %d of %d, want the cap, or less by the reserve at most", got, capacity)
 	}
 }
 
