@@ -10,9 +10,11 @@ import (
 	"testing"
 )
 
-// goDeclaredIn is the package whose types the documents' go blocks show:
-// the engine's (docs/design.md shows its Ledger interface).
-const goDeclaredIn = "inflight/limiter"
+// goDeclaredIn are the packages whose types the documents' go blocks
+// show: the engine's and the fleet calls' (docs/design.md shows the
+// Ledger interface and the calls a zone makes). No two of them declare a
+// type of the same name, so a block's unqualified type is one of them.
+var goDeclaredIn = []string{"inflight/limiter", "inflight/fleet"}
 
 // checkGoBlock checks a fenced block tagged go: it must parse as Go
 // declarations, and each type it shows must exist in goDeclaredIn with
@@ -29,40 +31,46 @@ func checkGoBlock(t *testing.T, file string, line int, text string) {
 	for name, members := range typeMembers(doc) {
 		have, ok := code[name]
 		if !ok {
-			t.Errorf("%s:%d: go block shows type %s, which %s does not declare", file, line, name, goDeclaredIn)
+			t.Errorf("%s:%d: go block shows type %s, which none of %v declares", file, line, name, goDeclaredIn)
 			continue
 		}
 		for m := range members {
 			if !have[m] {
-				t.Errorf("%s:%d: go block shows %s.%s, which %s's %s lacks", file, line, name, m, goDeclaredIn, name)
+				t.Errorf("%s:%d: go block shows %s.%s, which %s lacks", file, line, name, m, name)
 			}
 		}
 	}
 }
 
-// declaredMembers returns the types of goDeclaredIn (test files left out)
-// and the fields and methods each declares.
+// declaredMembers returns the types of the goDeclaredIn packages (test
+// files left out) and the fields and methods each declares.
 func declaredMembers(t *testing.T) map[string]map[string]bool {
 	t.Helper()
-	paths, err := filepath.Glob(filepath.Join(goDeclaredIn, "*.go"))
-	if err != nil || len(paths) == 0 {
-		t.Fatalf("no Go files in %s: %v", goDeclaredIn, err)
-	}
 	out := map[string]map[string]bool{}
-	for _, p := range paths {
-		if strings.HasSuffix(p, "_test.go") {
-			continue
+	from := map[string]string{} // type name → its package
+	for _, pkg := range goDeclaredIn {
+		paths, err := filepath.Glob(filepath.Join(pkg, "*.go"))
+		if err != nil || len(paths) == 0 {
+			t.Fatalf("no Go files in %s: %v", pkg, err)
 		}
-		src, err := os.ReadFile(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		f, err := parser.ParseFile(token.NewFileSet(), p, src, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for name, members := range typeMembers(f) {
-			out[name] = members
+		for _, p := range paths {
+			if strings.HasSuffix(p, "_test.go") {
+				continue
+			}
+			src, err := os.ReadFile(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f, err := parser.ParseFile(token.NewFileSet(), p, src, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for name, members := range typeMembers(f) {
+				if other, ok := from[name]; ok && other != pkg {
+					t.Fatalf("type %s is declared in %s and in %s: a go block could not say which it shows", name, other, pkg)
+				}
+				out[name], from[name] = members, pkg
+			}
 		}
 	}
 	return out

@@ -23,7 +23,8 @@ package caddyinflight_test
 //	                    caddyfile block after.
 //	go                  engine types as docs/design.md shows them: must
 //	                    parse, and every type, field and method shown must
-//	                    exist in inflight/limiter (docs_go_test.go).
+//	                    exist in inflight/limiter or inflight/fleet
+//	                    (docs_go_test.go).
 //	sh                  commands and their output: not checked here.
 //	packages            the package graph (docs/design.md): checked
 //	                    against go list by layout_test.go.

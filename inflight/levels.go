@@ -83,17 +83,21 @@ func (h *Handler) limitLevels() ([]int, error) {
 // is sent for a client that left while waiting: nobody reads a response.
 //
 // With a shared store the level is the fleet's, as the store's ledger
-// answered the call that decided a (res.Levels): the fleet's cap and the
-// units held across the fleet; a limit the ledger did not read (one after
-// the limit that refused a) is left out. While the store cannot answer and
-// fails open (res.Alone), the level is this instance's, its share of each
-// cap, marked with localScope. Nothing is sent when no level is known (a
+// answered the call that decided a (res.Levels), or, for a request
+// admitted within this instance's allowance, its latest call for that
+// key: the fleet's cap and the units held across the fleet; a limit the
+// ledger did not read (one after the limit that refused a) is left out.
+// While the store cannot answer and fails open (res.Alone), the level is
+// this instance's, its share of each cap, marked with localScope. Nothing is sent when no level is known (a
 // refusal for max_keys, or by a store that fails closed).
 func (h *Handler) sendLevels(w http.ResponseWriter, a *admission, res limiter.Result) {
 	if h.levels == nil || res.Outcome == limiter.Aborted {
 		return
 	}
 	local := !h.shared || res.Alone
+	if !local && res.Levels == nil && res.Outcome == limiter.Admitted { // within this instance's allowance
+		res.Levels = h.gate.FleetLevels(&a.ticket)
+	}
 	if !local && res.Levels == nil {
 		return
 	}

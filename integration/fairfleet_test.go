@@ -188,10 +188,26 @@ func fleetShares(t *testing.T, c fleetSharesCase) {
 	}
 	time.Sleep(2 * time.Second) // warm-up: past the first charges, made before any hold time is known
 	const window = 20 * time.Second
+	given := func() map[string]float64 { // the limiters' own count, over the fleet
+		out := map[string]float64{}
+		for _, tn := range c.tenants {
+			out[tn.name] = fleetWaiting(t, nodes, "caddy_inflight_key_given_seconds_total", `zone="fleet"`, `key="`+tn.name+`"`)
+		}
+		return out
+	}
+	givenBefore := given()
 	b.window(window)
 	// The window, and the requests that end in it.
 	time.Sleep(window + time.Duration(maxHold)*time.Millisecond + 500*time.Millisecond)
 	t.Logf("waiting at the end of the window, over the fleet: %.0f", fleetWaiting(t, nodes, "caddy_inflight_waiting", `zone="fleet"`))
+	givenAfter := given()
+	var givenAll float64
+	for _, tn := range c.tenants {
+		givenAll += givenAfter[tn.name] - givenBefore[tn.name]
+	}
+	for _, tn := range c.tenants { // beside the backend's: what the limiters counted, requests that ended in the window
+		t.Logf("tenant %s: the limiters counted %.3f of the unit-seconds they gave", tn.name, (givenAfter[tn.name]-givenBefore[tn.name])/givenAll)
+	}
 	checkFleetWeightsShown(t, nodes, weights)
 	stop()
 	wg.Wait()

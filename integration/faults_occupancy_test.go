@@ -15,11 +15,11 @@ const occupancyHold = 200 * time.Millisecond
 // TestFleetOccupancyUnderLatency measures how much of a tenant's cap the
 // backend holds while its requests queue, with Redis a round trip L away
 // (L/2 each way, through a fault proxy per instance). A slot a request
-// frees goes to a waiter of its instance in the call that removes its
-// lease (docs/fleet-guarantees.md, "A hand-off costs one round trip"):
-// one round trip, so each hand-off leaves the slot idle about L, and the
-// backend holds hold/(hold+L) of the cap (wanted: 90% of it, for the
-// machine). Two cases:
+// frees goes to a waiter of its instance with no round trip, and to one
+// of another instance in the two instances' calls (docs/fleet-guarantees.md,
+// "Hand-offs"); the test wants at least 90% (for the machine) of
+// hold/(hold+L) of the cap, what one round trip per hand-off would leave.
+// Two cases:
 //   - busy: three instances, 4 clients each without pause under a cap of 6:
 //     releases mostly meet a call under way for the clients' next requests;
 //   - quiet: one instance, 2 clients under a cap of 1, each pausing 100 ms

@@ -66,7 +66,8 @@ type faultEnv struct {
 	proxies []*faultProxy
 	rec     *recorder
 	caps    caps
-	maxCost int // 1: every request costs 1
+	maxCost int  // 1: every request costs 1
+	fair    bool // the busy tenants share the total fairly
 	fleet   []*fleetMember
 	traffic *traffic
 	start   time.Time
@@ -92,7 +93,7 @@ func newFaultEnv(t *testing.T, site faultSite, c caps) *faultEnv {
 // with the suite's lease and timeout.
 func startFaultFleet(t *testing.T, site faultSite, c caps, addrs ...string) *faultEnv {
 	t.Helper()
-	e := &faultEnv{t: t, timing: timings(), rec: newRecorder(t), caps: c, maxCost: 1}
+	e := &faultEnv{t: t, timing: timings(), rec: newRecorder(t), caps: c, maxCost: 1, fair: site.fair}
 	if site.cost {
 		e.maxCost = maxCost
 	}
@@ -173,10 +174,17 @@ var busyTenants = []string{"a", "b", "c"}
 // steady waits until, since since, every busy tenant has held at the
 // backend as many units as leave no room for a request of the largest
 // cost, and then cap more units arrived for it (its slots taken over),
-// and the total (if any) was as full. It reports false if that took
-// longer than timing.steady.
+// and the total (if any) was as full. Where the busy tenants share the
+// total fairly, a tenant's cap is its fair share of the total (the busy
+// tenants' demand exceeds it): a fleet that shares exactly seldom lets
+// one reach its own cap. It reports false if that took longer than
+// timing.steady.
 func (e *faultEnv) steady(since time.Time) bool {
 	room := e.maxCost - 1 // units short of the cap that leave no room
+	tenantCap := e.caps.tenant
+	if e.fair {
+		tenantCap = min(tenantCap, e.caps.total/len(busyTenants))
+	}
 	full := map[string]bool{}
 	after := map[string]int{} // units arrived since the tenant was full
 	count, sum, totalFull, seen := map[string]int{}, 0, e.caps.total == 0, 0
@@ -195,12 +203,12 @@ func (e *faultEnv) steady(since time.Time) bool {
 			if full[ev.key] && ev.delta > 0 {
 				after[ev.key] += ev.delta
 			}
-			full[ev.key] = full[ev.key] || count[ev.key] >= e.caps.tenant-room
+			full[ev.key] = full[ev.key] || count[ev.key] >= tenantCap-room
 			totalFull = totalFull || sum >= e.caps.total-room
 		}
 		done := totalFull
 		for _, k := range busyTenants {
-			done = done && after[k] >= e.caps.tenant
+			done = done && after[k] >= tenantCap
 		}
 		if done {
 			return true

@@ -124,15 +124,7 @@ func TestLimitHeadersFromTheFleet(t *testing.T) {
 	defer rc.Close()
 	waited := make(chan fields, 1)
 	go func() { waited <- fieldsOf(t, c, urlA+"/", "X-Tenant", "acme") }()
-	eventually(t, "a request waits at A", func() bool {
-		keys, _ := rc.Keys(context.Background(), "*:waiting").Result()
-		for _, k := range keys {
-			if n, _ := rc.ZCard(context.Background(), k).Result(); n > 0 {
-				return true
-			}
-		}
-		return false
-	})
+	eventually(t, "a request waits at A, reported to the fleet", func() bool { return fleetReports(rc) > 0 })
 	cancels[0]() // one of B's ends
 	check("admitted at A after waiting", <-waited, fields{200, policy, `"tenant";r=0`})
 

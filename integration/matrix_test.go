@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // The cross product: every option that decides admission, with each store
@@ -166,10 +168,15 @@ func runMatrix(t *testing.T, tc matrixCase, zone, redisAddr, prefix string, relo
 	if p := b.peak.Load(); p != int64(held) {
 		t.Errorf("the backend had %d at once, want %d", p, held)
 	}
+	var rc *redis.Client
+	if prefix != "" {
+		rc = redis.NewClient(&redis.Options{Addr: redisAddr})
+		defer rc.Close()
+	}
 	eventually(t, "every count back at zero", func() bool {
 		return metric(t, "caddy_inflight_requests", `zone="`+zone+`"`) == 0 &&
 			metric(t, "caddy_inflight_waiting", `zone="`+zone+`"`) == 0 &&
-			(prefix == "" || leasesIn(t, redisAddr, prefix) == 0)
+			(rc == nil || fleetUnits(t, rc, prefix) == 0)
 	})
 }
 
@@ -241,36 +248,6 @@ func TestWaitOrder(t *testing.T) {
 			}
 		}
 	}
-}
-
-// leasesIn counts the leases Redis holds under a key prefix.
-func leasesIn(t *testing.T, addr, prefix string) int64 {
-	t.Helper()
-	r := &redisServer{addr: addr}
-	keys, err := r.do(t, "keys", prefix+":*").StringSlice()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var n int64
-	for _, k := range keys {
-		if typ, _ := r.do(t, "type", k).Text(); typ != "zset" || !isLeaseSet(k) {
-			continue
-		}
-		c, _ := r.do(t, "zcard", k).Int64()
-		n += c
-	}
-	return n
-}
-
-// isLeaseSet tells a sorted set of leases from a zone's other sorted
-// sets: its waiting set and its fair clock's (redisstore's fairLua).
-func isLeaseSet(k string) bool {
-	for _, suffix := range []string{":waiting", ":fair:t", ":fair:x", ":fq"} {
-		if strings.HasSuffix(k, suffix) {
-			return false
-		}
-	}
-	return true
 }
 
 func repeat(key string, n int) []string {

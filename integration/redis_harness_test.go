@@ -1,16 +1,20 @@
 package integration
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // redisServer is a redis-server process of the test's own, on loopback.
@@ -125,13 +129,34 @@ func startCaddy(t *testing.T, caddyfile string, port int) *caddyProcess {
 	}
 	cmd := exec.Command(caddyBinary(t), "run", "--config", cfg, "--adapter", "caddyfile")
 	cmd.Env = append(os.Environ(), "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
+	stderr, err := os.Create(filepath.Join(dir, "stderr"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	p := &caddyProcess{cmd: cmd}
-	t.Cleanup(p.kill)
+	t.Cleanup(func() {
+		p.kill()
+		stderr.Close()
+		crashed(t, stderr.Name())
+	})
 	waitForPort(t, fmt.Sprintf("127.0.0.1:%d", port))
 	return p
+}
+
+// crashed fails t if the Caddy process whose standard error is in path
+// panicked or met a data race, with what it printed.
+func crashed(t *testing.T, path string) {
+	data, _ := os.ReadFile(path)
+	for _, sign := range []string{"panic:", "WARNING: DATA RACE", "fatal error:"} {
+		if i := strings.Index(string(data), sign); i >= 0 {
+			t.Errorf("a Caddy process crashed:\n%s", data[i:min(len(data), i+4000)])
+			return
+		}
+	}
 }
 
 // kill stops the process at once (SIGKILL): no cleanup, no release.
@@ -140,4 +165,74 @@ func (p *caddyProcess) kill() {
 		p.cmd.Process.Signal(syscall.SIGKILL)
 		p.cmd.Wait()
 	}
+}
+
+// The fleet's ledger in Redis (redisstore's layout a1): a hash per set, a
+// field per instance holding "<units> <spare> <expiry> <version>", and
+// "~r:<instance>" per instance that reports waiters there.
+
+// fleetFields calls fn with every field and value of the ledger's hashes
+// under prefix ("" for all).
+func fleetFields(t testing.TB, rc *redis.Client, prefix string, fn func(field, value string)) {
+	t.Helper()
+	ctx := context.Background()
+	pattern := "*"
+	if prefix != "" {
+		pattern = prefix + ":*"
+	}
+	keys, err := rc.Keys(ctx, pattern).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if rc.Type(ctx, k).Val() != "hash" {
+			continue
+		}
+		for f, v := range rc.HGetAll(ctx, k).Val() {
+			fn(f, v)
+		}
+	}
+}
+
+// fleetUnits sums the units of the allowances Redis holds under prefix.
+func fleetUnits(t testing.TB, rc *redis.Client, prefix string) int64 {
+	var n int64
+	fleetFields(t, rc, prefix, func(f, v string) {
+		if !strings.HasPrefix(f, "~") {
+			units, _, _ := strings.Cut(v, " ")
+			u, _ := strconv.ParseInt(units, 10, 64)
+			n += u
+		}
+	})
+	return n
+}
+
+// fleetReports counts the reports of waiters Redis holds.
+func fleetReports(rc *redis.Client) int {
+	n := 0
+	ctx := context.Background()
+	for _, k := range rc.Keys(ctx, "*").Val() {
+		if rc.Type(ctx, k).Val() != "hash" {
+			continue
+		}
+		for f := range rc.HGetAll(ctx, k).Val() {
+			if strings.HasPrefix(f, "~r:") {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// allowanceExpiry returns the latest expiry (Redis ms) of the allowances
+// in Redis.
+func allowanceExpiry(t testing.TB, rc *redis.Client) int64 {
+	var latest int64
+	fleetFields(t, rc, "", func(f, v string) {
+		if p := strings.Fields(v); !strings.HasPrefix(f, "~") && len(p) == 4 {
+			e, _ := strconv.ParseInt(p[2], 10, 64)
+			latest = max(latest, e)
+		}
+	})
+	return latest
 }

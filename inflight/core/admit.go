@@ -29,7 +29,6 @@ type Gate struct {
 	zone        *zone
 	zoneID      string
 	label       string // the zone's name: Zone, or the automatic one
-	store       Store
 	limits      *limiter.Limits
 	adaptive    *limiter.Adaptive // the zone's, with an adaptive total
 	waitOpt     limiter.WaitOptions
@@ -133,7 +132,7 @@ func (g *Gate) admit(ctx context.Context, t *Ticket, class, weight string, left 
 		}
 	}
 
-	res := g.store.Acquire(ctx, &t.Req, opt)
+	res := g.zone.Acquire(ctx, &t.Req, opt)
 	t.waiting.end()
 
 	if o := res.Outcome; (o == limiter.Admitted && res.Waited > 0) || o == limiter.Timeout || o == limiter.Aborted {
@@ -191,7 +190,7 @@ func (g *Gate) report(t *Ticket, res limiter.Result, reason string) string {
 // Release gives back what Admit took for t's unit. It must be called once
 // per admitted unit.
 func (g *Gate) Release(t *Ticket) {
-	g.store.Release(&t.Req)
+	g.zone.Release(&t.Req)
 	if g.countGrants {
 		g.zone.grants.add(g.zone.Clock().Now())
 	}

@@ -49,7 +49,7 @@ func joinTestGate(t *testing.T, label string, cfg *Config, edge Edge) *Gate {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g.zone, g.store = z, z.Zone
+	g.zone = z
 	g.initMetrics()
 	g.zone.view.Store(g.view())
 	g.zone.Adopt(g.limits)

@@ -137,8 +137,9 @@ func (g *Gate) compile(edge Edge) {
 	}
 }
 
-// joinZone takes a reference to the gate's zone and binds the shared store
-// if any.
+// joinZone takes a reference to the gate's zone: with a shared store, a
+// zone of the fleet, which admits within the allowances of the store's
+// ledger.
 func (g *Gate) joinZone(ctx caddy.Context, edge Edge) error {
 	c := g.cfg
 	hasTotal := c.Total > 0 || edge.Adaptive != nil
@@ -146,27 +147,32 @@ func (g *Gate) joinZone(ctx caddy.Context, edge Edge) error {
 	if g.label == "" {
 		g.label = numberedZone(ctx, edge.Site)
 	}
-	g.zoneID = zoneID(g.label, c.Zone != "", c.Limits, hasTotal)
+	shape := zoneID(g.label, c.Zone != "", c.Limits, hasTotal)
 	show := edge.Show
 	if show == nil {
 		show = func(s string) string { return s }
 	}
-	if err := claimZone(ctx.GetMetricsRegistry(), c.Zone, g.zoneID, describeShape(c.Limits, hasTotal, show)); err != nil {
+	if err := claimZone(ctx.GetMetricsRegistry(), c.Zone, shape, describeShape(c.Limits, hasTotal, show)); err != nil {
 		return fmt.Errorf("inflight: %w", err)
+	}
+	g.zoneID = shape
+	var store SharedStore
+	if c.StoreRaw != nil {
+		mod, err := ctx.LoadModule(c, "StoreRaw")
+		if err != nil {
+			return fmt.Errorf("inflight: loading store: %v", err)
+		}
+		store = mod.(SharedStore)
+		g.zoneID += "\x00store" // a fleet's zone counts apart from an in-process one
 	}
 	z, err := loadZone(g.zoneID, g.label, c.Limits, hasTotal)
 	if err != nil {
 		return fmt.Errorf("inflight: zone %q: %v", g.label, err)
 	}
-	g.zone, g.store = z, z.Zone
-	if c.StoreRaw == nil {
-		return nil
+	g.zone = z
+	if store != nil {
+		z.useLedger(store.Ledger(fleetID(g.label, shape)))
 	}
-	mod, err := ctx.LoadModule(c, "StoreRaw")
-	if err != nil {
-		return fmt.Errorf("inflight: loading store: %v", err)
-	}
-	g.store = mod.(SharedStore).Bind(fleetID(g.label, g.zoneID), names(c.Limits), hasTotal, z.Zone)
 	return nil
 }
 

@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
 
 var keyWaitingDesc = prometheus.NewDesc("caddy_inflight_key_waiting",
@@ -58,7 +56,7 @@ func (z *zone) waitingKeys() []keyWaiting {
 	display := z.keyDisplay.Load()
 	var out []keyWaiting
 	for d, name := range z.limits {
-		for _, kw := range z.allWaitingKeys(d) {
+		for _, kw := range z.WaitingKeys(d) {
 			label := fmt.Sprintf("#%016x", kw.Hash)
 			switch display {
 			case keysHashed:
@@ -96,33 +94,6 @@ func (z *zone) sweepKeyWaits(now time.Time) {
 		}
 	}
 	z.series.sweep(z.label, now, waiting)
-}
-
-// allWaitingKeys returns the keys of dimension d with requests waiting in
-// this process or in shared stores' queues (a key can be in several: one
-// that waited in this process while Redis was away, or in the queues of
-// the old and new store options across a reload).
-func (z *zone) allWaitingKeys(d int) []limiter.KeyWaiting {
-	merged := z.WaitingKeys(d)
-	queues := z.SharedQueues()
-	if len(queues) == 0 {
-		return merged
-	}
-	at := make(map[uint64]int, len(merged))
-	for i, kw := range merged {
-		at[kw.Hash] = i
-	}
-	for _, q := range queues {
-		for _, kw := range q.WaitingKeys(d) {
-			if i, ok := at[kw.Hash]; ok {
-				merged[i].Waiting += kw.Waiting
-				continue
-			}
-			at[kw.Hash] = len(merged)
-			merged = append(merged, kw)
-		}
-	}
-	return merged
 }
 
 // addKeyWaiting adds z's per-key waiting counts to sum, by zone label,

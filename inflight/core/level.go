@@ -14,3 +14,9 @@ func (g *Gate) Level(t *Ticket, d int) (capacity, held int64) {
 	}
 	return capacity, g.zone.KeyUnits(d, t.Req.Keys[d])
 }
+
+// FleetLevels returns the fleet's level of each of t's dimensions (the
+// total last) as this instance's latest calls to its ledger read them:
+// what a request admitted within this instance's allowance knows of the
+// fleet. Nil without a ledger.
+func (g *Gate) FleetLevels(t *Ticket) limiter.Levels { return g.zone.Levels(&t.Req) }

@@ -1,6 +1,9 @@
 package core
 
-import "sync"
+import (
+	"io"
+	"sync"
+)
 
 // retired holds the zones that no loaded config uses any more but that
 // still have requests in flight or waiting: a reload that renames a zone or
@@ -15,10 +18,12 @@ var retired = struct {
 
 // Destruct runs when the last handler using the zone is unloaded. Requests
 // still in flight keep a pointer to the zone and release into it safely. A
-// zone with nothing in flight is dropped at once, and so are retired zones
+// zone with a ledger gives back its idle allowance and keeps none. A zone
+// with nothing in flight is dropped at once, and so are retired zones
 // that have drained since: reloads that rename zones, with nobody reading
 // metrics, must not pile up old zones, nor their per-key wait series.
 func (z *zone) Destruct() error {
+	z.Close()
 	retired.Lock()
 	defer retired.Unlock()
 	forgetIdle()
@@ -26,8 +31,17 @@ func (z *zone) Destruct() error {
 		retired.m[z.id] = z
 		return nil
 	}
-	z.series.forget(z.label)
+	z.forget()
 	return nil
+}
+
+// forget drops what the zone keeps outside itself: its per-key wait
+// series, and its ledger's hold on the store's client.
+func (z *zone) forget() {
+	z.series.forget(z.label)
+	if c, ok := z.currentLedger().(io.Closer); ok {
+		c.Close()
+	}
 }
 
 // forgetIdle drops the retired zones that have no request left, and
@@ -37,7 +51,7 @@ func forgetIdle() []*zone {
 	for id, z := range retired.m {
 		if z.idle() {
 			delete(retired.m, id)
-			z.series.forget(z.label)
+			z.forget()
 			continue
 		}
 		busy = append(busy, z)

@@ -12,19 +12,18 @@ import (
 )
 
 // zoneView is what the latest handler provisioned for a zone says about
-// it, for the admin API: its caps and its store.
+// it, for the admin API: its caps.
 type zoneView struct {
 	max   []int64 // per limit as configured; 0: each request's own (a placeholder)
 	total int64   // fixed total cap; 0: none, or adaptive
 	// adaptive is set when the adaptive limit caps the total (not dry_run).
 	adaptive bool
-	store    Store
 	// costs is set when units hold their cost: units are not requests.
 	costs bool
 }
 
 func (g *Gate) view() *zoneView {
-	return &zoneView{max: g.limits.Max, total: g.limits.Total, adaptive: g.limits.Adaptive != nil, store: g.store, costs: g.costed}
+	return &zoneView{max: g.limits.Max, total: g.limits.Total, adaptive: g.limits.Adaptive != nil, costs: g.costed}
 }
 
 // StoreHealth is a shared store's state, as the admin API shows it.
@@ -234,7 +233,7 @@ func extendState(st *ZoneState, z *zone) {
 	case v.total > 0 && z.HasTotal():
 		st.TotalMax = ptr(v.total)
 	}
-	if hr, ok := v.store.(storestatus.Reporter); ok {
+	if hr, ok := z.currentLedger().(storestatus.Reporter); ok {
 		h := hr.Health()
 		st.Store = &h
 	}

@@ -5,16 +5,16 @@ import (
 )
 
 // Store admits and releases requests for the limits of one zone, all or
-// nothing: the in-process *limiter.Zone, or a store shared by a fleet in
-// its place, without changes to the handler.
+// nothing: a *limiter.Zone, which keeps its counts in this process, or for
+// a fleet within the allowances its ledger grants.
 type Store = limiter.Store
 
 // SharedStore is a store module (namespace http.handlers.inflight.stores)
-// that keeps counts outside the process, so a fleet shares them.
+// that keeps a fleet's counts outside the process: a ledger per zone.
 type SharedStore interface {
-	// Bind returns the store of one zone. id names the zone and its shape
-	// the same way on every instance; local counts this instance's
-	// requests, and enforces the caps alone when the store is unreachable
-	// and fails open.
-	Bind(id string, limits []string, hasTotal bool, local *limiter.Zone) Store
+	// Ledger returns the ledger of one zone: id names the zone and its
+	// shape the same way on every instance. A reload that changes the
+	// store's options gives the zone a new ledger of the same instance,
+	// which takes over what it holds (see limiter.Zone.SetLedger).
+	Ledger(id string) limiter.Ledger
 }

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
 	"sync"
@@ -43,15 +44,50 @@ type zone struct {
 	retries retrySchedule
 	// extension is what an edge keeps with the zone (Extension).
 	extension extensionSlot
+	// ledger keeps the zone's counts for a fleet, if it has a store, and
+	// through is what the engine asks: ledger, put behind it again by a
+	// reload that changed the store's options. Guarded by ledgerMu.
+	ledgerMu sync.Mutex
+	ledger   limiter.Ledger
+	through  *ledgerSwitch
 }
 
-// waiting returns the requests waiting in this zone, in this process and
-// in shared stores' queues.
-func (z *zone) waiting() int64 {
-	return z.Waiting() + z.WaitingOutside()
+// useLedger makes l the zone's ledger, and closes the one it replaces
+// (a reload that changed the store's options).
+func (z *zone) useLedger(l limiter.Ledger) {
+	z.ledgerMu.Lock()
+	old, first := z.ledger, z.through == nil
+	if old == l {
+		z.ledgerMu.Unlock()
+		return
+	}
+	z.ledger = l
+	if first {
+		z.through = &ledgerSwitch{}
+	}
+	z.through.put(l)
+	z.ledgerMu.Unlock()
+	if first {
+		z.SetLedger(z.through)
+	}
+	if c, ok := old.(io.Closer); ok {
+		c.Close()
+	}
 }
 
-// idle reports whether the zone has no request in flight or waiting.
+// currentLedger returns the zone's ledger, nil without a store.
+func (z *zone) currentLedger() limiter.Ledger {
+	z.ledgerMu.Lock()
+	defer z.ledgerMu.Unlock()
+	return z.ledger
+}
+
+// waiting returns the requests waiting in this zone.
+func (z *zone) waiting() int64 { return z.Waiting() }
+
+// idle reports whether the zone has no request in flight or waiting. A
+// closed zone's idle allowance that Redis did not hear of (it could not
+// answer) lapses there with its lease.
 func (z *zone) idle() bool {
 	if z.waiting() > 0 || (z.HasTotal() && z.Held(limiter.TotalDim) > 0) {
 		return false
@@ -136,11 +172,12 @@ func names(limits []Limit) []string {
 	return out
 }
 
-// loadZone takes a reference to the zone for id, making it if it is new (or
-// taking it back from the retired zones).
+// loadZone takes a reference to the zone for id, making it if it is new
+// (or taking it back from the retired zones).
 func loadZone(id, label string, limits []Limit, hasTotal bool) (*zone, error) {
 	v, _, err := zones.LoadOrNew(id, func() (caddy.Destructor, error) {
 		if z := takeRetired(id); z != nil {
+			z.Reopen()
 			return z, nil
 		}
 		return &zone{Zone: limiter.NewZone(len(limits), hasTotal, nil), id: id, label: label, limits: names(limits)}, nil

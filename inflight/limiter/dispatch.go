@@ -33,25 +33,44 @@ func (z *Zone) dispatch() reservation {
 	}
 	z.epoch++
 	z.freed = compactBlockers(z.freed)
+	// Each change of holders tries the flows again; a flow whose try
+	// changes them back (going short makes another the holder, whose
+	// room then refuses it by a cap, which makes it the holder again)
+	// would go on for ever with mu held: past this many changes the
+	// flows are tried once more each, and the next dispatch goes on.
+	changes := 2*len(z.byID) + 2
 	for {
 		f := z.nextToTry(now)
 		if f == nil {
 			break
 		}
-		o, d := z.tryAcquire(f.head.req, r.against(&z.queue, f, now))
-		if o == Admitted {
-			if f.fair {
-				z.chargeGrant(f.head)
+		o, d := z.tryAcquire(f.head.req, r.against(z, f, now))
+		charge := f.fair && f.head.req.fair == nil // not charged at its turn already
+		switch o {
+		case Admitted:
+			if charge {
+				z.chargeGrant(f.head, f.head.req.taken)
+			} else if c := f.head.req.fair; c != nil { // charged at its turn: held from now
+				c.at = now
+				z.vclock.turn(c.key, -1)
 			}
 			z.grant(f.head)
-		} else {
+		case short: // its turn, but for this instance's allowance
+			if charge {
+				f.shortPlace = z.turn(f).tag
+				z.chargeGrant(f.head, z.unitsOf(f))
+				z.vclock.turn(f.fairKey, 1)
+			}
+			fallthrough
+		default:
 			f.tried = z.epoch
-			z.file(f, o, d)
+			z.fileRefusal(f, o, d)
 		}
 		// A grant, or a refusal that found a flow's keys with room, may
 		// change the holders; room they no longer hold goes to freed.
 		head, sharer := z.head, z.sharer
-		if r = z.reserve(now); z.head != head || z.sharer != sharer {
+		if r = z.reserve(now); (z.head != head || z.sharer != sharer) && changes > 0 {
+			changes--
 			z.unpark()
 			z.epoch++
 			z.freed = compactBlockers(z.freed)
@@ -133,8 +152,9 @@ func compactBlockers(bs []blocker) []blocker {
 
 // grant hands w the units it was just admitted to, and wakes it.
 func (q *queue) grant(w *waiter) {
+	delete(q.short, w.flow)
+	w.granted = true
 	q.dequeue(w)
 	q.pending.Add(-1)
-	w.granted = true
 	close(w.ready)
 }

@@ -98,13 +98,22 @@ type virtualClock struct {
 	// grant's estimate (see estimate).
 	holds map[uint64]float64
 	hold  float64
+	// rates is each key's recent units used per unit taken (Request.Used
+	// over its units; 1 where none was reported): what a unit-second it
+	// holds is charged, by which the fleet's targets weigh it (see
+	// Zone.entries). Kept, as holds, only for keys with a tag.
+	rates map[uint64]float64
 	// waiting are the keys with fair flows waiting, and active their
 	// weight, by which a grant's charge moves vtime on.
 	waiting map[uint64]*keyFlows
 	active  float64
+	// turned counts, by key, its waiters charged at their turn and not
+	// yet granted (with a ledger: short of allowance): they count as
+	// granted, so a key all of whose waiters are leaves active, as it
+	// would have left the queue at its grant.
+	turned map[uint64]int
 	// of, if set, is the clock this one simulates grants on (see
-	// SharedQueue.order): its tags and holds are read where this one has
-	// none.
+	// queue.order): its tags and holds are read where this one has none.
 	of *virtualClock
 }
 
@@ -176,34 +185,75 @@ func (c *virtualClock) estimate(key uint64) float64 {
 }
 
 // advance records a grant of work unit-seconds to key at weight w (within
-// the bounds): the arithmetic of fair sharing.
-func (c *virtualClock) advance(key uint64, work, w float64) {
+// the bounds): the arithmetic of fair sharing. It returns what the grant
+// added to key's tag and to virtual time, for a charge taken back.
+func (c *virtualClock) advance(key uint64, work, w float64) (tag, vtime float64) {
 	if c.tags == nil {
 		c.tags = map[uint64]float64{}
 	}
+	was, before := c.tags[key], c.vtime
 	start := c.start(key)
-	if start == c.vtime && c.active > 0 {
-		c.vtime += work / c.active
+	if active := c.activeNow(); start == c.vtime && active > 0 {
+		c.vtime += work / active
 	}
 	c.vtime = max(c.vtime, start)
 	c.tags[key] = start + work/w
+	return c.tags[key] - was, c.vtime - before
+}
+
+// activeNow is the weight of the waiting keys, less those whose every
+// waiter was charged at its turn.
+func (c *virtualClock) activeNow() float64 {
+	active := c.active
+	for key, n := range c.turned {
+		if kf := c.waiting[key]; kf != nil && n >= kf.waiters() {
+			active -= kf.weight
+		}
+	}
+	return max(0, active)
+}
+
+// turn counts a waiter of key charged at its turn (by 1), or one that
+// no longer is (by -1): granted, or its turn taken back.
+func (c *virtualClock) turn(key uint64, by int) {
+	if c.turned == nil {
+		c.turned = map[uint64]int{}
+	}
+	if c.turned[key] += by; c.turned[key] <= 0 {
+		delete(c.turned, key)
+	}
 }
 
 // charge records a grant of units to key at weight w, charged for est
-// seconds, rebasing when due.
-func (c *virtualClock) charge(key uint64, units int64, w, est float64) {
-	c.advance(key, float64(units)*est, w)
+// seconds, rebasing when due. It returns what the grant added (see
+// advance), and the rebases so far, which a charge taken back needs.
+func (c *virtualClock) charge(key uint64, units int64, w, est float64) (added [2]float64, base float64) {
+	added[0], added[1] = c.advance(key, float64(units)*est, w)
 	if len(c.tags) > max(c.rebaseAbove, minRebaseAbove) || c.vtime >= rebaseAt {
 		c.rebase()
 		c.rebaseAbove = 2 * len(c.tags)
+		added[1] = 0 // moved back with the rest
+	}
+	return added, c.base
+}
+
+// uncharge takes back a charge to key that added added (see charge) when
+// the rebases were at base: virtual time goes back too, unless a rebase
+// moved it since.
+func (c *virtualClock) uncharge(key uint64, added [2]float64, base float64) {
+	if tag, ok := c.tags[key]; ok {
+		c.tags[key] = tag - added[0]
+	}
+	if c.base == base {
+		c.vtime = max(0, c.vtime-added[1])
 	}
 }
 
 // correct moves key's tag by delta, the correction of a grant's charge to
 // the held seconds (see fairCharge.delta), and learns the hold time. It
 // reports whether the key's tag fell, so that its listings move back.
-func (c *virtualClock) correct(key uint64, delta, held float64) bool {
-	c.learn(key, held)
+func (c *virtualClock) correct(key uint64, delta, held, rate float64) bool {
+	c.learn(key, held, rate)
 	tag, ok := c.tags[key]
 	switch {
 	case ok:
@@ -215,22 +265,32 @@ func (c *virtualClock) correct(key uint64, delta, held float64) bool {
 }
 
 // learn moves key's and the zone's hold estimates towards a hold time of
-// held seconds: a key's (if it has a tag) by a quarter of the gap, the
-// zone's by a sixteenth.
-func (c *virtualClock) learn(key uint64, held float64) {
+// held seconds, and key's rate towards rate: a key's (if it has a tag) by
+// a quarter of the gap, the zone's by a sixteenth.
+func (c *virtualClock) learn(key uint64, held, rate float64) {
 	if c.holds == nil {
-		c.holds = map[uint64]float64{}
+		c.holds, c.rates = map[uint64]float64{}, map[uint64]float64{}
 	}
 	if h, ok := c.holds[key]; ok {
 		c.holds[key] = h + (held-h)/4
+		c.rates[key] += (rate - c.rates[key]) / 4
 	} else if _, tagged := c.tags[key]; tagged { // holds stays within tags
-		c.holds[key] = held
+		c.holds[key], c.rates[key] = held, rate
 	}
 	if c.hold == 0 {
 		c.hold = held
 	} else {
 		c.hold += (held - c.hold) / 16
 	}
+}
+
+// rate returns what a unit-second key holds is charged, as learnt: 1 until
+// one of its requests ended.
+func (c *virtualClock) rate(key uint64) float64 {
+	if r, ok := c.rates[key]; ok && r > 0 {
+		return r
+	}
+	return 1
 }
 
 // simulate returns a clock on which grants can be simulated without
@@ -253,19 +313,36 @@ func (c *virtualClock) rebase() {
 	for k := range c.holds {
 		if _, ok := c.tags[k]; !ok {
 			delete(c.holds, k)
+			delete(c.rates, k)
 		}
 	}
 	c.base += c.vtime
 	c.vtime = 0
 }
 
-// chargeGrant records the grant of w's units to its flow's key, charged
-// for the key's estimated hold time.
-func (q *queue) chargeGrant(w *waiter) {
+// chargeGrant records the grant of units to w's flow's key, charged for
+// the key's estimated hold time. With a ledger, a waiter whose turn came
+// but is short of allowance is charged then, with the units it would
+// take, as the grant it would be in a zone of its own (see dispatch): the
+// grant that comes with the allowance is not charged again, and one that
+// never comes is taken back (see uncharge).
+func (q *queue) chargeGrant(w *waiter, units int64) {
 	f := w.flow
 	est := q.vclock.estimate(f.fairKey)
-	q.vclock.charge(f.fairKey, w.req.taken, f.weight, est)
-	q.charged(w.req, &fairCharge{local: true, dim: f.keyDim, key: f.fairKey, weight: f.weight, est: est})
+	wt := f.weight * f.fleetShare()
+	added, base := q.vclock.charge(f.fairKey, units, wt, est)
+	q.charged(w.req, &fairCharge{key: f.fairKey, weight: wt, est: est, added: added, base: base})
+}
+
+// uncharge takes back the charge of w, a waiter charged at its turn whose
+// turn passed without its grant (see chargeGrant).
+func (q *queue) uncharge(w *waiter) {
+	if c := w.req.fair; c != nil {
+		q.vclock.turn(c.key, -1)
+		w.req.fair = nil
+		q.vclock.uncharge(c.key, c.added, c.base)
+		q.moveBack(c.key) // its tag fell
+	}
 }
 
 // charged records what req's grant charged, for its Release to correct.
@@ -278,13 +355,14 @@ func (q *queue) charged(req *Request, c *fairCharge) {
 // the correction at its Release.
 type fairCharge struct {
 	q      *queue
-	local  bool   // charged on q's clock
-	fleet  Ledger // charged on this ledger's clock, if set
-	dim    int
 	key    uint64
 	weight float64
 	est    float64 // seconds
 	at     time.Time
+	// added and base are what it added to its key's tag and virtual
+	// time, and the clock's rebases then: to take it back (see uncharge).
+	added [2]float64
+	base  float64
 }
 
 // delta is how far a charge for units moves its key's tag once corrected
@@ -303,19 +381,14 @@ func (c *fairCharge) delta(units int64, charged float64) float64 {
 func (q *queue) settle(req *Request) {
 	c := req.fair
 	req.fair = nil
-	held := q.clock.Now().Sub(c.at).Seconds() * float64(req.UsedUnits()) / float64(req.taken)
-	charged := min(max(held, minHold), maxHold)
+	rate := float64(req.UsedUnits()) / float64(req.taken)
+	charged := min(max(q.clock.Now().Sub(c.at).Seconds()*rate, minHold), maxHold)
 	delta := c.delta(req.taken, charged)
 	q.mu.Lock()
-	if !c.local {
-		q.vclock.learn(c.key, charged)
-	} else if q.vclock.correct(c.key, delta, charged) {
+	if q.vclock.correct(c.key, delta, charged, rate) {
 		q.moveBack(c.key)
 	}
 	q.mu.Unlock()
-	if c.fleet != nil {
-		c.fleet.Correct(c.dim, req.Keys[c.dim], delta)
-	}
 }
 
 // before reports whether f's head goes before g's at time now.
@@ -342,12 +415,15 @@ func (q *queue) next(f *flow) candidate {
 
 // before reports whether a goes before b at time now. Fair flows sharing a
 // dimension go by their keys' tags, ties by arrival: the order a fair lane
-// keeps (see filing). Flows not comparable so go by the queue order.
+// keeps (see filing); flows of one key by arrival alone, as their key's
+// tag is theirs too (a short flow's place is its key's before its charge,
+// which would put it before its key's earlier flows). Flows not
+// comparable so go by the queue order.
 func (a candidate) before(b candidate, now time.Time) bool {
 	if !a.f.fair || !b.f.fair || a.f.keyDim != b.f.keyDim {
 		return a.w.Before(b.w.Place, now)
 	}
-	if a.tag != b.tag {
+	if a.tag != b.tag && a.f.fairKey != b.f.fairKey {
 		return a.tag < b.tag
 	}
 	return a.w.Seq < b.w.Seq

@@ -155,8 +155,8 @@ func checkShares(t *testing.T, what string, shares, weights []float64) {
 
 // stores are the queues fair sharing runs in: the zone's own, and a
 // shared store's over a ledger of the given total.
-func stores(total int64) map[string]store {
-	return map[string]store{"zone": zoneStore(), "shared": sharedStore(total)}
+func stores(t *testing.T) map[string]store {
+	return map[string]store{"zone": zoneStore(), "shared": sharedStore(t)}
 }
 
 // TestFairSharesSlotSeconds: tenants whose requests hold their slots for
@@ -182,7 +182,7 @@ func TestFairSharesSlotSeconds(t *testing.T) {
 		for _, name := range []string{"zone", "shared"} {
 			t.Run(tc.name+"/"+name, func(t *testing.T) {
 				synctest.Test(t, func(t *testing.T) {
-					shares := unitSeconds(t, stores(4)[name], 4, tc.tenants, 600*time.Second)
+					shares := unitSeconds(t, stores(t)[name], 4, tc.tenants, 600*time.Second)
 					checkShares(t, tc.name, shares, weightsOf(tc.tenants))
 				})
 			})
@@ -204,7 +204,7 @@ func TestFairSharesReportedUnitSeconds(t *testing.T) {
 	for _, name := range []string{"zone", "shared"} {
 		t.Run(name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				shares := unitSeconds(t, stores(400)[name], 400, tenants, 600*time.Second)
+				shares := unitSeconds(t, stores(t)[name], 400, tenants, 600*time.Second)
 				checkShares(t, "used 100 vs 10-30 of 100", shares, weightsOf(tenants))
 			})
 		})
@@ -222,7 +222,7 @@ func TestFairSharesUnitSeconds(t *testing.T) {
 	for _, name := range []string{"zone", "shared"} {
 		t.Run(name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				shares := unitSeconds(t, stores(12)[name], 12, tenants, 600*time.Second)
+				shares := unitSeconds(t, stores(t)[name], 12, tenants, 600*time.Second)
 				checkShares(t, "costs 1-3", shares, weightsOf(tenants))
 			})
 		})
@@ -261,7 +261,7 @@ func TestFairSharesResistGaming(t *testing.T) {
 		for _, name := range []string{"zone", "shared"} {
 			t.Run(tc.name+"/"+name, func(t *testing.T) {
 				synctest.Test(t, func(t *testing.T) {
-					shares := unitSeconds(t, stores(4)[name], 4, []tenantRun{tc.attacker, honest}, 600*time.Second)
+					shares := unitSeconds(t, stores(t)[name], 4, []tenantRun{tc.attacker, honest}, 600*time.Second)
 					t.Logf("%s: attacker %.3f, honest %.3f", tc.name, shares[0], shares[1])
 					if shares[0] > 0.5+0.03 {
 						t.Errorf("%s: the attacker has %.3f of the slot-seconds, want at most 0.5 + 0.03", tc.name, shares[0])
@@ -286,7 +286,7 @@ func TestFairOneShotKeysDoNotStarveAWaitingKey(t *testing.T) {
 	for _, name := range []string{"zone", "shared"} {
 		t.Run(name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				shares := unitSeconds(t, stores(4)[name], 4, tenants, 600*time.Second)
+				shares := unitSeconds(t, stores(t)[name], 4, tenants, 600*time.Second)
 				t.Logf("one-shot keys %.3f, the waiting key %.3f", shares[0], shares[1])
 				if shares[1] < 1.0/18 {
 					t.Errorf("the waiting key has %.3f of the slot-seconds beside a stream of one-shot keys, want at least 1/18 (half of 1 of 9 keys waiting)", shares[1])

@@ -256,3 +256,6 @@ func (q *queue) top(l *lane) *listing {
 	}
 	return nil
 }
+
+// filed reports whether any flow is filed under b.
+func (q *queue) filed(b blocker) bool { return q.filingOf(b) != nil }

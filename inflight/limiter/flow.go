@@ -4,6 +4,7 @@ import (
 	"hash/maphash"
 	"math"
 	"slices"
+	"time"
 	"unsafe"
 )
 
@@ -35,10 +36,38 @@ type flow struct {
 	eligible *listing
 	// tried is the dispatch epoch in which it was last tried and refused.
 	tried uint64
+	// asks says that its head needs the fleet (with a ledger): it was
+	// short of this instance's allowance, or the fleet refused it; turned
+	// is when the fleet last refused it (zero: it has not since it was
+	// last short): it is asked for again at the fleet's next change, or
+	// after fleetPoll (see asking.go).
+	asks   bool
+	turned time.Time
+	// shortPlace is its key's place on the fair clock when it went short,
+	// before its charge at its turn: where it stands in the queue order as
+	// it holds (see queue.turn).
+	shortPlace float64
 	// refused lists the dimensions (TotalDim: the total) whose counts
 	// refused it since it started waiting, for a ledger's holds (see
-	// Claim.Hold).
-	refused []int
+	// Want.Holds), and fleetSet the set the fleet last refused its head
+	// by, which the zone reports on (see report.go).
+	refused  []int
+	fleetSet *Set
+	// fleetKey names its fair key in the ledger's tables (made when first
+	// reported), and share is its part of that key's demand in the fleet,
+	// as the latest table said (0: not known), which scales its weight on
+	// this instance's clock (see target.go).
+	fleetKey string
+	share    float64
+}
+
+// fleetShare is the factor of f's weight on this instance's clock: its
+// part of its key's demand in the fleet, if known, else 1.
+func (f *flow) fleetShare() float64 {
+	if f.share > 0 {
+		return f.share
+	}
+	return 1
 }
 
 // keyed reports whether f has a key in dimension d.
@@ -57,6 +86,15 @@ func (f *flow) refusedBy(d int) {
 type keyFlows struct {
 	flows  []*flow
 	weight float64
+}
+
+// waiters counts the key's waiters.
+func (kf *keyFlows) waiters() int {
+	n := 0
+	for _, f := range kf.flows {
+		n += f.n
+	}
+	return n
 }
 
 // blocker names a constraint that can keep a flow waiting: a key at its
@@ -97,6 +135,11 @@ type flows struct {
 	// way, and epoch counts the dispatch's changes of head (see dispatch).
 	parked []*listing
 	epoch  uint64
+	// short are the flows whose head fits the caps and waits for more of
+	// this instance's allowance (with a ledger), with its units: each
+	// holds them in its keys and the total as if admitted, against the
+	// tries after it in the queue order at its turn (see reservation).
+	short map[*flow]int64
 	// Fair sharing's virtual time (see fair.go).
 	vclock virtualClock
 }
@@ -172,6 +215,7 @@ func (q *queue) enqueue(req *Request, opt WaitOptions, perKey uint64) *waiter {
 
 // dequeue takes w out of its flow, and drops the flow once empty.
 func (q *queue) dequeue(w *waiter) {
+	w.left = true
 	f := w.flow
 	wasHead := f.head == w
 	if w.prev == nil {
@@ -193,14 +237,21 @@ func (q *queue) dequeue(w *waiter) {
 		}
 	}
 	if f.n > 0 {
+		if !w.granted {
+			q.uncharge(w)
+		}
 		if wasHead {
 			q.headLeft(f)
 		}
 		return
 	}
 	q.unlist(f)
+	delete(q.short, f)
 	if f.fair {
 		q.dropFair(f)
+	}
+	if !w.granted { // once f is gone: its key's places move back without it, headless
+		q.uncharge(w)
 	}
 	switch first := q.byID[f.id]; {
 	case first != f:

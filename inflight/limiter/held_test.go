@@ -6,6 +6,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/internal/fleetref"
 )
 
 // twoCaps is the scenario of a request that needs two keyed caps (tenant T
@@ -108,32 +110,31 @@ func TestWaiterNeedingTwoCapsIsNotPassedForEver(t *testing.T) {
 	}
 }
 
-// The same under a shared queue over a ledger in memory: each call sends
-// the waiter first with the constraints it was refused by, which the
-// ledger holds against the newcomers of the call.
-func TestSharedWaiterNeedingTwoCapsIsNotPassedForEver(t *testing.T) {
+// The same with a ledger: two zones of one fleet, each admitting within
+// allowances; the big request waits at one of them, the small ones come
+// at the other, and the fleet's caps hold for both.
+func TestFleetWaiterNeedingTwoCapsIsNotPassedForEver(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const rounds, service = 50, time.Second
-		z := NewZone(2, false, nil)
-		l := newMemLedger(1000, 1000)
-		q := NewSharedQueue(z, l, time.Hour)
+		fleet := fleetref.NewFleet()
+		here, there := NewZone(2, false, nil), NewZone(2, false, nil)
+		here.SetLedger(fleet.Join())
+		there.SetLedger(fleet.Join())
+		t.Cleanup(func() { closeZone(t, here) })
+		t.Cleanup(func() { closeZone(t, there) })
 		s := newTwoCaps()
 		s.try = func(r *Request) bool {
-			res, err := q.Acquire(context.Background(), r, WaitOptions{})
-			return err == nil && res.Outcome == Admitted
+			return there.Acquire(context.Background(), r, WaitOptions{}).Outcome == Admitted
 		}
-		s.release = func(r *Request) { l.release(q, r); synctest.Wait() }
-		s.waiting = func() int64 { synctest.Wait(); return q.Waiting() }
+		s.release = func(r *Request) { there.Release(r); synctest.Wait() }
+		s.waiting = func() int64 { synctest.Wait(); return here.Waiting() }
 		s.pass = func() { time.Sleep(service) }
 		s.fill()
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		done := make(chan Result, 1)
 		big := costly(s.lim, 10, "T", "C")
-		go func() {
-			res, _ := q.Acquire(ctx, big, WaitOptions{Wait: time.Hour})
-			done <- res
-		}()
+		go func() { done <- here.Acquire(ctx, big, WaitOptions{Wait: time.Hour}) }()
 		synctest.Wait()
 
 		admittedIn := s.roundsUntilAdmitted(rounds)
@@ -144,15 +145,18 @@ func TestSharedWaiterNeedingTwoCapsIsNotPassedForEver(t *testing.T) {
 		if res.Outcome != Admitted || admittedIn > 3 {
 			t.Fatalf("cost-10 request: outcome %d after %d rounds, want admitted within 3 service times", res.Outcome, admittedIn)
 		}
-		t.Logf("cost-10 request needing two caps admitted through the ledger after %d service times", admittedIn)
-		q.Release(big)
+		t.Logf("cost-10 request needing two caps admitted across the fleet after %d service times", admittedIn)
+		here.Release(big)
 		for _, r := range append(s.onT, s.onC...) {
 			if r != nil {
-				q.Release(r)
+				there.Release(r)
 			}
 		}
-		if l.totalHeld() != 0 || z.Held(0) != 0 || z.Held(1) != 0 {
-			t.Fatalf("after every release: ledger %d units, zone %d and %d; want 0", l.totalHeld(), z.Held(0), z.Held(1))
+		time.Sleep(2 * linger) // idle allowance goes back
+		for _, name := range []string{setName(0, "T"), setName(1, "C")} {
+			if held := fleet.Held(name); held != 0 {
+				t.Fatalf("after every release: the fleet counts %d units in %s, want 0", held, name)
+			}
 		}
 	})
 }

@@ -1,104 +1,68 @@
 package limiter
 
-// A Ledger keeps a zone's counts outside the process: a store shared by a
-// fleet, such as leases in Redis. It answers claims and never calls back
-// into the engine: the queue over it (SharedQueue) decides who is tried,
-// in what order, what each holds and who waits, with the same code as the
-// zone's own queue, and counts what the ledger admits in the zone (its
-// local mirror).
+import (
+	"time"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/fleet"
+)
+
+// A Ledger keeps a zone's counts for a fleet of instances, such as Redis
+// does (redisstore). It counts, per set (the key of a limit, or the
+// total, by name: see setName), each instance's allowance: units the
+// fleet counts as that instance's, in flight there or idle, so that the
+// instance admits within them with no round trip (see allowance.go). The
+// zone asks for more, writes what it gives back and reports its waiters,
+// in calls it makes one at a time (Ask), and never learns of the fleet
+// otherwise: what happens there meanwhile, the ledger announces on
+// Changed and Tight, and the zone asks again. The ledger never calls into
+// the zone.
+//
+// The rules a ledger keeps, exactly (internal/fleetref is their
+// reference, and redisstore's script is pinned to it):
+//   - The allowances of a set never sum above its cap when a want is
+//     granted: the fleet admits no more than the cap, whichever instance
+//     admits.
+//   - An allowance lives for Lease unless written again, so a dead
+//     instance's units come back within one lease.
+//   - A report whose instance is owed room for its head there
+//     (floor(target) - its allowance is at least what the head lacks
+//     beyond the instance's idle units, need) holds need units against
+//     the wants of the instances that reported after it, do not report,
+//     or would pass their own target.
+//   - Spare (idle units granted ahead) comes only from the room beyond the
+//     reserve, a tenth of the cap, while no other instance reports on the
+//     set, and the spares of a set sum to at most the reserve.
+//   - A call that a later call of the instance overtook (a script that ran
+//     late) changes nothing.
 type Ledger interface {
-	// Take tries claims in order, each all or nothing, and returns the
-	// verdict of each: Admitted with the lease that identifies what it
-	// took (for Give), or Full with the refusing dimension. A claim that
-	// waits and is refused holds, against every later claim of the call,
-	// the room of the dimension that refused it and of each in its Hold:
-	// what the first waits for is not taken by those behind it. An error
-	// means no answer: nothing was taken.
-	Take(claims []Claim) ([]Verdict, error)
-	// Give gives back what the claim admitted with lease took. handOff
-	// says that the queue has waiters and makes a call for them at once
-	// (or, if none is left, says Idle): the ledger may leave the release
-	// to that call, so that a waiter it frees is admitted in the same
-	// round trip.
-	Give(lease string, handOff bool)
-	// Correct moves the tag of key (of dimension dim) on the ledger's fair
-	// clock by delta, the correction of a charge to what its grant held
-	// (see settle), with a later call: a correction lost to a failure
-	// costs only that grant's ordering.
-	Correct(dim int, key string, delta float64)
-	// Record enters a claim that the zone admitted alone while the ledger
-	// could not answer (a store that fails open), once it answers again,
-	// and returns its lease.
-	Record(c Claim) string
-	// Idle says that the queue has no call under way and none to follow:
-	// the ledger may do work it defers while calls follow one another (a
-	// shared store removes the leases released meanwhile, which the next
-	// call would have removed).
-	Idle()
+	// Ask sends c in one round trip, and sets its answers: each want's,
+	// and the tables of the sets reported on or refusing a waiting want.
+	// An error means no answer: the zone cannot know what was applied,
+	// and writes every allowance it holds again in its next call.
+	Ask(c *fleet.Call) error
+	// Changed receives when the fleet may have room for this instance's
+	// waiters (units written back where it reports), when another
+	// instance starts waiting where this one holds units (Tight), and
+	// when the ledger is reachable again after a failure.
+	Changed() <-chan struct{}
+	// Tight reports whether another instance waits for set name: this
+	// instance then keeps no idle units there.
+	Tight(name string) bool
+	// Lease is how long an allowance lives unless written again: the zone
+	// writes every allowance it holds at least every Lease/3.
+	Lease() time.Duration
+	// Epoch changes whenever the ledger may have lost what this instance
+	// wrote (it answers again after a failure, as after a restart): the
+	// zone then writes every allowance it holds again, before it asks for
+	// more.
+	Epoch() uint64
+	// FailOpen says what a request short of allowance gets while the
+	// ledger cannot answer: admitted within this instance's share of the
+	// caps (true), or refused (Unavailable).
+	FailOpen() bool
 }
 
-// A Claim is what one request asks of a Ledger: Units in the count of each
-// dimension it has a key in, and in the total, each within its cap (the
-// fleet's, in units: see Limits.units).
-type Claim struct {
-	// Keys holds one key per dimension; "" means none.
-	Keys []string
-	// Caps holds the cap of each dimension's key.
-	Caps []int64
-	// Total is the total's cap, if the zone counts one.
-	Total int64
-	Units int64
-	// Waits says that the request waits if refused.
-	Waits bool
-	// Hold lists the dimensions (TotalDim: the total) whose room the claim
-	// holds if refused: the dimensions whose counts refused it since it
-	// started waiting.
-	Hold []int
-	// Fair, if set, puts the claim on the zone's fair clock in the ledger:
-	// the one clock of the fleet.
-	Fair *FairClaim
-}
-
-// A FairClaim places a claim on the ledger's fair clock of its zone, kept
-// as the engine's (see fair.go) but for every instance at once: its keys'
-// tags, virtual time, and the keys waiting anywhere, each listed under the
-// dimension that refused it. The ledger admits a fair claim only if no
-// other key listed under one of its dimensions has a smaller tag than the
-// claim's key starts at; a claim refused so holds nothing (the room is
-// kept for the key that goes first) and, if it waits, is listed under that
-// dimension. Admitted, it charges its key Work/Weight, and moves virtual
-// time on by Work shared among the weights waiting in the fleet.
-type FairClaim struct {
-	Dim    int     // the dimension whose keys share
-	Weight float64 // the key's weight, within MinWeight to MaxWeight
-	Work   float64 // units × estimated hold, in unit-seconds
-	// Waiting is the weight of the keys waiting under fair in this
-	// process, the same in every claim of a call: the fleet's is the sum
-	// of every instance's.
-	Waiting float64
-	// More says that other requests of the key wait in this process
-	// besides this one: admitted, the key stays listed as waiting, at its
-	// new start, rather than unlisted until its next refusal.
-	More bool
-}
-
-// Verdict is a Ledger's answer for one claim: Admitted with its Lease, or
-// Full by dimension Dim (TotalDim: the total). The queue also answers
-// KeysFull, for max_keys, which it checks itself.
-type Verdict struct {
-	Outcome Outcome
-	Dim     int
-	Lease   string
-	// Held, if not nil, is the units the fleet holds in each of the
-	// claim's dimensions once the ledger decided it (this claim's
-	// included if admitted): index d for dimension d, len(Keys) for the
-	// total; -1 where the ledger did not read it (a dimension it did not
-	// reach before refusing, or one the claim has no key in). Data only:
-	// the queue passes it on in Result.Levels.
-	Held []int64
-}
-
-// adopt makes req hold what the queue took for from, its copy.
-func (req *Request) adopt(from *Request) {
-	req.lease, req.taken, req.held, req.hashes, req.fair = from.lease, from.taken, from.held, from.hashes, from.fair
-}
+// fleetPoll bounds how long a waiter can miss an announcement (a lost
+// notice) before it is asked for again, and how often a report is
+// renewed: a quarter of its listing.
+const fleetPoll = fleet.Listing / 4

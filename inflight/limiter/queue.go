@@ -54,6 +54,13 @@ const (
 	Aborted             // the request's context ended while it waited
 	KeysFull            // refused at once: a new key, and its dimension holds MaxKeys
 	Unavailable         // refused at once: the ledger could not answer, and the store fails closed
+
+	// short and fleetFull are refusals the caller never sees: the request
+	// fits the caps, but needs more of this instance's allowance (see
+	// allowance.go), which the fleet was just asked for (fleetFull: and
+	// refused).
+	short     Outcome = 100
+	fleetFull Outcome = 101
 )
 
 // Result reports an admission. Dim is the refusing dimension (TotalDim for
@@ -64,12 +71,12 @@ type Result struct {
 	Waited  time.Duration
 	// Levels, if not nil, is the fleet's level of the request's dimensions
 	// as a Ledger answered the call that decided it (see Levels); nil
-	// when no ledger answered for it (a zone without one, a refusal the
-	// queue made alone).
+	// when no ledger answered for it (a zone without one, an admission
+	// within this instance's allowance: see Zone.Levels, a refusal the
+	// zone made alone).
 	Levels Levels
-	// Alone says that a zone with a ledger decided the request alone,
-	// the ledger unreachable (see SharedQueue.AcquireAlone): its counts
-	// are this instance's only.
+	// Alone says that the ledger could not answer: the zone decided alone,
+	// within this instance's share of each cap (see fallback).
 	Alone bool
 }
 
@@ -188,25 +195,31 @@ func (p Place) score(now time.Time) float64 {
 
 type waiter struct {
 	Place
-	req        *Request
-	flow       *flow
-	ready      chan struct{} // closed when a slot is handed over
-	granted    bool
-	left       bool   // it left a shared queue (see SharedQueue.dispatch)
-	levels     Levels // in a shared queue: from the ledger's latest verdict
+	req     *Request
+	flow    *flow
+	ready   chan struct{} // closed when a slot is handed over, or the ledger refused it
+	granted bool
+	left    bool // it is out of the queue: granted, refused, or gone
+	// outcome and dim are its answer once ready: Admitted, or Unavailable
+	// by dimension dim (a ledger that cannot answer and fails closed).
+	outcome    Outcome
+	dim        int
+	levels     Levels // with a ledger: from its latest answer
+	alone      bool   // with a ledger: granted alone, the ledger not answering
 	perKey     uint64 // its entry in the per-key waiting counts; 0: not counted
 	prev, next *waiter
 }
 
-// await waits until w is granted (Admitted), ctx ends (Aborted) or wait
-// has passed (Timeout), on the queue's clock. A slot may come as the wait
-// ends: after Aborted or Timeout, the caller checks w.granted under mu.
+// await waits until w is granted (Admitted) or refused by the ledger
+// (Unavailable), ctx ends (Aborted) or wait has passed (Timeout), on the
+// queue's clock. A slot may come as the wait ends: after Aborted or
+// Timeout, the caller checks w.granted under mu.
 func (q *queue) await(ctx context.Context, w *waiter, wait time.Duration) Outcome {
 	timeout, stop := q.clock.After(wait)
 	defer stop()
 	select {
 	case <-w.ready:
-		return Admitted
+		return w.outcome
 	case <-ctx.Done():
 		return Aborted
 	case <-timeout:
@@ -222,8 +235,7 @@ func (q *queue) Waiting() int64 { return q.queued.Load() }
 // slot directly and wakes it.
 func (z *Zone) Acquire(ctx context.Context, req *Request, opt WaitOptions) Result {
 	if opt.Wait <= 0 {
-		o, d := z.tryNow(req)
-		return Result{Outcome: o, Dim: d}
+		return z.acquireNow(req)
 	}
 	if z.pending.Load() == 0 {
 		if o, _ := z.tryAcquire(req, nil); o == Admitted {
@@ -234,6 +246,18 @@ func (z *Zone) Acquire(ctx context.Context, req *Request, opt WaitOptions) Resul
 	z.mu.Lock()
 	z.pending.Add(1)
 	o, d := z.tryNewcomer(req)
+	if o == short && !z.wanting() { // the fleet decides first: admitted, or it waits here (behind any waiter asking)
+		z.pending.Add(-1)
+		res := z.askFor(req, true)
+		if res.Outcome != Full {
+			return res
+		}
+		z.mu.Lock()
+		z.pending.Add(1)
+		if o, d = z.tryNewcomer(req); o == short {
+			o, d = fleetFull, res.Dim
+		}
+	}
 	if o == Admitted {
 		z.pending.Add(-1)
 		z.mu.Unlock()
@@ -255,7 +279,7 @@ func (z *Zone) Acquire(ctx context.Context, req *Request, opt WaitOptions) Resul
 	}
 	w := z.enqueue(req, opt, perKey)
 	if w.flow.head == w { // a flow is filed by its head's refusals
-		z.file(w.flow, o, d)
+		z.fileRefusal(w.flow, o, d)
 	}
 	z.dispatch() // it may be the head now, and fit in the room held for the old one
 	if w.granted {
@@ -268,18 +292,25 @@ func (z *Zone) Acquire(ctx context.Context, req *Request, opt WaitOptions) Resul
 	}
 
 	outcome := z.await(ctx, w, opt.Wait)
-	if outcome == Admitted {
-		return Result{Outcome: Admitted, Waited: z.clock.Now().Sub(w.Arrived)}
+	switch outcome {
+	case Admitted:
+		return Result{Outcome: Admitted, Waited: z.clock.Now().Sub(w.Arrived), Levels: w.levels, Alone: w.alone}
+	case Unavailable:
+		return Result{Outcome: Unavailable, Dim: w.dim, Waited: z.clock.Now().Sub(w.Arrived), Levels: w.levels}
 	}
 	z.mu.Lock()
 	waited := z.clock.Now().Sub(w.Arrived)
-	if w.granted { // a slot came as the wait ended
+	switch {
+	case w.granted: // a slot came as the wait ended
 		z.mu.Unlock()
 		if outcome == Aborted {
 			z.Release(req)
 			return Result{Outcome: Aborted, Waited: waited}
 		}
-		return Result{Outcome: Admitted, Waited: waited}
+		return Result{Outcome: Admitted, Waited: waited, Levels: w.levels, Alone: w.alone}
+	case w.left: // the ledger refused it as the wait ended
+		z.mu.Unlock()
+		return Result{Outcome: w.outcome, Dim: w.dim, Waited: waited, Levels: w.levels}
 	}
 	z.dequeue(w)
 	z.pending.Add(-1)

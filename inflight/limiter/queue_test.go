@@ -285,11 +285,20 @@ func TestQueuedHook(t *testing.T) {
 // TestAbortedAsGrantedGivesTheSlotBack: a waiter whose client leaves just as
 // a release hands it the slot (both have happened when it wakes) gives the
 // slot back, whichever it sees first: the zone is empty afterwards and the
-// next request is admitted. Each round sets up both at once; Go picks
-// between them at random, so 64 rounds see an abort of a granted waiter
-// with a chance of 1 - 2^-64.
+// next request is admitted.
 func TestAbortedAsGrantedGivesTheSlotBack(t *testing.T) {
 	z, lim, _ := oneSlot()
+	abortedAsGranted(t, z, lim)
+}
+
+// abortedAsGranted plays 64 rounds on z, whose keys have one slot under
+// lim: a holder of key k admitted, then a waiter whose client leaves as
+// the holder's release hands it the slot (both have happened when it
+// wakes; Go picks between them at random). After each round the zone must
+// be empty; some round must see the waiter aborted as it was granted (a
+// chance of 1 - 2^-64).
+func abortedAsGranted(t *testing.T, z *Zone, lim *Limits) {
+	t.Helper()
 	aborted := 0
 	for round := range 64 {
 		holder := req(lim, "k")

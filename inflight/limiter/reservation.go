@@ -1,6 +1,10 @@
 package limiter
 
-import "time"
+import (
+	"cmp"
+	"slices"
+	"time"
+)
 
 // While requests wait, room is held for two of them at most, as the queue
 // order stands at the zone's latest event (an arrival, a release, a
@@ -53,40 +57,177 @@ type reservation struct {
 	fresh       []bool
 
 	f           *flow
+	headFirst   bool // head goes before f
 	sharedFirst bool // shared goes before f
+	q           *queue
+	now         time.Time
+	// shortNew are the keys not in flight that the short flows before f
+	// need: each holds one key of its limit's key bound.
+	shortNew []Set
+	// ofHolder says the try is by f's holder (see queue.holder), not its
+	// head: f's own short head holds against it, as admitted.
+	ofHolder bool
+	// shorts are the short flows in one order (see after).
+	shorts []*flow
 }
 
-// against readies r for a try by f (nil: a newcomer) at now.
-func (r *reservation) against(q *queue, f *flow, now time.Time) *reservation {
-	r.f = f
-	r.sharedFirst = r.shared != nil && r.shared != f && (f == nil || q.before(r.shared, f, now))
+// against readies r for a try by f (nil: a newcomer) at now. mu must be
+// held, and no shard lock.
+func (r *reservation) against(z *Zone, f *flow, now time.Time) *reservation {
+	q := &z.queue
+	r.f, r.q, r.now, r.ofHolder = f, q, now, false
+	r.shortNew = r.shortNew[:0]
+	r.orderShorts()
+	for g := range q.short {
+		if !r.after(g) {
+			continue
+		}
+		for d, h := range g.hashes {
+			if g.keyed(d) && z.countOf(d, h) == 0 {
+				r.shortNew = append(r.shortNew, Set{Dim: d, Hash: h})
+			}
+		}
+	}
+	// The holders are the first flows that are not short: a short one
+	// goes before them, or after, as it stood at its turn (see turn).
+	r.headFirst = r.head != nil && r.head != f && (f == nil || q.short[f] == 0 || q.holding(r.head).before(q.turn(f), now))
+	r.sharedFirst = r.shared != nil && r.shared != f && (f == nil || q.holding(r.shared).before(q.turn(f), now))
 	return r
 }
 
 // holdsKey returns the units r holds in dimension d's key hash against
-// its try.
+// its try: the head's, and those of the short flows before the try.
 func (r *reservation) holdsKey(d int, hash uint64) int64 {
-	if r == nil || r.head == nil || r.f == r.head || !r.head.keyed(d) || r.head.hashes[d] != hash {
+	if r == nil {
 		return 0
 	}
-	return r.headUnits
+	var n int64
+	if r.headFirst && r.head.keyed(d) && r.head.hashes[d] == hash {
+		n = r.headUnits
+	}
+	for g, units := range r.q.short {
+		if g.keyed(d) && g.hashes[d] == hash && r.after(g) {
+			n += units
+		}
+	}
+	return n
+}
+
+// after reports whether r's try comes after the short flow g, which then
+// holds against it: a newcomer's does, a waiter's if it goes after g in
+// the queue order as it stood at g's turn (see queue.turn), and g's own
+// holder's.
+func (r *reservation) after(g *flow) bool {
+	switch {
+	case g == r.f:
+		return r.ofHolder
+	case r.f == nil:
+		return true
+	case r.q.short[r.f] > 0:
+		return slices.Index(r.shorts, g) < slices.Index(r.shorts, r.f)
+	}
+	return r.q.turn(g).before(r.q.turn(r.f), r.now)
+}
+
+// orderShorts puts the short flows in r.shorts in one order: as the queue
+// order stood at their turns (see queue.turn), by insertion from their
+// heads' arrival. The queue order is not one order over short flows
+// (flows of one key go by arrival, others by tag: over three short flows,
+// two of one key, each would go before the next), and each holding
+// against the next, none would be admitted while the allowance they wait
+// for sat idle.
+func (r *reservation) orderShorts() {
+	s := r.shorts[:0]
+	for g := range r.q.short {
+		s = append(s, g)
+	}
+	slices.SortFunc(s, func(a, b *flow) int { return cmp.Compare(a.head.Seq, b.head.Seq) })
+	for i := 1; i < len(s); i++ {
+		for j := i; j > 0 && r.q.turn(s[j]).before(r.q.turn(s[j-1]), r.now); j-- {
+			s[j], s[j-1] = s[j-1], s[j]
+		}
+	}
+	r.shorts = s
+}
+
+// holding returns the candidate of f's holder (see holder) where it
+// stands in the queue order: the holder of a short flow after its head's
+// charge at its turn.
+func (q *queue) holding(f *flow) candidate {
+	c := candidate{f: f, w: q.holder(f)}
+	if f.fair {
+		c.tag = q.vclock.place(f.fairKey)
+		if q.short[f] > 0 {
+			c.tag = max(c.tag, f.shortPlace)
+		}
+	}
+	return c
+}
+
+// turn returns f's candidate in the queue order where it stands: a short
+// flow where it stood when it went short, before its charge at its turn,
+// so that its charge moves no one ahead of it; fair flows by their keys'
+// places, which rebases do not move.
+func (q *queue) turn(f *flow) candidate {
+	c := candidate{f: f, w: f.head}
+	switch {
+	case q.short[f] > 0:
+		c.tag = f.shortPlace
+	case f.fair:
+		c.tag = q.vclock.place(f.fairKey)
+	}
+	return c
+}
+
+// shortHolds reports whether a short flow before r's try has dimension
+// d's key hash, not in flight: counted as admitted at its turn, it puts
+// the key in flight for the try, which its key bound does not refuse.
+func (r *reservation) shortHolds(d int, hash uint64) bool {
+	if r == nil {
+		return false
+	}
+	for _, k := range r.shortNew {
+		if k.Dim == d && k.Hash == hash {
+			return true
+		}
+	}
+	return false
 }
 
 // holdsNewKey returns the keys r holds in dimension d's key bound against
 // a try whose key there (hash) is not in flight.
 func (r *reservation) holdsNewKey(d int, hash uint64) int64 {
-	if r == nil || !r.sharedFirst || !r.fresh[d] || r.shared.hashes[d] == hash {
+	if r == nil {
 		return 0
 	}
-	return 1
+	var n int64
+	if r.sharedFirst && r.fresh[d] && r.shared.hashes[d] != hash {
+		n = 1
+	}
+	for _, k := range r.shortNew {
+		if k.Dim == d && k.Hash != hash {
+			n++
+		}
+	}
+	return n
 }
 
-// holdsTotal returns the units r holds in the total against its try.
+// holdsTotal returns the units r holds in the total against its try:
+// the shared holder's, and those of the short flows before the try.
 func (r *reservation) holdsTotal() int64 {
-	if r == nil || !r.sharedFirst {
+	if r == nil {
 		return 0
 	}
-	return r.sharedUnits
+	var n int64
+	if r.sharedFirst {
+		n = r.sharedUnits
+	}
+	for g, units := range r.q.short {
+		if r.after(g) {
+			n += units
+		}
+	}
+	return n
 }
 
 // reserve finds the holders at now and returns their reservation. A
@@ -94,12 +235,12 @@ func (r *reservation) holdsTotal() int64 {
 // freed. mu must be held.
 func (z *Zone) reserve(now time.Time) reservation {
 	var r reservation
-	if r.head = z.first(&z.line, now); r.head != nil {
-		r.headUnits = z.unitsOf(r.head)
+	if r.head = z.firstHolding(&z.line, orderListing, now); r.head != nil {
+		r.headUnits = z.unitsOfWaiter(z.holder(r.head))
 		r.shared = z.firstWithRoom(&r, now)
 	}
 	if r.shared != nil {
-		r.sharedUnits = z.unitsOf(r.shared)
+		r.sharedUnits = z.unitsOfWaiter(z.holder(r.shared))
 		r.fresh = z.fresh[:0]
 		for d := range r.shared.hashes {
 			r.fresh = append(r.fresh, r.shared.keyed(d) && z.countOf(d, r.shared.hashes[d]) == 0)
@@ -128,11 +269,11 @@ func (z *Zone) reserve(now time.Time) reservation {
 // held.
 func (z *Zone) firstWithRoom(r *reservation, now time.Time) *flow {
 	for {
-		f := z.first(&z.eligible, now)
+		f := z.firstHolding(&z.eligible, eligibleListing, now)
 		if f == nil {
 			return nil
 		}
-		r.against(&z.queue, f, now)
+		r.against(z, f, now).ofHolder = z.short[f] > 0
 		d, ok := z.keysFit(f, r)
 		if ok {
 			return f
@@ -141,14 +282,21 @@ func (z *Zone) firstWithRoom(r *reservation, now time.Time) *flow {
 	}
 }
 
-// keysFit reports whether f's head fits in each of its keys beyond r's
-// hold, and if not, the first dimension it does not fit in.
+// keysFit reports whether f's holder fits in each of its keys beyond r's
+// hold, and if not, the first dimension it does not fit in. With a ledger
+// the caps are the fleet's: a waiter short only of this instance's
+// allowance has room in its keys, as far as the zone knows, and holds the
+// shared constraints while its allowance is asked for; one the fleet
+// refused by one of its keys has none there until it asks again.
 func (z *Zone) keysFit(f *flow, r *reservation) (int, bool) {
-	req := f.head.req
+	if z.fleetKeyFull(f) {
+		return f.fleetSet.Dim, false
+	}
+	req := z.holder(f).req
 	lim := z.limitsFor(req)
-	units := z.unitsOf(f)
+	units := z.units(lim, req)
 	for d := range f.hashes {
-		if f.keyed(d) && z.countOf(d, f.hashes[d])+units+r.holdsKey(d, f.hashes[d]) > capFor(lim, req, d) {
+		if f.keyed(d) && z.countOf(d, f.hashes[d])+units+r.holdsKey(d, f.hashes[d]) > z.capFor(lim, req, d) {
 			return d, false
 		}
 	}
@@ -156,9 +304,21 @@ func (z *Zone) keysFit(f *flow, r *reservation) (int, bool) {
 }
 
 // unitsOf returns the units of f's head under the limits that apply to it.
-func (z *Zone) unitsOf(f *flow) int64 {
-	req := f.head.req
-	return z.units(z.limitsFor(req), req)
+func (z *Zone) unitsOf(f *flow) int64 { return z.unitsOfWaiter(f.head) }
+
+// unitsOfWaiter returns the units of w under the limits that apply to it.
+func (z *Zone) unitsOfWaiter(w *waiter) int64 {
+	return z.units(z.limitsFor(w.req), w.req)
+}
+
+// holder returns the waiter of f that holds room as the head or the
+// shared holder: its head, or the next one if its head is short (which
+// counts as admitted); nil if none.
+func (q *queue) holder(f *flow) *waiter {
+	if q.short[f] > 0 {
+		return f.head.next
+	}
+	return f.head
 }
 
 // countOf returns the units in flight of dimension d's key hash.
@@ -189,3 +349,26 @@ func (f *flow) sharedBlockers(out []blocker) []blocker {
 	}
 	return append(out, blocker{total: true})
 }
+
+// firstHolding returns the first flow of fl in the queue order at now
+// that has a holder (see holder): a short head counts as admitted (its
+// units held) while its allowance is asked for, so the holders are found
+// beyond it. at gives a flow's listing in fl.
+func (q *queue) firstHolding(fl *filing, at func(*flow) **listing, now time.Time) *flow {
+	f := q.first(fl, now)
+	if len(q.short) == 0 {
+		return f
+	}
+	var out []*flow
+	for ; f != nil && q.holder(f) == nil; f = q.first(fl, now) {
+		q.leave(fl, *at(f))
+		out = append(out, f)
+	}
+	for _, g := range out {
+		*at(g) = q.enter(fl, g, blocker{})
+	}
+	return f
+}
+
+func orderListing(f *flow) **listing    { return &f.order }
+func eligibleListing(f *flow) **listing { return &f.eligible }

@@ -3,8 +3,8 @@ package limiter
 import "context"
 
 // Store admits and releases requests for the limits of one zone, all or
-// nothing: a Zone counts them in this process; a store shared by a fleet
-// keeps them in a Ledger under a SharedQueue.
+// nothing: a Zone counts them in this process, and with a Ledger admits
+// within the allowances the fleet grants it (see allowance.go).
 type Store interface {
 	// Acquire takes req's units in every dimension, waiting as opt
 	// allows, or takes none.

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/internal/fleetref"
 )
 
 // The README's tenant example, in virtual time: a map gives acme a cap of
@@ -15,10 +17,13 @@ import (
 // requests wait up to 30 s, and the backend holds each 500 ms. 80 clients
 // each for acme and globex and 10 anonymous ones send request after
 // request. Measured over 60 s after a 5 s warm-up: the units the backend
-// held on average, and each tenant's share of the request-seconds.
+// held on average, and each tenant's share of the request-seconds. With
+// instances, the zone is a fleet of that many on the ledger's reference
+// rules, each client sending to one of them.
 type tenantExample struct {
-	fair     bool
-	priority map[string]Class // by tenant; none: normal
+	fair      bool
+	priority  map[string]Class // by tenant; none: normal
+	instances int              // 0: one zone, no ledger
 }
 
 var tenantCaps = map[string]int64{"acme": 30, "globex": 20, "anonymous": 5}
@@ -30,7 +35,10 @@ func (x tenantExample) run(t *testing.T) (held float64, share map[string]float64
 		warmUp  = 5 * time.Second
 		window  = 60 * time.Second
 	)
-	z := NewZone(1, true, nil)
+	zones := []*Zone{NewZone(1, true, nil)}
+	if x.instances > 0 {
+		zones = fleetZones(t, fleetref.NewFleet(), x.instances, 1, true)
+	}
 	lim := &Limits{Max: []int64{0}, Total: 40}
 	start := time.Now()
 	from, to := start.Add(warmUp), start.Add(warmUp+window)
@@ -42,7 +50,8 @@ func (x tenantExample) run(t *testing.T) (held float64, share map[string]float64
 		if c, ok := x.priority[tenant]; ok {
 			opt.Class = c
 		}
-		for range clients {
+		for c := range clients {
+			z := zones[c%len(zones)]
 			wg.Go(func() {
 				for time.Now().Before(to) {
 					r := &Request{Keys: []string{tenant}, Max: []int64{tenantCaps[tenant]}, Limits: lim}
@@ -62,8 +71,10 @@ func (x tenantExample) run(t *testing.T) (held float64, share map[string]float64
 		}
 	}
 	wg.Wait()
-	if z.Waiting() != 0 || z.Held(TotalDim) != 0 {
-		t.Fatalf("left behind: %d waiting, %d held", z.Waiting(), z.Held(TotalDim))
+	for _, z := range zones {
+		if z.Waiting() != 0 || z.Held(TotalDim) != 0 {
+			t.Fatalf("left behind: %d waiting, %d held", z.Waiting(), z.Held(TotalDim))
+		}
 	}
 	var sum float64
 	for _, s := range seconds {
@@ -91,10 +102,11 @@ func minTime(a, b time.Time) time.Time {
 }
 
 // TestTenantExampleKeepsTheBackendBusy: whatever the order (fair by
-// tenant, first come, or the capped tenant first by priority), the backend
-// holds at least 38 of its 40 slots, and with fair the shares are max-min
-// with caps: anonymous its cap, 5 of 40, acme and globex the rest, half
-// each (at least 0.40 of the request-seconds each).
+// tenant, first come, or the capped tenant first by priority), in one
+// zone or over a fleet of three instances, the backend holds at least 38
+// of its 40 slots, and with fair the shares are max-min with caps:
+// anonymous its cap, 5 of 40, acme and globex the rest, half each (at
+// least 0.40 of the request-seconds each).
 func TestTenantExampleKeepsTheBackendBusy(t *testing.T) {
 	for _, c := range []struct {
 		name string
@@ -103,6 +115,8 @@ func TestTenantExampleKeepsTheBackendBusy(t *testing.T) {
 		{"fair", tenantExample{fair: true}},
 		{"first come", tenantExample{}},
 		{"anonymous high", tenantExample{priority: map[string]Class{"anonymous": High}}},
+		{"fair, a fleet of three", tenantExample{fair: true, instances: 3}},
+		{"first come, a fleet of three", tenantExample{instances: 3}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {

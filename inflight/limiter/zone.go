@@ -143,9 +143,6 @@ type Request struct {
 	held   bool
 	// taken is the units the request holds, set at admission.
 	taken int64
-	// lease identifies what a Ledger took for the request (see
-	// SharedQueue): an opaque value the ledger returned.
-	lease string
 	// fair is what its grant under fair charged, corrected at Release;
 	// nil if none (only a grant from a queue is charged).
 	fair *fairCharge
@@ -203,10 +200,13 @@ type Zone struct {
 	head, sharer *flow
 	fresh        []bool
 
-	// outside counts the requests waiting in shared queues (see
-	// waitOutside), and shared lists the queues that have any.
-	outside atomic.Int64
-	shared  sharedQueues
+	// ledger, if set, keeps the zone's counts for a fleet: the zone
+	// admits within the allowances it grants (see allowance.go), and asks
+	// it for more (see asking.go); totalAllow is the total's, asks the
+	// calls' state (guarded by mu).
+	ledger     Ledger
+	totalAllow totalAllowance
+	asks       asking
 
 	queue
 }
@@ -217,7 +217,10 @@ type Zone struct {
 type shard struct {
 	mu sync.Mutex
 	table
-	_ [2*cacheLine - 8 - unsafe.Sizeof(table{})]byte
+	// allow is this instance's allowance of each key, with a ledger (see
+	// allowance.go).
+	allow map[uint64]*allowance
+	_     [2*cacheLine - 16 - unsafe.Sizeof(table{})]byte
 }
 
 // keyCount is a dimension's keys in flight, on a cache line of its own.
@@ -303,29 +306,7 @@ func (z *Zone) tryNow(req *Request) (Outcome, int) {
 // must be held.
 func (z *Zone) tryNewcomer(req *Request) (Outcome, int) {
 	r := z.dispatch()
-	return z.tryAcquire(req, r.against(&z.queue, nil, z.clock.Now()))
-}
-
-// hold counts units of req in every dimension without checking any cap:
-// for requests a Ledger admitted, so that local counts (metrics, and the
-// caps enforced locally while the ledger cannot answer) include them.
-func (z *Zone) hold(req *Request, units int64) {
-	for d, key := range req.Keys {
-		if key == "" {
-			continue
-		}
-		s, h := z.shardFor(d, key)
-		s.mu.Lock()
-		if s.increment(h, units) && z.counting.Load() {
-			z.keys[d].n.Add(1)
-		}
-		s.mu.Unlock()
-		req.keep(d, h)
-	}
-	req.held, req.taken = true, units
-	if z.hasTotal {
-		z.total.Add(units + oneReq)
-	}
+	return z.tryAcquire(req, r.against(z, nil, z.clock.Now()))
 }
 
 // Release gives back the slots req holds and hands them to waiters that
@@ -340,18 +321,31 @@ func (z *Zone) Release(req *Request) {
 	if req.fair != nil {
 		req.fair.q.settle(req)
 	}
+	var sets []Set // with a ledger: where idle allowance may go back
+	if z.ledger != nil {
+		sets = z.setsOf(req)
+	}
 	if z.pending.Load() > 0 {
 		z.mu.Lock()
 		z.giveBack(req, true)
+		if sets != nil { // above its target, the zone's waiters do not get them
+			z.trim(sets, true)
+		}
 		z.dispatch()
+		if sets != nil {
+			z.trim(sets, false)
+		}
 		z.mu.Unlock()
 		return
 	}
 	z.giveBack(req, false)
-	if z.pending.Load() > 0 { // a request started waiting meanwhile
+	if z.pending.Load() > 0 || sets != nil && z.excess(sets) { // a request started waiting meanwhile
 		z.mu.Lock()
 		z.candidatesFor(req)
 		z.dispatch()
+		if sets != nil {
+			z.trim(sets, false)
+		}
 		z.mu.Unlock()
 	}
 }
@@ -360,6 +354,10 @@ func (z *Zone) Release(req *Request) {
 // held), records the blockers they free for dispatch.
 func (z *Zone) giveBack(req *Request, collect bool) {
 	units := req.taken
+	var now int64
+	if z.ledger != nil {
+		now = z.clock.Now().UnixNano()
+	}
 	for d, key := range req.Keys {
 		if key == "" {
 			continue
@@ -367,6 +365,9 @@ func (z *Zone) giveBack(req *Request, collect bool) {
 		h := z.hash(req, d)
 		s := z.shardOf(d, h)
 		s.mu.Lock()
+		if a := s.allowanceOf(h); a != nil && now != 0 {
+			a.track(now, s.count(h))
+		}
 		gone := s.decrement(h, units)
 		if gone && z.counting.Load() {
 			z.keys[d].n.Add(-1)
@@ -454,11 +455,13 @@ func (z *Zone) Keys(d int) int {
 }
 
 // tryAcquire checks every dimension of req under its shard lock and, if all
-// fit, takes req's units in each. It returns Admitted, or Full or KeysFull
-// with the refusing dimension: a key's count (its own caps) is checked
-// before the shared constraints (key bounds, then the total), so a request
-// refused by a shared one has room in all its keys. With r (mu held), the
-// head's reservation refuses as if full (see reservation).
+// fit, takes req's units in each. It returns Admitted, or Full, KeysFull or
+// short with the refusing dimension: the caps first (each key's, in
+// dimension order, then the key bounds, then the total), so a request
+// refused by a shared constraint has room in all its keys, then, with a
+// ledger, the allowances (short: the request fits the caps, and needs
+// more of this instance's allowance). With r (mu held), the holds of the
+// waiters before it refuse as if full (see reservation).
 func (z *Zone) tryAcquire(req *Request, r *reservation) (Outcome, int) {
 	lim := z.limitsFor(req)
 	units := int64(1) // every cap is at least 1
@@ -479,6 +482,7 @@ func (z *Zone) tryAcquire(req *Request, r *reservation) (Outcome, int) {
 			sl.shard, sl.hash = z.shardFor(d, key)
 			sl.shard.mu.Lock()
 			sl.count = sl.shard.count(sl.hash)
+			sl.need = sl.count + units + r.holdsKey(d, sl.hash)
 		}
 		locked = append(locked, sl)
 	}
@@ -487,16 +491,13 @@ func (z *Zone) tryAcquire(req *Request, r *reservation) (Outcome, int) {
 	// raised, or the admission refused (see the invariants).
 	outcome, refusedBy, counted := Admitted, 0, false
 	for d, sl := range locked {
-		if sl.shard == nil {
-			continue
-		}
-		if sl.count+units+r.holdsKey(d, sl.hash) > capFor(lim, req, d) {
+		if sl.shard != nil && sl.need > z.capFor(lim, req, d) {
 			outcome, refusedBy = Full, d
 			break
 		}
 	}
 	for d, sl := range locked {
-		if outcome != Admitted || sl.shard == nil || sl.count > 0 || lim.MaxKeys == 0 {
+		if outcome != Admitted || sl.shard == nil || sl.count > 0 || lim.MaxKeys == 0 || r.shortHolds(d, sl.hash) {
 			continue
 		}
 		if !counted {
@@ -507,22 +508,51 @@ func (z *Zone) tryAcquire(req *Request, r *reservation) (Outcome, int) {
 			outcome, refusedBy = KeysFull, d
 		}
 	}
-	if outcome == Admitted && z.hasTotal {
-		if !z.takeTotal(totalCap(lim), units+r.holdsTotal(), units) {
+	if outcome == Admitted && z.ledger != nil && z.hasTotal { // a cap refuses before an allowance
+		if max := z.totalCap(lim); max > 0 && z.total.Load()&MaxCost+units+r.holdsTotal() > max {
 			outcome, refusedBy = Full, TotalDim
+		}
+	}
+	if outcome == Admitted && z.ledger != nil {
+		for d, sl := range locked {
+			if sl.shard == nil {
+				continue
+			}
+			if a := sl.shard.allowanceOf(sl.hash); a == nil || sl.need > a.units {
+				outcome, refusedBy = short, d
+				break
+			}
+		}
+	}
+	if outcome == Admitted && z.hasTotal {
+		if o := z.takeTotal(z.totalCap(lim), units+r.holdsTotal(), units); o != Admitted {
+			outcome, refusedBy = o, TotalDim
 		}
 	}
 	admit := outcome == Admitted
 	countKeys := admit && z.counting.Load()
+	var now int64
+	if admit && z.ledger != nil {
+		now = z.clock.Now().UnixNano()
+		if z.hasTotal {
+			z.totalAllow.used.Store(now)
+		}
+	}
 	for d, sl := range locked {
 		if sl.shard == nil {
 			continue
 		}
 		if admit {
+			if now != 0 {
+				sl.shard.allowanceOf(sl.hash).track(now, sl.shard.count(sl.hash))
+			}
 			if sl.shard.increment(sl.hash, units) && countKeys {
 				z.keys[d].n.Add(1)
 			}
 			req.keep(d, sl.hash)
+			if now != 0 {
+				sl.shard.allowanceOf(sl.hash).used = now
+			}
 		}
 		sl.shard.mu.Unlock()
 	}
@@ -535,9 +565,11 @@ func (z *Zone) tryAcquire(req *Request, r *reservation) (Outcome, int) {
 	return outcome, refusedBy
 }
 
-// units returns the units req takes under lim, this instance's share of
-// the caps (see Limits.units).
-func (z *Zone) units(lim *Limits, req *Request) int64 { return lim.units(req, z.hasTotal, false) }
+// units returns the units req takes under lim: within the fleet's caps
+// with a ledger, else this instance's share of them (see Limits.units).
+func (z *Zone) units(lim *Limits, req *Request) int64 {
+	return lim.units(req, z.hasTotal, z.ledger != nil)
+}
 
 // startCounting makes the zone count each dimension's keys, from the keys
 // its tables hold. It locks every shard, so no key comes or goes unseen.
@@ -564,21 +596,26 @@ func (z *Zone) startCounting() {
 }
 
 // takeTotal raises the total by a request of units if need units (its
-// own and those held for the head) fit under max (0: no max).
-func (z *Zone) takeTotal(max, need, units int64) bool {
+// own and those held for a waiter before it) fit under max (0: no max),
+// and with a ledger, the total's allowance: Full or short if not.
+func (z *Zone) takeTotal(max, need, units int64) Outcome {
 	for {
 		w := z.total.Load()
-		if max > 0 && w&MaxCost+need > max {
-			return false
+		switch {
+		case max > 0 && w&MaxCost+need > max:
+			return Full
+		case z.ledger != nil && w&MaxCost+need > z.totalAllow.units.Load():
+			return short
 		}
 		if z.total.CompareAndSwap(w, w+units+oneReq) {
-			return true
+			return Admitted
 		}
 	}
 }
 
-// totalCap is the zone-wide cap this instance enforces (0: none).
-func totalCap(lim *Limits) int64 { return lim.capOf(nil, TotalDim, false) }
+// totalCap is the zone-wide cap this instance enforces (0: none): the
+// fleet's with a ledger, else this instance's share.
+func (z *Zone) totalCap(lim *Limits) int64 { return lim.capOf(nil, TotalDim, z.ledger != nil) }
 
 // limitsFor returns the limits that apply to req: its own, or the zone's
 // latest once its own were retired by a reload.
@@ -591,14 +628,19 @@ func (z *Zone) limitsFor(req *Request) *Limits {
 	return req.Limits
 }
 
-// capFor is the cap this instance enforces in dimension d for req.
-func capFor(lim *Limits, req *Request, d int) int64 { return lim.capOf(req, d, false) }
+// capFor is the cap this instance enforces in dimension d for req: the
+// fleet's with a ledger, else this instance's share.
+func (z *Zone) capFor(lim *Limits, req *Request, d int) int64 {
+	return lim.capOf(req, d, z.ledger != nil)
+}
 
-// slot is a key's shard, hash and units in flight, for one admission.
+// slot is a key's shard, hash and units in flight, and what the
+// admission needs there (those, its own, those held), for one admission.
 type slot struct {
 	shard *shard
 	hash  uint64
 	count int64
+	need  int64
 }
 
 // shardFor returns the shard of key in dimension d and the key's hash, which

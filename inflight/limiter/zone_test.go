@@ -21,10 +21,12 @@ func notePeak(peak *atomic.Int64, n int64) {
 	}
 }
 
+// mustAdmit admits r at z at once (with a ledger, after its call), or
+// fails t.
 func mustAdmit(t *testing.T, z *Zone, r *Request) {
 	t.Helper()
-	if ok, d := z.TryAcquire(r); !ok {
-		t.Fatalf("refused by dimension %d, want admitted", d)
+	if res := z.Acquire(context.Background(), r, WaitOptions{}); res.Outcome != Admitted {
+		t.Fatalf("outcome %d by dimension %d, want admitted", res.Outcome, res.Dim)
 	}
 }
 

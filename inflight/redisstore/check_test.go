@@ -105,7 +105,7 @@ func TestOutageLogNamesTheCause(t *testing.T) {
 	s := newStore(t, store(addr, func(s *Store) { s.Password = "wrong-" + secret }))
 	logs := observeLogs(s.book)
 	limits := &limiter.Limits{Max: []int64{5}}
-	z, _ := zoneOf(s, "cause", limits)
+	z := zoneOf(t, s, "cause", limits)
 	z.Acquire(context.Background(), request(limits, "k"), limiter.WaitOptions{})
 	got := logs.FilterMessage("redis store unreachable").All()
 	if len(got) != 1 || !strings.Contains(fmt.Sprint(got[0].ContextMap()["reason"]), "authentication failed: wrong username or password") {
@@ -143,7 +143,7 @@ func TestOutageLogNamesTLSOnlyWithTLS(t *testing.T) {
 	s := newStore(t, store(silentRedis(t), func(s *Store) { s.Timeout = caddy.Duration(100 * time.Millisecond) }))
 	logs := observeLogs(s.book)
 	limits := &limiter.Limits{Max: []int64{5}}
-	z, _ := zoneOf(s, "timeout", limits)
+	z := zoneOf(t, s, "timeout", limits)
 	z.Acquire(context.Background(), request(limits, "k"), limiter.WaitOptions{})
 	got := logs.FilterMessage("redis store unreachable").All()
 	if len(got) != 1 || got[0].ContextMap()["reason"] != "timeout: no answer within 100ms" {

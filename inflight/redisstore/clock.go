@@ -53,13 +53,6 @@ func (c *redisClock) learn(redisNow, sent, received int64) {
 // deadline is localDeadline (localMicros) must not write.
 func (c *redisClock) deadline(localDeadline int64) int64 { return c.lo + localDeadline }
 
-// timeScript reads Redis's TIME on the server of the key it is given: in a
-// cluster, the zone's slot.
-var timeScript = redis.NewScript(`
-local t = redis.call('TIME')
-return {tonumber(t[1]), tonumber(t[2])}
-`)
-
 // lateError is the error reply of a script that ran after its deadline;
 // it carries Redis's TIME.
 const lateError = "LATE"
@@ -122,7 +115,7 @@ func (b *book) deadline(ctx context.Context, tag string, localDeadline int64) (i
 		b.asking.Lock()
 		if !b.knowsClock(tag) {
 			sent := localMicros()
-			reply, err := timeScript.Run(ctx, b.client, []string{tag + ":waiting"}).Int64Slice()
+			reply, err := timeScript.Run(ctx, b.client, []string{tag + ":~seq"}).Int64Slice()
 			if err != nil {
 				b.asking.Unlock()
 				return 0, err

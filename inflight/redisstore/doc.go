@@ -1,113 +1,49 @@
 // Package redisstore is the inflight store `redis`
-// (http.handlers.inflight.stores.redis): it keeps a zone's counts in Redis,
-// so that one cap holds across a fleet of Caddy instances.
+// (http.handlers.inflight.stores.redis): the ledger a fleet of Caddy
+// instances shares, so that one cap holds across them.
 //
-// Each request held is a lease: a member of a sorted set per key (and one
-// for the zone's total), scored by its expiry on Redis's own clock, named
-// after the units it holds; a set keeps in itself the units its leases
-// hold beyond one each (see scripts.go). Admission
-// is one script, atomic, for a batch of requests: drop expired leases,
-// check that each set has room for the request's units, add the lease to
-// all of a request's sets or to none. A zone makes one such call at a time:
-// the requests that arrive meanwhile go together in the next one.
-//
-// A zone is a limiter.Ledger: it answers the claims of the engine's queue
-// (limiter.SharedQueue), which orders the waiters, decides what room each
-// holds, counts the admitted requests locally and applies max_keys; the
-// store never calls into the engine.
+// The engine (limiter.Zone) admits each request locally, within
+// allowances: units of a set (a limit's key, or the zone's total) that the
+// ledger counts for this instance, in flight or idle. A zone's ledger here
+// keeps, per set, each instance's allowance and each waiting instance's
+// report in one Redis hash, and applies the zone's calls (fleet.Call) with
+// the rules of internal/fleetref, one script a call: what the zone writes
+// back, what it reports while it waits, what it wants. The store never
+// calls into the engine; it only wakes the zone's asker when another
+// instance announces something.
 //
 // Files: module.go is the Caddy module (config, Caddyfile, lifetime);
-// book.go a Redis setup's client and this instance's leases (renewal,
-// release, outage); scripts.go the Lua scripts and what they return;
-// fairclock.go the zone's fair clock, kept by the admission script, and
-// what fair claims send it; clock.go the scripts' deadlines in Redis's
-// clock;
-// zone.go one zone's claims as sets and members, and its admission call;
-// ledger.go the Ledger's methods, and the removal of ended leases;
-// logger.go routes go-redis's log lines about the store into Caddy's log;
-// check.go the startup check and the reasons failures are logged with.
+// book.go a Redis setup's client, shared by the zones on it, with the
+// subscription to their notices and the outage state; ledger.go one
+// zone's ledger (its calls, replies and notices); scripts.go the call
+// script and the layout of a zone's keys; clock.go the scripts' deadlines
+// in Redis's clock; probe.go the prober that ends an outage as soon as
+// Redis answers; outagelog.go what the log says of outages; logger.go
+// routes go-redis's log lines into Caddy's log; check.go the startup
+// check and the reasons failures are logged with.
 //
 // Invariants:
-//   - Cost conservation: a request takes the same units in every one of
-//     its sets, its cost clamped to the smallest of the fleet's caps it is
-//     checked against (so a cost above a cap is admitted alone once the cap
-//     is free). The units are fixed before the script, carried by the lease
-//     (its member's name ends with them) and counted locally as the same
-//     units, so every release, renewal and removal gives back or enters
-//     exactly those. A waiter's grant passes its units to the request the
-//     caller releases.
-//   - A set's units are its leases, one each, plus the units they carry
-//     beyond one, kept as minus the score of the set's member "~u" (absent
-//     at 0): every script that adds a lease (admission, or renewal
-//     re-creating one Redis lost) adds its units beyond one in the same
-//     script, and every removal (release, ghost removal, the admission's
-//     removal of expired leases, which reads their units first) takes them
-//     away only for a lease it did remove, so a lease removed twice, or
-//     removed after it expired, is taken away once; a late script writes
-//     nothing past its deadline, or writes lease and units together. The
-//     count lives in its set, so they expire and are evicted together.
-//   - A book records a lease only once Redis granted it, or once the
-//     local zone admitted its request while Redis was unreachable (on_error
-//     open). Until its request ends, renewal writes every recorded lease
-//     into Redis every lease/3, re-creating it if Redis lost it (FLUSHALL,
-//     a restart, a failover) and entering locally admitted ones, so the
-//     fleet's counts are whole again within one renewal interval.
-//   - Every script that writes leases carries a deadline, in Redis's own
-//     clock (clock.go): the caller's timeout, mapped through the Redis
-//     TIME earlier replies carried, never later than the caller's. Past
-//     it the script writes nothing, however long it waited in a socket (a
-//     stopped Redis). An admission whose reply does not come within
-//     timeout may still have run before its deadline: its members are
-//     removed at once, then on every renewal tick (and once Redis answers
-//     after an outage, not at every probe) until such a lease would have
-//     expired (lease + timeout), so such a ghost holds a slot for at most one
-//     renewal interval after it appears, plus the removal's round trip
-//     (timeout at most), whatever the stall's length. So are, once
-//     released, the leases a failed renewal wrote. An admission whose
-//     connection broke under it (a reset, EOF) is first sent again, once,
-//     marked so: a request whose member the first call wrote is admitted
-//     with that lease, nothing written or charged twice, and the others
-//     are decided then (or the call is late), so a lost reply leaves no
-//     ghost when Redis answers the second time.
-//   - Renewal and the Redis side of release run in goroutines of their
-//     own, so a slow renewal does not hold releases back. A lease released
-//     while a renewal that wrote it was under way is removed once more
-//     after that renewal, so it never stays in Redis after its removal,
-//     however many scripts removed it before (each script counts itself
-//     out of the lease when it ends, even once the lease is forgotten).
-//     Release takes the local count back at once; the Redis round trip
-//     happens off the response path: the zone's next admission call
-//     removes the lease before it admits, or, if no call is under way, a
-//     removal of its own. Each ended lease is sent by one script at a time
-//     (but for an admission call that may overtake a removal of its own:
-//     it sends the lease too) and forgotten once a reply confirmed its
-//     removal; one whose script failed is sent again by a later call, or
-//     on a tick once timeout passed, until it is removed or has expired
-//     anyway. As a zone makes one admission call at a time, a release is
-//     never late for this instance's next admission.
-//   - A zone makes one admission call at a time. Newcomers that arrive
-//     while one is under way wait for it and go together in the next, one
-//     script (a lone request goes at once); waiters go first in every call,
-//     so a newcomer never overtakes a waiter that fits. A call that fails
-//     fails each of its newcomers as a lone admission would (fallback, its
-//     members removed as ghosts); newcomers that waited for a call that
-//     failed fall back at once, as Redis is then left alone for a second.
-//   - A book (and its client) lives while a config uses it, any of its
-//     leases remain, a request is in its Acquire (waiting or not) or a
-//     dispatch or renewal is under way: a reload that changes any option
-//     keeps admitting, renewing, releasing and dispatching for the requests
-//     of the old config. Its client closes only when all of these are
-//     gone, checked under one lock; a request that reaches an old config's
-//     handler later (Caddy does not wait for the old servers) opens it
-//     again until that request is over.
+//   - Exact: the script grants a want only where the allowances of the
+//     set, with it, stay within the cap; a write that lowers an allowance
+//     is always applied. The fleet admits over a cap nowhere, at any
+//     moment, while Redis keeps its data.
+//   - Every allowance is a lease: it lives until its expiry, renewed by
+//     its instance's calls, so a dead instance's units come back within
+//     one lease, and a hash whose fields all expired goes too.
+//   - Every call carries a version, increasing per process, and a
+//     deadline in Redis's own clock (clock.go): a script that ran late, or
+//     after a later call of the same instance, writes nothing. A call that
+//     gets no answer is followed, in the zone's next call, by every
+//     allowance written again, so what a lost reply granted is given back
+//     or kept as the zone holds it.
 //   - Only Redis failing makes Redis count as down: a client's own
-//     cancellation never does (Redis calls do not inherit the request's
-//     cancellation). An outage is logged once when it starts and once when
-//     it ends; the first failure of each other operation in it is logged
-//     too, so that every failure the metrics count (by zone) has a line
-//     naming its zones and reason.
-//   - While this instance has waiters in a zone, it is listed in the
-//     zone's waiting set (refreshed by every dispatch), and a release
-//     publishes a notice only while that set lists an instance whose
-//     listing has not expired.
+//     cancellation never does. After a failure Redis is left alone for a
+//     second, or until it answers the prober if sooner; meanwhile a zone
+//     admits within its unexpired allowances, then as on_error says. An outage is logged once when it
+//     starts and once when it ends; the first failure of each other
+//     operation in it is logged too, so that every failure the metrics
+//     count (by zone) has a line naming its zones and reason.
+//   - A book (and its client) lives while a config uses it or a call or
+//     probe is under way: a reload that changes any option keeps the old
+//     zones' calls going until they have given back what they hold.
 package redisstore

@@ -22,7 +22,7 @@ func TestEveryFailedOperationIsExplained(t *testing.T) {
 	s := newStore(t, store(p.addr, nil))
 	logs := observeLogs(s.book)
 	limits := &limiter.Limits{Max: []int64{5}}
-	z, _ := zoneOf(s, "billing/0123abcd", limits)
+	z := zoneOf(t, s, "billing/0123abcd", limits)
 	warmUp(t, z, limits, cli)
 	held := request(limits, "k")
 	mustAdmit(t, z, held, "acquire")

@@ -20,8 +20,12 @@ func TestHealth(t *testing.T) {
 	// A timeout no load reaches: only the proxy being down fails a call.
 	s := newStore(t, store(proxy.addr, func(s *Store) { s.Timeout = caddy.Duration(5 * time.Second) }))
 	limits := &limiter.Limits{Max: []int64{10}}
-	z, _ := zoneOf(s, "health", limits)
-	health := func() storestatus.Health { return z.(storestatus.Reporter).Health() }
+	z := zoneOf(t, s, "health", limits)
+	health := func() storestatus.Health {
+		s.book.mu.Lock()
+		defer s.book.mu.Unlock()
+		return s.book.ledgers[s.book.prefix+":"+keySchema+":{health}"].Health()
+	}
 	admit := func() {
 		req := request(limits, "k")
 		if res := z.Acquire(context.Background(), req, limiter.WaitOptions{}); res.Outcome == limiter.Admitted {

@@ -9,15 +9,15 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/caddy-inflight/caddy-inflight/inflight/fleet"
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
-	"github.com/caddy-inflight/caddy-inflight/inflight/storestatus"
 )
 
 // startRedis starts a redis-server of its own on a free loopback port. It
@@ -90,25 +90,70 @@ func newStore(t testing.TB, s *Store) *Store {
 	if err := s.Provision(ctx); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { s.Cleanup() })
+	t.Cleanup(func() {
+		b := s.book
+		s.Cleanup()
+		if b == nil {
+			return
+		}
+		// The book closes once its zones' last calls are over: a later
+		// test with the same options (a port used again) gets a new one.
+		eventually(t, "the book closed", func() bool {
+			books.Lock()
+			defer books.Unlock()
+			return books.m[b.id] != b
+		})
+	})
 	return s
 }
 
-// zoneOf binds a zone with one limit "client" (max 1 unless given) and
-// optionally a total, and returns the store and its local zone.
-func zoneOf(s *Store, name string, limits *limiter.Limits) (limiter.Store, *limiter.Zone) {
-	local := limiter.NewZone(len(limits.Max), limits.Total > 0, nil)
-	local.Adopt(limits)
-	names := []string{"client"}[:len(limits.Max)]
-	return s.Bind(name, names, limits.Total > 0, local), local
+// zoneOf returns a zone of the store, named name, under limits (one
+// limit "client" and optionally a total), admitting within the
+// allowances of the store's ledger; it and its ledger are closed when t
+// ends.
+func zoneOf(t testing.TB, s *Store, name string, limits *limiter.Limits) *limiter.Zone {
+	z := limiter.NewZone(len(limits.Max), limits.Total > 0, nil)
+	l := &watched{ledger: s.Ledger(name).(*ledger)}
+	calls.Store(z, l)
+	z.SetLedger(l)
+	z.Adopt(limits)
+	t.Cleanup(func() {
+		z.Close()
+		l.Close() // as the zone's config does once it is gone
+		calls.Delete(z)
+	})
+	return z
+}
+
+// watched is a ledger whose calls under way are counted, so that a test
+// can wait for a zone's asker to be idle (see callsUnderWay).
+type watched struct {
+	*ledger
+	under atomic.Int32
+}
+
+func (w *watched) Ask(c *fleet.Call) error {
+	w.under.Add(1)
+	defer w.under.Add(-1)
+	return w.ledger.Ask(c)
+}
+
+// calls holds the watched ledger of each zone of zoneOf.
+var calls sync.Map
+
+// callsUnderWay returns how many calls z's ledger is making.
+func callsUnderWay(z *limiter.Zone) int32 {
+	w, _ := calls.Load(z)
+	return w.(*watched).under.Load()
 }
 
 func request(limits *limiter.Limits, key string) *limiter.Request {
 	return &limiter.Request{Keys: []string{key}, Max: []int64{0}, Limits: limits}
 }
 
-// members counts the leases Redis holds under the store's prefix.
-func members(t testing.TB, cli *redis.Client, prefix string) int64 {
+// allowances sums the units of the allowances Redis holds under the
+// store's prefix.
+func allowances(t testing.TB, cli *redis.Client, prefix string) int64 {
 	t.Helper()
 	ctx := context.Background()
 	keys, err := cli.Keys(ctx, prefix+":*").Result()
@@ -117,22 +162,19 @@ func members(t testing.TB, cli *redis.Client, prefix string) int64 {
 	}
 	var n int64
 	for _, k := range keys {
-		if typ, _ := cli.Type(ctx, k).Result(); typ == "zset" && isLeaseSet(k) {
-			n += cli.ZCount(ctx, k, "(0", "+inf").Val() // not the set's count (see countersLua)
+		if typ, _ := cli.Type(ctx, k).Result(); typ != "hash" {
+			continue
+		}
+		for f, v := range cli.HGetAll(ctx, k).Val() {
+			if strings.HasPrefix(f, "~") {
+				continue
+			}
+			units, _, _ := strings.Cut(v, " ")
+			u, _ := strconv.ParseInt(units, 10, 64)
+			n += u
 		}
 	}
 	return n
-}
-
-// isLeaseSet tells a set of leases from a zone's other sorted sets: its
-// waiting set and its fair clock's (see fairLua).
-func isLeaseSet(k string) bool {
-	for _, suffix := range []string{":waiting", ":fair:t", ":fair:x", ":fq"} {
-		if strings.HasSuffix(k, suffix) {
-			return false
-		}
-	}
-	return true
 }
 
 // faultProxy forwards TCP to Redis and can hold back Redis's replies
@@ -237,9 +279,7 @@ func (p *faultProxy) forwardRequests(c, up net.Conn) {
 // holdRequests holds back the requests sent from now on. After stop, new
 // requests pass again, while those held wait for flush. Stop first waits
 // until a request is held: under load the proxy may read one that was
-// sent before stop only after it, and would let it pass. Any held request
-// ends the wait, so one of the book's own (a tick's) held first still
-// leaves that race open.
+// sent before stop only after it, and would let it pass.
 func (p *faultProxy) holdRequests(t testing.TB) (stop, flush func()) {
 	hold := make(chan struct{})
 	p.mu.Lock()
@@ -331,44 +371,4 @@ func commandStats(t testing.TB, cli *redis.Client) map[string]commandStat {
 		stats[strings.TrimPrefix(name, "cmdstat_")] = st
 	}
 	return stats
-}
-
-// onlyLease returns the member of the one lease b holds.
-func onlyLease(t testing.TB, b *book) string {
-	t.Helper()
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if len(b.leases) != 1 {
-		t.Fatalf("%d leases held, want 1", len(b.leases))
-	}
-	for m := range b.leases {
-		return m
-	}
-	return ""
-}
-
-// storeErrors reads caddy_inflight_store_errors_total for a zone's op.
-func storeErrors(t testing.TB, zone, op string) float64 {
-	t.Helper()
-	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(storestatus.Collectors()...)
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range families {
-		if f.GetName() != "caddy_inflight_store_errors_total" {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			if labels["store"] == "redis" && labels["zone"] == zone && labels["op"] == op {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
 }

@@ -3,116 +3,303 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
+	"github.com/caddy-inflight/caddy-inflight/inflight/fleet"
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
+	"github.com/caddy-inflight/caddy-inflight/inflight/storestatus"
 )
 
-// A zone is a limiter.Ledger: the engine's queue (limiter.SharedQueue)
-// decides who is tried, in what order, and makes one call at a time,
-// newcomers that arrive meanwhile going together in the next (group
-// commit); Take is that call, one admission script that removes this
-// instance's leases released since the previous call before it checks the
-// sets. So this instance's releases are never late for its own next
-// admission (a client that sends its next request as soon as it has a
-// response): a release went in an earlier call, or goes in this one, or in
-// a removal of its own that the call sends again (it may overtake it).
+// ledger is one zone's ledger in Redis (a limiter.Ledger): it sends the
+// zone's calls as callScript, one at a time (the zone's asker makes
+// them), and hears the notices of the other instances on the book's
+// subscription. It knows nothing of the zone's allowances: the zone writes
+// them, absolute, in its calls.
+type ledger struct {
+	book    *book
+	tag     string // "<prefix>:a1:{<fleet id>}": the zone's keys, one cluster slot
+	label   string // the zone's name in metrics and logs
+	changed chan struct{}
+	tight   fleet.Tightness
+	closed  atomic.Bool
+}
 
-// fallbackPoll bounds how long a waiter can miss a release notice (lost
-// messages, a reconnecting subscription) before it is tried again.
-const fallbackPoll = 250 * time.Millisecond
-
-// listing is how long an instance stays in a zone's waiting set after a
-// call left waiters: the queue's calls refresh it every fallbackPoll.
-const listing = 4 * fallbackPoll
-
-// fairListing is how long a key stays listed as waiting on the zone's fair
-// clock after a call that it waited in: the calls of its instance refresh
-// it every fallbackPoll. A key whose last waiter left, or whose instance
-// went, keeps the room it waited for from the others at most this long.
-const fairListing = 2 * fallbackPoll
-
-// fairClockLife is how long a zone's fair clock outlives its last call:
-// a zone idle longer starts afresh.
-const fairClockLife = 10 * time.Minute
+// versions count this process's calls, over every ledger (a zone's new
+// ledger writes over its old one's), so that a script that ran late
+// changes nothing a later call wrote; a call that gets no answer is
+// followed, in the zone's next one, by every allowance written again.
+var versions atomic.Int64
 
 // errUnavailable fails a call made while Redis is left alone after a
-// failure, or after the book closed: its newcomers fall back.
+// failure: the zone decides alone (on_error).
 var errUnavailable = errors.New("redis is left alone after a failure")
 
-// Take admits claims in Redis, in order, in one admission script (see
-// admit). A call counts as a user of the book: its requests may all leave,
-// and the config go, while it is in Redis.
-func (z *redisZone) Take(claims []limiter.Claim) ([]limiter.Verdict, error) {
-	if !z.book.tryEnter() {
-		return nil, errUnavailable
+// errStale is a reply that says a later call of this instance wrote
+// first: it cannot be, but for a script that ran late.
+var errStale = errors.New("redis ran an older call after a newer one")
+
+// Ask sends c as one callScript, within timeout, and reads its answers.
+// A call counts as a user of the book while it runs.
+func (l *ledger) Ask(c *fleet.Call) error {
+	l.book.enter()
+	defer l.book.exit()
+	if !l.book.available() {
+		return errUnavailable
 	}
-	defer z.book.exit()
-	if g := z.callGate.Load(); g != nil {
-		<-*g
+	op := "acquire"
+	if len(c.Wants) == 0 {
+		op = "release"
 	}
-	if !z.book.available() {
-		return nil, errUnavailable // the waiters wait; the leases go on a tick
+	start := time.Now()
+	err := l.send(c)
+	if staleConnection(err) {
+		// The connection broke under the call (a reset, Redis closing
+		// it): it may have run. Sent again, newer, it first sets back
+		// what its wants' sets held, then decides them afresh; its
+		// writes are absolute.
+		c.Again = true
+		err = l.send(c)
 	}
-	z.callMu.Lock()
-	z.calling = true
-	z.callMu.Unlock()
-	verdicts, err := z.admit(claims)
-	z.callMu.Lock()
-	z.lastFailed = err != nil
-	z.callMu.Unlock()
-	return verdicts, err
+	l.book.observe(op, []string{l.label}, start, asLate(err))
+	return err
 }
 
-// Idle removes, alone, the leases released during the calls (or more than
-// a script takes), which no call follows to remove; after a failure they
-// go on a tick (see removeReleased).
-func (z *redisZone) Idle() {
-	z.callMu.Lock()
-	z.calling = false
-	failed := z.lastFailed
-	z.callMu.Unlock()
-	if !failed && z.book.unclaimed(z.tag) {
-		go z.removeAlone()
+// send runs c once.
+func (l *ledger) send(c *fleet.Call) error {
+	localDeadline := localMicros() + l.book.timeout.Microseconds()
+	ctx, cancel := context.WithTimeout(storeContext, l.book.timeout)
+	defer cancel()
+	deadline, err := l.book.deadline(ctx, l.tag, localDeadline)
+	if err != nil {
+		return err
 	}
+	keys, args := l.encode(c, deadline)
+	sentAt := localMicros()
+	reply, err := callScript.Run(ctx, l.book.client, keys, args...).Slice()
+	l.book.learnClock(l.tag, replyInts(reply), err, sentAt)
+	if err != nil {
+		return asLate(err)
+	}
+	return l.decode(c, keys, reply)
 }
 
-// Give has the lease of a request that ended removed from Redis, off the
-// response path: by the queue's call for its waiters in a hand-off, else
-// as send says.
-func (z *redisZone) Give(lease string, handOff bool) { z.book.release(lease, !handOff) }
-
-// send has the leases released in the zone removed, off the caller's
-// path: by the next call while calls follow one another (or alone once
-// the queue is idle), or now by a removal of their own, which does not
-// hold back the zone's next call.
-func (z *redisZone) send() {
-	z.callMu.Lock()
-	calling := z.calling
-	z.callMu.Unlock()
-	if !calling {
-		go z.removeAlone()
-	}
-}
-
-// removeAlone removes the zone's leases that ended and that no script is
-// removing, in scripts of their own.
-func (z *redisZone) removeAlone() {
-	if !z.book.tryEnter() {
-		return // the book closed: nothing to send
-	}
-	defer z.book.exit()
-	for ok := true; ok && z.book.available(); { // else on a tick
-		e, ids := z.book.claim(z.tag, true)
-		if len(ids) == 0 {
-			return
+// encode returns the keys and arguments of c's script (see callScript).
+func (l *ledger) encode(c *fleet.Call, deadline int64) ([]string, []any) {
+	keys := []string{l.tag + ":~seq"}
+	index := map[string]int{}
+	key := func(set string) int {
+		i, ok := index[set]
+		if !ok {
+			keys = append(keys, l.tag+":"+set)
+			i = len(keys)
+			index[set] = i
 		}
-		ok = z.book.pipeline("release", []string{z.label}, func(ctx context.Context, p redis.Pipeliner) error {
-			releaseScript.Eval(ctx, p, append([]string{z.tag + ":waiting"}, e.keys...), append([]any{z.tag + ":released"}, e.args...)...)
-			return nil
-		})
-		z.book.settle(z.tag, ids, ok)
+		return i
+	}
+	args := make([]any, 0, 10+3*len(c.Writes)+6*len(c.Reports)+len(c.Wants)*10)
+	args = append(args, deadline, l.book.lease.Milliseconds(), fleet.Listing.Milliseconds(), l.book.instance,
+		versions.Add(1), len(l.tag)+2, flag(c.Again), len(c.Writes))
+	for _, w := range c.Writes {
+		args = append(args, key(w.Set), w.Units, w.Spare)
+	}
+	args = append(args, len(c.Reports))
+	for _, r := range c.Reports {
+		args = append(args, key(r.Set), flag(r.New), r.Head, r.Need, strconv.FormatFloat(r.Target, 'g', -1, 64), r.Entries)
+	}
+	args = append(args, len(c.Wants))
+	for _, w := range c.Wants {
+		args = append(args, len(w.Sets), flag(w.Waits))
+		for k, set := range w.Sets {
+			args = append(args, key(set), w.Caps[k], w.Units[k], w.Spares[k], flag(w.Holds[k]), w.Held[k], w.HeldSpare[k])
+		}
+	}
+	return keys, args
+}
+
+func flag(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// decode sets c's answers from the script's reply.
+func (l *ledger) decode(c *fleet.Call, keys []string, reply []any) error {
+	r := replyReader{reply: reply, at: 2}
+	if r.int() == 1 {
+		return errStale
+	}
+	for i := range c.Wants {
+		w := &c.Wants[i]
+		w.Refused = int(r.int())
+		w.Levels, w.Granted = make([]int64, len(w.Sets)), make([]int64, len(w.Sets))
+		for k := range w.Sets {
+			w.Levels[k], w.Granted[k] = r.int(), r.int()
+		}
+	}
+	c.Tables = c.Tables[:0]
+	for range r.int() {
+		set := strings.TrimPrefix(keys[r.int()-1], l.tag+":")
+		fields := make([][2]string, r.int())
+		for j := range fields {
+			fields[j] = [2]string{r.str(), r.str()}
+		}
+		c.Tables = append(c.Tables, tableOf(set, fields, l.book.instance))
+	}
+	if r.err != nil {
+		return fmt.Errorf("redis store: a reply not of the script's shape: %w", r.err)
+	}
+	l.tight.NoteTables(c, time.Now())
+	return nil
+}
+
+// tableOf reads a set's fields into a table, its members in the order of
+// their instances' names (as the reference gives them).
+func tableOf(set string, fields [][2]string, me string) fleet.Table {
+	members := map[string]*fleet.Member{}
+	member := func(inst string) *fleet.Member {
+		m := members[inst]
+		if m == nil {
+			m = &fleet.Member{Self: inst == me}
+			members[inst] = m
+		}
+		return m
+	}
+	for _, f := range fields {
+		name, value := f[0], f[1]
+		if inst, ok := strings.CutPrefix(name, "~r:"); ok {
+			p := strings.SplitN(value, " ", 7)
+			if len(p) < 6 {
+				continue
+			}
+			m := member(inst)
+			m.Reports = true
+			m.Seq, _ = strconv.ParseInt(p[0], 10, 64)
+			m.Head, _ = strconv.ParseInt(p[1], 10, 64)
+			m.Target, _ = strconv.ParseFloat(p[3], 64)
+			if len(p) == 7 {
+				m.Entries = p[6]
+			}
+			continue
+		}
+		units, _, _ := strings.Cut(value, " ")
+		member(name).Units, _ = strconv.ParseInt(units, 10, 64)
+	}
+	t := fleet.Table{Set: set}
+	for _, inst := range slices.Sorted(maps.Keys(members)) {
+		t.Members = append(t.Members, *members[inst])
+	}
+	return t
+}
+
+// replyReader reads a script's reply in order; a value of the wrong type
+// or a reply too short sets err.
+type replyReader struct {
+	reply []any
+	at    int
+	err   error
+}
+
+func (r *replyReader) next() any {
+	if r.at >= len(r.reply) {
+		r.err = errors.New("too short")
+		return nil
+	}
+	v := r.reply[r.at]
+	r.at++
+	return v
+}
+
+func (r *replyReader) int() int64 {
+	v, ok := r.next().(int64)
+	if !ok && r.err == nil {
+		r.err = errors.New("a number expected")
+	}
+	return v
+}
+
+func (r *replyReader) str() string {
+	v, ok := r.next().(string)
+	if !ok && r.err == nil {
+		r.err = errors.New("a string expected")
+	}
+	return v
+}
+
+// replyInts returns the time a reply starts with, for the clock.
+func replyInts(reply []any) []int64 {
+	if len(reply) < 2 {
+		return nil
+	}
+	s, ok1 := reply[0].(int64)
+	us, ok2 := reply[1].(int64)
+	if !ok1 || !ok2 {
+		return nil
+	}
+	return []int64{s, us}
+}
+
+// notice handles a notice of another instance on the zone's channel: one
+// waits for a set ("w"), or gave units of it back ("f").
+func (l *ledger) notice(msg string) {
+	kind, set, ok := strings.Cut(msg, " ")
+	if !ok {
+		return
+	}
+	if kind == "w" {
+		l.tight.Note(set, time.Now())
+	}
+	l.signal()
+}
+
+// signal wakes the zone's asker.
+func (l *ledger) signal() {
+	select {
+	case l.changed <- struct{}{}:
+	default:
 	}
 }
+
+// Changed receives when another instance announced something, and when
+// Redis answers again after a failure.
+func (l *ledger) Changed() <-chan struct{} { return l.changed }
+
+// Tight reports whether another instance waits for set name.
+func (l *ledger) Tight(name string) bool { return l.tight.Tight(name, time.Now()) }
+
+// Lease is how long an allowance lives unless written again.
+func (l *ledger) Lease() time.Duration { return l.book.lease }
+
+// Epoch counts the times Redis answered again after a failure: it may
+// have lost what this instance wrote (a restart, a failover).
+func (l *ledger) Epoch() uint64 { return l.book.epoch.Load() }
+
+// FailOpen says whether a request short of allowance is admitted within
+// this instance's share while Redis cannot answer (on_error open).
+func (l *ledger) FailOpen() bool { return !l.book.closed }
+
+// Health reports, for the admin API, whether Redis answered the latest
+// operation of the zone's book.
+func (l *ledger) Health() storestatus.Health {
+	return storestatus.Health{Type: "redis", Reachable: !l.book.outage.Load() && l.book.available()}
+}
+
+// Close drops the zone's use of the book: it makes no more calls.
+func (l *ledger) Close() error {
+	if l.closed.CompareAndSwap(false, true) {
+		l.book.dropLedger(l)
+	}
+	return nil
+}
+
+// Interface guards
+var (
+	_ limiter.Ledger       = (*ledger)(nil)
+	_ storestatus.Reporter = (*ledger)(nil)
+)

@@ -30,7 +30,7 @@ func TestGoRedisLogsThroughCaddysLogger(t *testing.T) {
 		s.Timeout = caddy.Duration(100 * time.Millisecond)
 	}))
 	limits := &limiter.Limits{Max: []int64{5}}
-	z, _ := zoneOf(s, "log", limits)
+	z := zoneOf(t, s, "log", limits)
 	z.Acquire(context.Background(), request(limits, "k"), limiter.WaitOptions{})
 	const line = "GetMasterAddrByName"
 	eventually(t, "go-redis logs the failed lookup", func() bool { return strings.Contains(stderr(), line) })

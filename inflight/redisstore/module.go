@@ -277,10 +277,8 @@ func (s *Store) Cleanup() error {
 	return nil
 }
 
-// Bind returns the store of one zone.
-func (s *Store) Bind(zone string, limits []string, hasTotal bool, local *limiter.Zone) limiter.Store {
-	return s.book.zone(zone, limits, hasTotal, local)
-}
+// Ledger returns the ledger of the zone id names, on the setup's client.
+func (s *Store) Ledger(id string) limiter.Ledger { return s.book.ledger(id) }
 
 // UnmarshalCaddyfile reads the store's block:
 //

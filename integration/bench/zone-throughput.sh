@@ -6,11 +6,13 @@
 #
 # One Caddy, a `respond` route behind `inflight 1000000` (one key: wrk's
 # address; then with `fair client` too), then behind a limit on a header
-# that wrk sets to one of 64 keys, request by request (keys64.lua; the
-# only limit), a
-# loopback redis-server on a port of its own, and wrk -c16
-# (DURATION, default 5s). Everything listens on 127.0.0.1 and is stopped on
-# exit. Other work on the machine skews the figures: compare runs made
+# that wrk sets to one of 64, then 1,000 keys, request by request
+# (keys.lua; the only limit), a
+# loopback redis-server on a port of its own, and wrk -c16 (and -c1 for
+# the latency of one connection; DURATION, default 5s). Everything listens on 127.0.0.1 and is stopped on
+# exit. KEY_COUNTS="64 1000" sets the numbers of keys, KEYED_ONLY=1 runs
+# only those runs; each run with Redis prints the memory Redis holds
+# after it (every lease still alive). Other work on the machine skews the figures: compare runs made
 # back to back. With PIN=1, Caddy and wrk run on CPU 0 and Redis on CPU 1
 # (taskset), in every run: Redis no longer takes Caddy's CPU, as when it
 # runs on a host of its own.
@@ -41,6 +43,11 @@ redis_cpu() {
 	redis-cli -p "$redis_port" info cpu | tr -d '\r' | awk -F: '/^used_cpu_(user|sys):/ { s += $2 } END { print s }'
 }
 
+# redis_memory prints the memory Redis uses and its peak (INFO memory).
+redis_memory() {
+	redis-cli -p "$redis_port" info memory | tr -d '\r' | awk -F: '$1 == "used_memory_human" { u = $2 } $1 == "used_memory_peak_human" { p = $2 } END { print u " (peak " p ")" }'
+}
+
 # run NAME STORE [LIMIT [WRK-SCRIPT]]: one Caddy with STORE (empty: in
 # process) under wrk; prints requests/s, and with a store the Redis figures.
 run() {
@@ -63,6 +70,7 @@ http://127.0.0.1:$http_port {
 	respond "ok"
 }
 CADDY
+	redis-cli -p "$redis_port" flushall >/dev/null
 	"${on_caddy[@]}" "$caddy" run --config "$tmp/Caddyfile" --adapter caddyfile >"$tmp/$name.log" 2>&1 &
 	local pid=$!
 	pids+=($pid)
@@ -71,12 +79,16 @@ CADDY
 	redis-cli -p "$redis_port" config resetstat >/dev/null
 	local out rps cpu0 cpu1
 	cpu0=$(redis_cpu)
-	out=$("${on_caddy[@]}" wrk -t2 -c16 -d"$duration" "${script[@]}" "http://127.0.0.1:$http_port/")
+	local conns=${CONNS:-16} threads=2
+	((conns < 2)) && threads=1
+	out=$("${on_caddy[@]}" wrk -t$threads -c"$conns" -d"$duration" --latency "${script[@]}" "http://127.0.0.1:$http_port/")
 	cpu1=$(redis_cpu)
 	rps=$(awk '/^Requests\/sec/ {print $2}' <<<"$out")
-	local requests
+	local requests p50 p90
 	requests=$(awk '/requests in/ {print $1}' <<<"$out")
-	echo "$name: $rps requests/s ($requests requests in $duration)"
+	p50=$(awk '$1 == "50%" {print $2}' <<<"$out")
+	p90=$(awk '$1 == "90%" {print $2}' <<<"$out")
+	echo "$name: $rps requests/s ($requests requests in $duration, $conns connections; p50 $p50, p90 $p90)"
 	if [[ -n $store ]]; then
 		redis-cli -p "$redis_port" info commandstats | tr -d '\r' | awk -F'[:=,]' -v n="$requests" '
 			/^cmdstat_(evalsha|eval|zrem|zadd|incrby|decrby|get|zrangebyscore|zremrangebyscore|pexpire)(_ro)?:/ {
@@ -85,24 +97,35 @@ CADDY
 			/^cmdstat_(evalsha|eval):/ { usec += $5; scripts += $3 }
 			END { printf "  scripts %.3f per request, %.2f usec per request in scripts (commandstats)\n", scripts / n, usec / n }'
 		awk -v a="$cpu0" -v b="$cpu1" -v n="$requests" 'BEGIN { printf "  redis-server CPU (user+sys, INFO cpu) %.2f usec per request\n", (b - a) * 1e6 / n }'
+		echo "  redis memory: $(redis_memory) after the run, $(redis-cli -p "$redis_port" dbsize) keys"
 	fi
 	kill "$pid"
 	wait "$pid" 2>/dev/null || true
 }
 
-run in-process ""
-run redis "store redis {
+if [[ -z ${KEYED_ONLY:-} ]]; then
+	run in-process ""
+	run redis "store redis {
+				address 127.0.0.1:$redis_port
+			}"
+	# fair, on the zone's fair clock in Redis (no key waits: wrk's one key).
+	run redis-fair "wait 5s
+			fair client
+			store redis {
+				address 127.0.0.1:$redis_port
+			}"
+	# One connection: the latency a request pays, p50 and p90.
+	CONNS=1 run in-process-1conn ""
+	CONNS=1 run redis-1conn "store redis {
+				address 127.0.0.1:$redis_port
+			}"
+fi
+# 64 and 1,000 keys (KEY_COUNTS), the only limit.
+keyed="limit key {header.X-Key} 1000000"
+for keys in ${KEY_COUNTS:-64 1000}; do
+	export KEYS=$keys
+	run in-process-keys$keys "" "$keyed" keys.lua
+	run redis-keys$keys "store redis {
 			address 127.0.0.1:$redis_port
-		}"
-# fair, on the zone's fair clock in Redis (no key waits: wrk's one key).
-run redis-fair "wait 5s
-		fair client
-		store redis {
-			address 127.0.0.1:$redis_port
-		}"
-# 64 keys, the only limit.
-keys64="limit key {header.X-Key} 1000000"
-run in-process-keys64 "" "$keys64" keys64.lua
-run redis-keys64 "store redis {
-			address 127.0.0.1:$redis_port
-		}" "$keys64" keys64.lua
+		}" "$keyed" keys.lua
+done

@@ -1,0 +1,157 @@
+package fleetref
+
+import (
+	"errors"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/fleet"
+)
+
+// Fleet is a fleet whose ledger is the reference, in memory, on the
+// clock of time.Now (virtual under synctest), for tests: its members are
+// the zones' ledgers (limiter.Ledger), and notices reach them at once.
+type Fleet struct {
+	mu      sync.Mutex
+	ledger  *Ledger
+	members []*Member
+	// Lease is how long an allowance lives; Latency each call's round
+	// trip; Fail makes every call fail; Closed makes members fail closed.
+	Lease   time.Duration
+	Latency time.Duration
+	Fail    bool
+	Closed  bool
+	epoch   uint64
+}
+
+// NewFleet returns a fleet with an empty ledger and leases of 30 s.
+func NewFleet() *Fleet { return &Fleet{ledger: New(), Lease: 30 * time.Second} }
+
+// Member is one instance's ledger on a Fleet.
+type Member struct {
+	fleet   *Fleet
+	id      string
+	version int64
+	changed chan struct{}
+	tight   fleet.Tightness
+	calls   int
+}
+
+// Join returns a new member's ledger.
+func (f *Fleet) Join() *Member {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	m := &Member{fleet: f, id: string(rune('a' + len(f.members))), changed: make(chan struct{}, 1)}
+	f.members = append(f.members, m)
+	return m
+}
+
+// Set sets the fleet's options under its lock, while members may call.
+func (f *Fleet) Set(fn func(*Fleet)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fn(f)
+}
+
+// Recover makes calls succeed again after Fail, as a ledger that may
+// have lost what was written (a new epoch), and tells every member.
+func (f *Fleet) Recover() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.Fail = false
+	f.epoch++
+	for _, m := range f.members {
+		select {
+		case m.changed <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Forget drops everything the ledger holds, as a Redis that restarted
+// empty.
+func (f *Fleet) Forget() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.ledger = New()
+}
+
+// Held returns the units the fleet counts in set name now.
+func (f *Fleet) Held(name string) int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.ledger.load(name, time.Now().UnixMilli()).level()
+}
+
+// Calls returns how many calls m made.
+func (m *Member) Calls() int {
+	m.fleet.mu.Lock()
+	defer m.fleet.mu.Unlock()
+	return m.calls
+}
+
+// Ask applies c to the fleet's ledger, after half the latency, and
+// answers after the other half.
+func (m *Member) Ask(c *fleet.Call) error {
+	f := m.fleet
+	time.Sleep(f.Latency / 2)
+	defer time.Sleep(f.Latency / 2)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	m.calls++
+	if f.Fail {
+		return errors.New("fleetref: no answer")
+	}
+	m.version++
+	now := time.Now()
+	notices, stale := f.ledger.Apply(now.UnixMilli(), Caller{Instance: m.id, Version: m.version,
+		Lease: f.Lease.Milliseconds(), Listing: fleet.Listing.Milliseconds()}, c)
+	if stale {
+		return errors.New("fleetref: stale call")
+	}
+	m.tight.NoteTables(c, now)
+	for _, n := range notices {
+		kind, set, _ := strings.Cut(n, " ")
+		for _, o := range f.members {
+			if o == m {
+				continue
+			}
+			if kind == "w" {
+				o.tight.Note(set, now)
+			}
+			select {
+			case o.changed <- struct{}{}:
+			default:
+			}
+		}
+	}
+	return nil
+}
+
+// Changed receives when another member's call announced something.
+func (m *Member) Changed() <-chan struct{} { return m.changed }
+
+// Tight reports whether another member waits for set name.
+func (m *Member) Tight(name string) bool { return m.tight.Tight(name, time.Now()) }
+
+// Lease is the fleet's lease.
+func (m *Member) Lease() time.Duration {
+	m.fleet.mu.Lock()
+	defer m.fleet.mu.Unlock()
+	return m.fleet.Lease
+}
+
+// Epoch counts the fleet's recoveries.
+func (m *Member) Epoch() uint64 {
+	m.fleet.mu.Lock()
+	defer m.fleet.mu.Unlock()
+	return m.fleet.epoch
+}
+
+// FailOpen is true unless the fleet fails closed.
+func (m *Member) FailOpen() bool {
+	m.fleet.mu.Lock()
+	defer m.fleet.mu.Unlock()
+	return !m.fleet.Closed
+}

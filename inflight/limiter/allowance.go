@@ -1,0 +1,297 @@
+package limiter
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"strconv"
+	"sync/atomic"
+	"time"
+)
+
+// With a ledger, a zone admits within allowances: in each set a request
+// needs (its keys' and the total's), the units in flight plus its own may
+// not pass this instance's allowance there, nor the fleet's cap. A request
+// short of allowance is asked for (see asking.go). Units a request gives
+// back stay in the allowance, idle, as far as keep allows: for this
+// instance's waiters that need the set, up to its target where other
+// instances wait too (see target.go); else up to the set's spare (what
+// the fleet lets it keep idle, from the room beyond its reserve), or none
+// where another instance waits (Tight). The zone's next request takes them
+// with no round trip. The rest is written back in the zone's next call,
+// and so is all of it once no request used it for linger.
+//
+// Invariants, besides the zone's:
+//   - A set's allowance changes only under mu and its shard's lock (the
+//     total's: under mu), so an admission under the shard locks reads one
+//     value. It grows only by what a call granted (or, while the ledger
+//     cannot answer and the zone fails open, by what it admitted within
+//     its share: see fallback), and shrinks only by what the zone writes
+//     back in a later call: so the ledger counts at least what the zone
+//     admits within, at every moment, but for a fallback's admissions
+//     until they are written.
+//   - Idle allowance (units not in flight) is at most what keep allows
+//     once a release has written back the excess, but while a grant waits
+//     for its waiter's turn in the queue order.
+
+// linger is how long allowance no request used is kept before it goes
+// back, and a key's empty entry forgotten.
+const linger = 100 * time.Millisecond
+
+// allowance is this instance's allowance in one set: its name in the
+// ledger, the units the fleet counts for it, in flight or idle, how many
+// may stay idle (spare), and when a request last took units of it.
+type allowance struct {
+	name  string
+	units int64
+	spare int64
+	used  int64 // the zone's clock, unix nanoseconds
+	level int64 // the fleet's units in the set, as the latest call read them
+	// heldSecs is the unit-seconds the key held here since the entry was
+	// made, as of heldAt: what a fair key's report says it held (see
+	// entries), kept as its count changes, so that every request counts,
+	// however short, whenever the reports are read.
+	heldSecs float64
+	heldAt   int64
+}
+
+// heldSecsAt returns a's unit-seconds held at now, the key holding n
+// since a.heldAt.
+func (a *allowance) heldSecsAt(now, n int64) float64 {
+	if a.heldAt == 0 {
+		return a.heldSecs
+	}
+	return a.heldSecs + float64(n)*float64(now-a.heldAt)/float64(time.Second)
+}
+
+// track brings a's unit-seconds up to date at now, as its key's count is
+// to change from n: the shard's lock must be held.
+func (a *allowance) track(now, n int64) {
+	a.heldSecs, a.heldAt = a.heldSecsAt(now, n), now
+}
+
+// totalAllowance is the total's allowance, read by admissions without mu.
+type totalAllowance struct {
+	units atomic.Int64
+	spare atomic.Int64
+	used  atomic.Int64
+	level atomic.Int64
+}
+
+// totalSet names the total in a ledger.
+const totalSet = "t"
+
+// setName names dimension d's key in a ledger: the same on every instance
+// (the fleet's zones share their shape), and no raw key leaves the
+// process.
+func setName(d int, key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return strconv.Itoa(d) + ":" + hex.EncodeToString(sum[:12])
+}
+
+// allowanceOf returns the allowance of a key hash in shard s (nil: none).
+// s's lock must be held.
+func (s *shard) allowanceOf(hash uint64) *allowance { return s.allow[hash] }
+
+// grow adds units to set's allowance, named name, spare of them to its
+// spare. mu must be held.
+func (z *Zone) grow(set Set, name string, units, spare, now int64) {
+	if set.Dim == TotalDim {
+		z.totalAllow.units.Add(units)
+		z.totalAllow.spare.Add(spare)
+		z.totalAllow.used.Store(now)
+		return
+	}
+	s := z.shardOf(set.Dim, set.Hash)
+	s.mu.Lock()
+	a := s.allow[set.Hash]
+	if a == nil {
+		if s.allow == nil {
+			s.allow = map[uint64]*allowance{}
+		}
+		a = &allowance{name: name}
+		s.allow[set.Hash] = a
+	}
+	a.units += units
+	a.spare += spare
+	a.used = now
+	s.mu.Unlock()
+}
+
+// seen records the fleet's level of set as a call read it. mu must be
+// held.
+func (z *Zone) seen(set Set, level int64) {
+	if level < 0 {
+		return
+	}
+	if set.Dim == TotalDim {
+		z.totalAllow.level.Store(level)
+		return
+	}
+	s := z.shardOf(set.Dim, set.Hash)
+	s.mu.Lock()
+	if a := s.allow[set.Hash]; a != nil {
+		a.level = level
+	}
+	s.mu.Unlock()
+}
+
+// Levels returns the fleet's level of each of req's dimensions (the
+// total last) as this instance's latest call for its set read it, or the
+// units this instance holds there if more: what a request admitted
+// within this instance's allowance knows of the fleet. Nil without a
+// ledger.
+func (z *Zone) Levels(req *Request) Levels {
+	if z.ledger == nil {
+		return nil
+	}
+	lim := z.limitsFor(req)
+	out := make(Levels, len(req.Keys)+1)
+	for d, key := range req.Keys {
+		if key == "" {
+			continue
+		}
+		s, h := z.shardFor(d, key)
+		s.mu.Lock()
+		level := s.count(h)
+		if a := s.allow[h]; a != nil {
+			level = max(level, a.level)
+		}
+		s.mu.Unlock()
+		out[d] = Level{Cap: lim.capOf(req, d, true), Held: level}
+	}
+	if z.hasTotal {
+		out[len(req.Keys)] = Level{Cap: z.totalCap(lim), Held: max(z.total.Load()&MaxCost, z.totalAllow.level.Load())}
+	}
+	return out
+}
+
+// allowanceState is a set's allowance as one read sees it.
+type allowanceState struct {
+	name                         string
+	units, spare, inFlight, used int64
+	exists                       bool
+}
+
+// idle is the units of the allowance not in flight.
+func (a allowanceState) idle() int64 { return a.units - a.inFlight }
+
+// stateOf reads set's allowance and its units in flight.
+func (z *Zone) stateOf(set Set) allowanceState {
+	if set.Dim == TotalDim {
+		return allowanceState{name: totalSet, units: z.totalAllow.units.Load(), spare: z.totalAllow.spare.Load(),
+			inFlight: z.total.Load() & MaxCost, used: z.totalAllow.used.Load(), exists: true}
+	}
+	s := z.shardOf(set.Dim, set.Hash)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a := s.allow[set.Hash]
+	if a == nil {
+		return allowanceState{inFlight: s.count(set.Hash)}
+	}
+	return allowanceState{name: a.name, units: a.units, spare: a.spare, inFlight: s.count(set.Hash), used: a.used, exists: true}
+}
+
+// shrink takes units off set's allowance and sets its spare, for a
+// write back. mu must be held.
+func (z *Zone) shrink(set Set, units, spare int64) {
+	if set.Dim == TotalDim {
+		z.totalAllow.units.Add(-units)
+		z.totalAllow.spare.Store(spare)
+		return
+	}
+	s := z.shardOf(set.Dim, set.Hash)
+	s.mu.Lock()
+	if a := s.allow[set.Hash]; a != nil {
+		a.units -= units
+		a.spare = spare
+	}
+	s.mu.Unlock()
+}
+
+// forget drops a key's allowance entry once it holds nothing and nothing
+// is in flight: its name is not written again. mu must be held.
+func (z *Zone) forget(set Set) {
+	if set.Dim == TotalDim {
+		return
+	}
+	s := z.shardOf(set.Dim, set.Hash)
+	s.mu.Lock()
+	if a := s.allow[set.Hash]; a != nil && a.units <= 0 && a.spare == 0 && s.count(set.Hash) == 0 {
+		delete(s.allow, set.Hash)
+	}
+	s.mu.Unlock()
+}
+
+// setsOf returns the sets req needs: its keys' (hashed) and the total's.
+func (z *Zone) setsOf(req *Request) []Set {
+	sets := make([]Set, 0, len(req.Keys)+1)
+	for d, key := range req.Keys {
+		if key != "" {
+			sets = append(sets, Set{Dim: d, Hash: z.hash(req, d)})
+		}
+	}
+	if z.hasTotal {
+		sets = append(sets, Set{Dim: TotalDim})
+	}
+	return sets
+}
+
+// A Set is a set of the zone's allowances: dimension Dim's key of hash
+// Hash (the zone's hash of it), or the total (Dim TotalDim, Hash 0).
+type Set struct {
+	Dim  int
+	Hash uint64
+}
+
+// excess reports whether one of sets may hold more idle allowance than
+// the zone keeps: a hint, read without mu, for Release (trim decides).
+func (z *Zone) excess(sets []Set) bool {
+	for _, set := range sets {
+		a := z.stateOf(set)
+		if a.idle() > a.spare || a.idle() > 0 && (z.asks.closed.Load() || z.ledger.Tight(a.name)) {
+			return true
+		}
+	}
+	return false
+}
+
+// keep is how much idle allowance the zone keeps in set: for waiters here
+// that need it, all of it, or, where another instance is owed units there,
+// what brings its units up to its target (nothing if that is too few for
+// the first waiter); else its spare, or nothing where another instance
+// waits or the zone is closed.
+func (z *Zone) keep(set Set, a allowanceState) int64 {
+	switch {
+	case z.asks.closed.Load():
+		return 0
+	case z.filed(set.blocker()):
+		t, ok := z.targetOf(set)
+		if !ok {
+			return a.idle()
+		}
+		keep := max(0, t-a.inFlight)
+		if r := z.asks.reports[set]; r != nil && keep < r.head.req.cost() {
+			return 0 // too few for the waiter that needs them here: they serve elsewhere
+		}
+		return keep
+	case z.ledger.Tight(a.name):
+		return 0
+	}
+	return a.spare
+}
+
+// trim writes back, in the next call, the idle allowance of sets beyond
+// what the zone keeps there; with overTarget, only where other instances
+// wait and the zone holds more than its target (before a release's
+// dispatch: the zone's own waiters take the rest first). mu must be held.
+func (z *Zone) trim(sets []Set, overTarget bool) {
+	for _, set := range sets {
+		if overTarget && !z.filed(set.blocker()) {
+			continue
+		}
+		a := z.stateOf(set)
+		if keep := z.keep(set, a); a.idle() > keep {
+			z.giveBackLater(set, a.idle()-keep, min(a.spare, keep))
+		}
+	}
+}

@@ -1,0 +1,823 @@
+package limiter
+
+import (
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/fleet"
+)
+
+// A zone with a ledger makes its calls one at a time, from one goroutine
+// of its own (the asker), while it has anything to send: requests short of
+// allowance (waiters, in the queue order, then requests that do not wait,
+// in their order of arrival, which wait only for the call's answer),
+// allowance to write back, reports of its waiters (see report.go), and
+// every allowance it holds to write again (renewal, every Lease/3, and
+// after a call that got no answer). A request that arrives while a call is
+// under way goes in the next one, so a busy zone makes one call per round
+// trip whatever its rate. Waiters the fleet refused are asked for again
+// when the ledger announces a change, and at least every fleetPoll.
+//
+// What a call granted for its waiters goes to them in the queue order (see
+// dispatch): a waiter better than the one it was granted for takes it
+// first. A newcomer the fleet granted is admitted at once, with the
+// allowance granted for it.
+
+// asking is the state of a zone's calls. Guarded by the zone's mu.
+type asking struct {
+	running bool          // the asker runs
+	wake    chan struct{} // something new to send
+	// changed says the fleet changed since the last call: every waiter
+	// that needs allowance is asked for again, not only those new to it.
+	changed   bool
+	newcomers []*newcomer
+	// dirty are the allowances to write back, each by when: at once
+	// where another instance may wait for the units, else within the
+	// last call's round trip (linger at most), or sooner with a call
+	// made anyway (a request that comes meanwhile asks in the same call).
+	dirty map[Set]time.Time
+	took  time.Duration // the last call's round trip
+	// rewrite lists every allowance to write again, and renewed is when
+	// the last such round started.
+	rewrite []Set
+	renewed time.Time
+	// answered is when the ledger last answered a call: past half a
+	// lease without one, the allowances it kept may lapse there (see
+	// lapse).
+	answered time.Time
+	// unsure are the sets of the wants of a call that got no answer: what
+	// its script may have granted there is written back to what the zone
+	// holds (nothing, where it holds no allowance).
+	unsure map[string]Set
+	epoch  uint64 // the ledger's epoch when the zone last wrote all it holds
+	// reports are the sets the zone reports on (see report.go).
+	reports map[Set]*reported
+	// targets are its targets where other instances wait too (target.go),
+	// and demand its keys' demand in the sets it reports on, smoothed.
+	targets map[Set]*target
+	demand  map[demandKey]*smoothed
+	// keyOwed is what each fair key was owed over the fleet, by set.
+	keyOwed map[Set]map[string]*keyOwed
+	// self names this instance in its reports' entries, for as long as
+	// the zone lives (see settleOwed).
+	self   string
+	closed atomic.Bool // the zone is no longer used: keep no idle allowance
+}
+
+// newcomer is a request that arrived short of allowance: the next call
+// decides it, before it waits if it may (waits).
+type newcomer struct {
+	req   *Request
+	waits bool
+	done  chan Result
+}
+
+// maxWrites bounds the writes of one call, so that no call holds the
+// ledger for long: a renewal of more goes over several calls.
+const maxWrites = 512
+
+// SetLedger makes l the zone's ledger: from then on it admits within the
+// allowances l grants. Call it once, before the zone admits anything.
+func (z *Zone) SetLedger(l Ledger) {
+	z.ledger = l
+	z.asks.wake = make(chan struct{}, 1)
+	z.asks.dirty = map[Set]time.Time{}
+	z.asks.unsure = map[string]Set{}
+	z.asks.reports = map[Set]*reported{}
+	z.asks.targets = map[Set]*target{}
+	z.asks.demand = map[demandKey]*smoothed{}
+	z.asks.keyOwed = map[Set]map[string]*keyOwed{}
+	z.asks.self = strconv.FormatUint(rand.Uint64(), 36)
+	z.asks.renewed = z.clock.Now()
+	z.asks.answered = z.asks.renewed
+	z.asks.epoch = l.Epoch()
+}
+
+// askFor has the asker decide req, a newcomer short of allowance, in its
+// next call; waits says it waits if refused. mu must be held; askFor
+// releases it.
+func (z *Zone) askFor(req *Request, waits bool) Result {
+	n := &newcomer{req: req, waits: waits, done: make(chan Result, 1)}
+	z.asks.newcomers = append(z.asks.newcomers, n)
+	z.startAsking()
+	z.mu.Unlock()
+	return <-n.done
+}
+
+// startAsking wakes the asker, started if it does not run. mu must be
+// held.
+func (z *Zone) startAsking() {
+	if !z.asks.running {
+		z.asks.running = true
+		go z.asker()
+	}
+	select {
+	case z.asks.wake <- struct{}{}:
+	default:
+	}
+}
+
+// giveBackLater takes units off set's idle allowance, to be written back
+// (see asking.dirty), and keeps spare idle there from now on. mu must be
+// held.
+func (z *Zone) giveBackLater(set Set, units, spare int64) {
+	if units <= 0 {
+		return
+	}
+	now := z.clock.Now()
+	due := now
+	if !z.filed(set.blocker()) && !z.ledger.Tight(z.stateOf(set).name) && !z.asks.closed.Load() {
+		due = now.Add(min(z.asks.took, linger))
+	}
+	z.shrink(set, units, spare)
+	if was, ok := z.asks.dirty[set]; !ok || due.Before(was) {
+		z.asks.dirty[set] = due
+	}
+	z.startAsking()
+}
+
+// asker makes the zone's calls while it has anything to send or to keep.
+func (z *Zone) asker() {
+	for {
+		z.mu.Lock()
+		select {
+		case <-z.ledger.Changed(): // announced while a call was under way
+			z.asks.changed = true
+		default:
+		}
+		c, st := z.nextCall()
+		if c == nil {
+			if z.asks.closed.Load() {
+				z.sweep(z.clock.Now().UnixNano()) // forgets what was written back
+			}
+			if !z.askerHasWork() {
+				z.asks.running = false
+				z.mu.Unlock()
+				return
+			}
+			poll := z.pollEvery(z.clock.Now())
+			z.mu.Unlock()
+			z.waitForWork(poll)
+			continue
+		}
+		z.mu.Unlock()
+		start := z.clock.Now()
+		err := z.ledger.Ask(c)
+		z.mu.Lock()
+		z.asks.took = z.clock.Now().Sub(start)
+		z.answer(c, st, err)
+		z.mu.Unlock()
+		if err != nil { // not again at once: at the next request, announcement or poll
+			z.waitForWork(fleetPoll)
+		}
+	}
+}
+
+// pollEvery is how long the asker waits at now for news before it looks
+// again: fleetPoll while it reports (to renew the reports and ask again),
+// else linger (to give back what no request uses); sooner if a write
+// back is due. mu must be held.
+func (z *Zone) pollEvery(now time.Time) time.Duration {
+	poll := linger
+	if len(z.asks.reports) > 0 || z.wanting() {
+		poll = fleetPoll
+	}
+	for _, due := range z.asks.dirty {
+		poll = max(0, min(poll, due.Sub(now)))
+	}
+	return poll
+}
+
+// waitForWork waits for something new: a request to ask for, a change
+// the ledger announces, the poll, the renewal and the sweep of idle
+// allowance.
+func (z *Zone) waitForWork(poll time.Duration) {
+	timer, stop := z.clock.After(poll)
+	defer stop()
+	select {
+	case <-z.asks.wake:
+		return
+	case <-z.ledger.Changed():
+	case <-timer:
+	}
+	z.mu.Lock()
+	z.asks.changed = true
+	z.sweep(z.clock.Now().UnixNano())
+	z.mu.Unlock()
+}
+
+// askerHasWork reports whether the asker has to stay: waiters want
+// allowance or are reported, or the zone holds allowance (to renew and
+// sweep). mu must be held.
+func (z *Zone) askerHasWork() bool {
+	return z.wanting() || len(z.asks.reports) > 0 || len(z.asks.dirty) > 0 || len(z.asks.unsure) > 0 || z.holdsAllowance()
+}
+
+// Reopen undoes Close: the zone is used again.
+func (z *Zone) Reopen() { z.asks.closed.Store(false) }
+
+// Close gives back the zone's idle allowance, and keeps none from then
+// on: the zone is no longer used. The requests still in flight give
+// theirs back as they end.
+func (z *Zone) Close() {
+	if z.ledger == nil {
+		return
+	}
+	z.mu.Lock()
+	z.asks.closed.Store(true)
+	z.sweep(z.clock.Now().UnixNano())
+	if z.asks.running {
+		z.startAsking() // to forget what it holds, and end
+	}
+	z.mu.Unlock()
+}
+
+// wanting reports whether waiters want allowance. mu must be held.
+func (z *Zone) wanting() bool {
+	for _, f := range z.byID {
+		for ; f != nil; f = f.collide {
+			if f.asks {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// fleetKeyFull reports whether the fleet refused f's head by one of its
+// keys since it was last short, and this instance's allowance there still
+// cannot cover it: a tenant at its cap over the fleet, which cannot take
+// the total's room before one of its own requests ends (here: then the
+// units it gave back are its own to take).
+func (z *Zone) fleetKeyFull(f *flow) bool {
+	if f.turned.IsZero() || f.fleetSet == nil || f.fleetSet.Dim == TotalDim {
+		return false
+	}
+	return z.stateOf(*f.fleetSet).idle() < z.unitsOf(f)
+}
+
+// asked is what the zone knows of a call's want: the waiter or newcomer
+// it asks for, its sets, and this instance's share of their caps (for a
+// fallback).
+type asked struct {
+	w      *waiter
+	n      *newcomer
+	sets   []Set
+	shares []int64
+}
+
+// sent is what the zone knows of a call under way: whom each want is
+// for, and the sets its tables may name.
+type sent struct {
+	asked  []asked
+	named  map[string]namedSet
+	writes []Set // the set of each write
+}
+
+// nextCall returns the call to make now; nil if there is nothing to
+// send. mu must be held.
+func (z *Zone) nextCall() (*fleet.Call, *sent) {
+	now := z.clock.Now()
+	c := &fleet.Call{}
+	st := &sent{named: map[string]namedSet{}}
+	st.writes = z.writes(c, now)
+	order := z.order(now)
+	if len(z.asks.rewrite) > 0 { // what it holds is written first, alone
+		st.writes = z.dirtyWrites(c, now, true, st.writes)
+		return c, st
+	}
+	idle := map[Set]int64{}
+	for _, w := range order {
+		f := w.flow
+		if w != f.head {
+			continue
+		}
+		if !f.asks { // refused by a cap: it takes only the room it holds
+			z.takeHeld(f, idle)
+			continue
+		}
+		// Every head that needs the fleet counts on the idle units in the
+		// queue order, asked for or not: a waiter does not ask for what a
+		// better one takes.
+		want, a := z.wantOf(w.req, true, f, idle)
+		if len(want.Sets) == 0 || len(c.Writes) == 0 && z.turnedDown(f, a.sets, now) {
+			continue
+		}
+		a.w = w
+		c.Wants = append(c.Wants, want)
+		st.asked = append(st.asked, a)
+	}
+	z.asks.changed = false
+	for _, n := range z.asks.newcomers {
+		want, a := z.wantOf(n.req, n.waits, nil, idle)
+		a.n = n
+		c.Wants = append(c.Wants, want)
+		st.asked = append(st.asked, a)
+	}
+	z.asks.newcomers = z.asks.newcomers[:0]
+	c.Reports = z.reportsFor(order, now, len(c.Wants)+len(c.Writes) > 0)
+	if len(c.Writes) == 0 && len(c.Reports) == 0 && len(c.Wants) == 0 {
+		return nil, nil
+	}
+	st.writes = z.dirtyWrites(c, now, true, st.writes) // they ride along
+	for set, r := range z.asks.reports {
+		st.named[r.name] = namedSet{set: set, cap: r.cap}
+	}
+	for i, want := range c.Wants {
+		for k, name := range want.Sets {
+			st.named[name] = namedSet{set: st.asked[i].sets[k], cap: want.Caps[k]}
+		}
+	}
+	return c, st
+}
+
+// dirtyWrites adds to c, and to sets, the write backs due at now, or all
+// of them. mu must be held.
+func (z *Zone) dirtyWrites(c *fleet.Call, now time.Time, all bool, sets []Set) []Set {
+	for set, due := range z.asks.dirty {
+		if all || !now.Before(due) {
+			c.Writes = append(c.Writes, z.writeOf(set))
+			sets = append(sets, set)
+			delete(z.asks.dirty, set)
+		}
+	}
+	return sets
+}
+
+// writes adds to c the allowances to write: those that shrank, and,
+// once a renewal or a failed call made the zone write them all again, up
+// to maxWrites of all it holds. It returns the set of each write. mu must
+// be held.
+func (z *Zone) writes(c *fleet.Call, now time.Time) []Set {
+	var sets []Set
+	if e := z.ledger.Epoch(); e != z.asks.epoch {
+		z.asks.epoch = e
+		z.rewriteAll(now)
+	} else if len(z.asks.rewrite) == 0 && now.Sub(z.asks.renewed) >= z.ledger.Lease()/3 {
+		z.rewriteAll(now)
+	}
+	for name, set := range z.asks.unsure {
+		w := fleet.Write{Set: name}
+		if z.stateOf(set).exists {
+			w = z.writeOf(set)
+		}
+		c.Writes = append(c.Writes, w)
+		sets = append(sets, set)
+		delete(z.asks.unsure, name)
+	}
+	sets = z.dirtyWrites(c, now, false, sets)
+	for len(z.asks.rewrite) > 0 && len(c.Writes) < maxWrites {
+		set := z.asks.rewrite[len(z.asks.rewrite)-1]
+		z.asks.rewrite = z.asks.rewrite[:len(z.asks.rewrite)-1]
+		if a := z.stateOf(set); a.exists {
+			c.Writes = append(c.Writes, z.writeOf(set))
+			sets = append(sets, set)
+		}
+	}
+	return sets
+}
+
+// writeOf is set's allowance as the ledger is to count it: an entry is
+// forgotten only once written (see sweep).
+func (z *Zone) writeOf(set Set) fleet.Write {
+	a := z.stateOf(set)
+	return fleet.Write{Set: a.name, Units: max(0, a.units), Spare: a.spare}
+}
+
+// rewriteAll has every allowance the zone holds written again, from the
+// next call on. mu must be held.
+func (z *Zone) rewriteAll(now time.Time) {
+	z.asks.renewed = now
+	z.asks.rewrite = z.asks.rewrite[:0]
+	z.eachAllowance(func(set Set, a *allowance) {
+		if a.units > 0 || a.spare > 0 {
+			z.asks.rewrite = append(z.asks.rewrite, set)
+		}
+	})
+}
+
+// lapse drops the idle units of every allowance the zone holds, and its
+// spare, once the ledger has not answered for half a lease: the ledger
+// forgets an allowance a lease after it was last written, and may grant
+// its units elsewhere, so the zone admits within its allowances while
+// the ledger cannot answer only as long as the ledger still counts them
+// (renewal writes each every third of a lease, and a failed renewal
+// lapses them, half a lease on at the latest). What is in flight stays
+// counted, and is written again once the ledger answers. mu must be held.
+func (z *Zone) lapse() {
+	if z.hasTotal {
+		z.totalAllow.spare.Store(0)
+		for { // an admission racing it is counted
+			n := z.total.Load() & MaxCost
+			z.totalAllow.units.Store(n)
+			if z.total.Load()&MaxCost <= n {
+				break
+			}
+		}
+	}
+	for d := range len(z.shards) / numShards {
+		z.eachKeyAllowance(d, func(s *shard, h uint64, a *allowance) { a.units, a.spare = s.count(h), 0 })
+	}
+}
+
+// eachAllowance calls fn for each allowance the zone holds, the total's
+// included (with a nil allowance). mu must be held; fn must not lock a
+// shard.
+func (z *Zone) eachAllowance(fn func(Set, *allowance)) {
+	if z.hasTotal && (z.totalAllow.units.Load() > 0 || z.totalAllow.spare.Load() > 0) {
+		fn(Set{Dim: TotalDim}, &allowance{name: totalSet, units: z.totalAllow.units.Load(), spare: z.totalAllow.spare.Load()})
+	}
+	for d := range len(z.shards) / numShards {
+		z.eachKeyAllowance(d, func(_ *shard, h uint64, a *allowance) { fn(Set{Dim: d, Hash: h}, a) })
+	}
+}
+
+// eachKeyAllowance calls fn for each allowance of dimension d's keys the
+// zone holds, with its shard's lock held; fn must not lock a shard.
+func (z *Zone) eachKeyAllowance(d int, fn func(s *shard, h uint64, a *allowance)) {
+	for i := range numShards {
+		s := &z.shards[d*numShards+i]
+		s.mu.Lock()
+		for h, a := range s.allow {
+			fn(s, h, a)
+		}
+		s.mu.Unlock()
+	}
+}
+
+// wantOf returns what req needs of the fleet: in each of its sets, its
+// units beyond the idle ones this instance holds there that the call's
+// earlier wants did not count on (idle), within the fleet's caps; and
+// what the zone keeps of it. f is its flow if it waits. mu must be held.
+func (z *Zone) wantOf(req *Request, waits bool, f *flow, idle map[Set]int64) (fleet.Want, asked) {
+	lim := z.limitsFor(req)
+	units := lim.units(req, z.hasTotal, true)
+	want := fleet.Want{Waits: waits}
+	var a asked
+	for _, set := range z.setsOf(req) {
+		st := z.stateOf(set)
+		left, ok := idle[set]
+		if !ok {
+			left = max(0, st.idle())
+		}
+		idle[set] = max(0, left-units)
+		if left >= units {
+			continue
+		}
+		spare := int64(0) // a set used lately asks for room ahead: what it holds
+		if st.exists {
+			spare = st.units + units
+		}
+		name := st.name
+		if !st.exists {
+			name = z.nameOf(req, set.Dim)
+		}
+		want.Sets = append(want.Sets, name)
+		want.Units = append(want.Units, units-left)
+		want.Caps = append(want.Caps, lim.capOf(req, set.Dim, true))
+		want.Spares = append(want.Spares, spare)
+		want.Holds = append(want.Holds, f != nil && containsDim(f.refused, set.Dim))
+		want.Held, want.HeldSpare = append(want.Held, st.units), append(want.HeldSpare, st.spare)
+		a.sets = append(a.sets, set)
+		a.shares = append(a.shares, lim.capOf(req, set.Dim, false))
+	}
+	return want, a
+}
+
+// takeHeld takes off idle the room f holds as the zone's head (its
+// keys) or its shared holder (the total; see reservation.go): a try
+// after it counts that room as taken, so the waiters after it ask for
+// room beyond it. mu must be held.
+func (z *Zone) takeHeld(f *flow, idle map[Set]int64) {
+	units := z.unitsOf(f)
+	take := func(set Set) {
+		left, ok := idle[set]
+		if !ok {
+			left = max(0, z.stateOf(set).idle())
+		}
+		idle[set] = max(0, left-units)
+	}
+	if f == z.head {
+		for d, h := range f.hashes {
+			if f.keyed(d) {
+				take(Set{Dim: d, Hash: h})
+			}
+		}
+	}
+	if f == z.sharer && z.hasTotal {
+		take(Set{Dim: TotalDim})
+	}
+}
+
+// turnedDown reports whether f's head still needs, in sets, the set the
+// fleet last refused it by, with no change announced since and within
+// fleetPoll: it is not asked for again yet, unless the call writes back
+// allowance of this instance's (room it may take). mu must be held.
+func (z *Zone) turnedDown(f *flow, sets []Set, now time.Time) bool {
+	if f.turned.IsZero() || z.asks.changed || now.Sub(f.turned) >= fleetPoll || f.fleetSet == nil {
+		return false
+	}
+	return slices.Contains(sets, *f.fleetSet)
+}
+
+// nameOf names req's set of dimension d in the ledger.
+func (z *Zone) nameOf(req *Request, d int) string {
+	if d == TotalDim {
+		return totalSet
+	}
+	return setName(d, req.Keys[d])
+}
+
+// answer applies a call's answer: each want's verdict, then the tables
+// (see target.go). A want granted is admitted at once with its allowance
+// if a newcomer; a waiter's grant goes by the queue order. A waiter
+// refused goes on waiting, to be asked for again at the next change. If
+// the call got no answer, the zone writes every allowance again in the
+// next, and decides the wants alone (see fallback). mu must be held.
+func (z *Zone) answer(c *fleet.Call, st *sent, err error) {
+	now := z.clock.Now()
+	if err == nil {
+		z.asks.answered = now
+	} else if now.Sub(z.asks.answered) >= z.ledger.Lease()/2 {
+		z.lapse()
+	}
+	if err != nil {
+		z.rewriteAll(now)
+		for i, want := range c.Wants {
+			for k, name := range want.Sets {
+				z.asks.unsure[name] = st.asked[i].sets[k]
+			}
+		}
+		for i, w := range c.Writes { // written again: as unsure, or with all it holds
+			z.asks.unsure[w.Set] = st.writes[i]
+		}
+	}
+	for i := range c.Wants {
+		want, a := &c.Wants[i], st.asked[i]
+		res := z.verdict(want, a, err, now.UnixNano())
+		switch {
+		case a.n != nil:
+			z.decide(a.n, res)
+		case a.w.left: // it left meanwhile
+		case res.Outcome == Admitted: // what it was granted goes by the queue order
+			a.w.levels, a.w.alone = res.Levels, res.Alone
+			for _, set := range z.setsOf(a.w.req) { // tried again, even if idle units covered it
+				z.freed = append(z.freed, set.blocker())
+			}
+		case res.Outcome == Unavailable:
+			z.refuseWaiter(a.w, Unavailable, res.Dim)
+		default: // full in the fleet, or in its share alone: it holds that room in the next calls
+			f := a.w.flow
+			z.uncharge(a.w) // its turn passed without a grant
+			a.w.levels = res.Levels
+			f.refusedBy(res.Dim)
+			for k := range a.sets {
+				if a.sets[k].Dim == res.Dim {
+					f.fleetSet, f.turned = &a.sets[k], now
+				}
+			}
+			if z.fleetKeyFull(f) { // the total's room goes to those who can take it (see keysFit)
+				delete(z.short, f)
+				z.freed = append(z.freed, blocker{total: true})
+			}
+		}
+	}
+	if err == nil {
+		z.readTables(c.Tables, st.named, now)
+	}
+	z.dispatch()
+	z.trimTables(c, st)
+}
+
+// trimTables writes back, after a call's tables moved the zone's
+// targets, the idle allowance beyond what it keeps now in the sets the
+// tables named, but for those a want of the call was granted in (a grant
+// waits for its waiter's turn): a target that fell, or another instance
+// now owed units, lets go of units that no release would. mu must be
+// held.
+func (z *Zone) trimTables(c *fleet.Call, st *sent) {
+	if len(c.Tables) == 0 {
+		return
+	}
+	granted := map[Set]bool{}
+	for i, want := range c.Wants {
+		if want.Refused == 0 {
+			for _, set := range st.asked[i].sets {
+				granted[set] = true
+			}
+		}
+	}
+	for _, t := range c.Tables {
+		if n, ok := st.named[t.Set]; ok && !granted[n.set] {
+			z.trim([]Set{n.set}, false)
+		}
+	}
+}
+
+// verdict applies want's answer to the allowances, and returns what its
+// request gets: Admitted (its allowance covers it now), Full by the
+// dimension of the set that refused it, or Unavailable.
+func (z *Zone) verdict(want *fleet.Want, a asked, err error, now int64) Result {
+	if err != nil {
+		return z.fallback(want, a, now)
+	}
+	if want.Refused > 0 {
+		for k, set := range a.sets {
+			z.seen(set, want.Levels[k])
+		}
+		return Result{Outcome: Full, Dim: a.sets[want.Refused-1].Dim, Levels: z.levelsOf(a, want)}
+	}
+	for k, set := range a.sets {
+		z.grow(set, want.Sets[k], want.Units[k]+want.Granted[k], want.Granted[k], now)
+		z.seen(set, want.Levels[k])
+		z.freed = append(z.freed, set.blocker())
+	}
+	return Result{Outcome: Admitted, Levels: z.levelsOf(a, want)}
+}
+
+// fallback decides a want the ledger did not answer: admitted within this
+// instance's share of each cap if the ledger fails open (the allowance it
+// takes is written once the ledger answers again), else Unavailable.
+func (z *Zone) fallback(want *fleet.Want, a asked, now int64) Result {
+	if !z.ledger.FailOpen() {
+		return Result{Outcome: Unavailable, Dim: firstDim(a.sets)}
+	}
+	for k, set := range a.sets {
+		if z.stateOf(set).units+want.Units[k] > a.shares[k] {
+			return Result{Outcome: Full, Dim: set.Dim, Alone: true}
+		}
+	}
+	for k, set := range a.sets {
+		z.grow(set, want.Sets[k], want.Units[k], 0, now)
+		z.freed = append(z.freed, set.blocker())
+	}
+	return Result{Outcome: Admitted, Alone: true}
+}
+
+// levelsOf turns a want's levels into its request's, by dimension (the
+// total last); nil if the want had no sets.
+func (z *Zone) levelsOf(a asked, want *fleet.Want) Levels {
+	if len(a.sets) == 0 || len(want.Levels) == 0 {
+		return nil
+	}
+	dims := len(z.shards) / numShards
+	out := make(Levels, dims+1)
+	for k, set := range a.sets {
+		if want.Levels[k] < 0 {
+			continue
+		}
+		d := set.Dim
+		if d == TotalDim {
+			d = dims
+		}
+		out[d] = Level{Cap: want.Caps[k], Held: want.Levels[k]}
+	}
+	return out
+}
+
+// decide answers a newcomer: admitted with the allowance granted for it,
+// or refused.
+func (z *Zone) decide(n *newcomer, res Result) {
+	if res.Outcome == Admitted {
+		if o, d := z.tryAcquire(n.req, nil); o != Admitted {
+			res = Result{Outcome: Full, Dim: d, Levels: res.Levels}
+		}
+	}
+	n.done <- res
+}
+
+// blocker is the constraint s stands for in the queue.
+func (s Set) blocker() blocker {
+	if s.Dim == TotalDim {
+		return blocker{total: true}
+	}
+	return keyBlocker(s.Dim, s.Hash)
+}
+
+// firstDim is the dimension of the first of sets, or the total.
+func firstDim(sets []Set) int {
+	if len(sets) == 0 {
+		return TotalDim
+	}
+	return sets[0].Dim
+}
+
+// sweep gives back the idle allowance beyond what the zone keeps, and
+// all of it where no request took units for linger and none is in flight
+// or waits; it forgets the keys' entries that hold nothing. mu must be
+// held.
+func (z *Zone) sweep(now int64) {
+	old := now - int64(linger)
+	var sets []Set
+	z.eachAllowance(func(set Set, _ *allowance) { sets = append(sets, set) })
+	for _, set := range sets {
+		a := z.stateOf(set)
+		keep := z.keep(set, a)
+		if a.used < old && a.inFlight == 0 && !z.filed(set.blocker()) {
+			keep = 0
+		}
+		if a.idle() > keep {
+			z.giveBackLater(set, a.idle()-keep, min(a.spare, keep))
+		}
+		if _, dirty := z.asks.dirty[set]; (a.used < old || z.asks.closed.Load()) && !dirty {
+			z.forget(set)
+		}
+	}
+}
+
+// holdsAllowance reports whether the zone holds any allowance. mu must be
+// held.
+func (z *Zone) holdsAllowance() bool {
+	held := false
+	z.eachAllowance(func(Set, *allowance) { held = true })
+	return held
+}
+
+// refuseWaiter takes w out of the queue with outcome o by dimension d, and
+// wakes it. mu must be held.
+func (z *Zone) refuseWaiter(w *waiter, o Outcome, d int) {
+	z.dequeue(w)
+	z.pending.Add(-1)
+	w.outcome, w.dim = o, d
+	close(w.ready)
+}
+
+// fileRefusal files f under what refused its head (see file) and, with a
+// ledger, notes whether it needs the fleet: short of allowance, it is
+// asked for in the asker's next call; refused by a cap, it waits for this
+// instance's releases alone. mu must be held.
+func (z *Zone) fileRefusal(f *flow, o Outcome, d int) {
+	if o == short && z.fleetKeyFull(f) { // as refused by that key's cap, asked for again at the fleet's next change
+		z.file(f, Full, f.fleetSet.Dim)
+		z.uncharge(f.head)
+		return
+	}
+	z.file(f, o, d)
+	if z.ledger == nil {
+		return
+	}
+	if o != short { // its turn passed without a grant
+		z.uncharge(f.head)
+	}
+	switch {
+	case o == fleetFull: // asked for just now: again at the fleet's next change
+		f.asks, f.turned = true, z.clock.Now()
+		f.refusedBy(d)
+		set := Set{Dim: TotalDim}
+		if d != TotalDim {
+			set = Set{Dim: d, Hash: f.hashes[d]}
+		}
+		f.fleetSet = &set
+		z.startAsking()
+	case o == short: // short of what this instance holds: asked for in the next call
+		f.asks = true
+		if z.short == nil {
+			z.short = map[*flow]int64{}
+		}
+		if z.short[f] == 0 { // newly short (still short: as the fleet last answered)
+			f.turned = time.Time{}
+			if f.head.req.fair == nil { // else set as it was charged
+				f.shortPlace = z.turn(f).tag
+			}
+		}
+		z.short[f] = z.unitsOf(f)
+		z.startAsking()
+		return
+	case o != short:
+		f.asks = false
+	}
+	delete(z.short, f)
+}
+
+// acquireNow admits req if it fits now, after any waiter that fits,
+// without waiting; with a ledger, one short of allowance is decided by the
+// asker's next call.
+func (z *Zone) acquireNow(req *Request) Result {
+	if z.ledger == nil {
+		o, d := z.tryNow(req)
+		return Result{Outcome: o, Dim: d}
+	}
+	if z.pending.Load() == 0 {
+		if o, d := z.tryAcquire(req, nil); o != short {
+			return Result{Outcome: o, Dim: d}
+		}
+	}
+	z.mu.Lock()
+	if o, d := z.tryNewcomer(req); o != short {
+		z.mu.Unlock()
+		return Result{Outcome: o, Dim: d}
+	}
+	return z.askFor(req, false)
+}
+
+func containsDim(dims []int, d int) bool {
+	for _, x := range dims {
+		if x == d {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,135 @@
+package limiter
+
+import (
+	"context"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/internal/fleetref"
+)
+
+// TestFleetHeldRequestsMeetEachCapExactly: two instances of one fleet
+// take turns admitting requests that stay admitted and do not wait, each
+// within the allowances its ledger grants: the client key's cap, the
+// tenant key's and the total are each met exactly over the fleet, the
+// next request at either instance is refused by that cap, and once all
+// ended the fleet counts nothing. The caps that do not bind are far
+// (100), so that each instance keeps idle allowance there and asks only
+// for the one that binds.
+func TestFleetHeldRequestsMeetEachCapExactly(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		lim  *Limits
+		want int64
+		dim  int
+	}{
+		{"client", &Limits{Max: []int64{3, 100}, Total: 100}, 3, 0},
+		{"tenant", &Limits{Max: []int64{100, 5}, Total: 100}, 5, 1},
+		{"total", &Limits{Max: []int64{100, 100}, Total: 7}, 7, TotalDim},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := fleetref.NewFleet()
+				zones := fleetZones(t, f, 2, 2, true)
+				var held []*Request
+				var at []*Zone
+				for i := range 12 {
+					z := zones[i%2]
+					r := req(c.lim, "c", "t")
+					res := z.Acquire(context.Background(), r, WaitOptions{})
+					if res.Outcome != Admitted {
+						if res.Outcome != Full || res.Dim != c.dim {
+							t.Fatalf("request %d at instance %d: outcome %d by dimension %d, want full by %d", i, i%2, res.Outcome, res.Dim, c.dim)
+						}
+						continue
+					}
+					held, at = append(held, r), append(at, z)
+				}
+				if n := int64(len(held)); n != c.want {
+					t.Fatalf("%d of 12 held at once over the fleet, want exactly %d", n, c.want)
+				}
+				for _, d := range []int{0, 1, TotalDim} {
+					if got := zones[0].Held(d) + zones[1].Held(d); got != c.want {
+						t.Errorf("dimension %d holds %d units over the fleet, want %d", d, got, c.want)
+					}
+				}
+				for i, r := range held {
+					at[i].Release(r)
+				}
+				time.Sleep(3 * linger) // idle allowance goes back
+				for _, name := range []string{setName(0, "c"), setName(1, "t"), totalSet} {
+					if n := f.Held(name); n != 0 {
+						t.Errorf("after every release the fleet counts %d units in %s, want 0", n, name)
+					}
+				}
+			})
+		})
+	}
+}
+
+// spareAtOne sets up a fleet of two instances under a key cap of 10 (a
+// reserve of 1) where the first holds 2 requests of key k and keeps one
+// unit idle, granted ahead as spare: the fleet counts 3. They end with t.
+func spareAtOne(t *testing.T) (f *fleetref.Fleet, zones []*Zone, lim *Limits) {
+	f = fleetref.NewFleet()
+	zones = fleetZones(t, f, 2, 1, false)
+	lim = &Limits{Max: []int64{10}}
+	for range 2 {
+		r := req(lim, "k")
+		mustAdmit(t, zones[0], r)
+		t.Cleanup(func() { zones[0].Release(r) })
+	}
+	time.Sleep(2 * linger) // what it keeps idle is what it keeps
+	if n := f.Held(setName(0, "k")); n != 3 {
+		t.Fatalf("the fleet counts %d units of k with 2 in flight, want 3: one idle, the reserve", n)
+	}
+	return f, zones, lim
+}
+
+// TestFleetSpareStaysWithinTheReserve: an instance keeps idle at most a
+// tenth of a cap (the reserve), so a request at another instance that
+// does not wait is admitted while the fleet's units in flight plus its
+// cost are within the cap less the reserve (2 + 7 of 10); the levels it
+// is told count the units in flight (9), not the idle one.
+func TestFleetSpareStaysWithinTheReserve(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		_, zones, lim := spareAtOne(t)
+		seven := costly(lim, 7, "k")
+		res := zones[1].Acquire(context.Background(), seven, WaitOptions{})
+		if res.Outcome != Admitted {
+			t.Fatalf("cost 7 at the second instance, 2 in flight of 10: outcome %d, want admitted (the idle unit is the reserve)", res.Outcome)
+		}
+		defer zones[1].Release(seven)
+		if l, ok := res.Levels.Of(0); !ok || l.Held != 9 || l.Cap != 10 {
+			t.Fatalf("its levels: %+v (known %v), want 9 held of 10: the units in flight, not the idle one", l, ok)
+		}
+	})
+}
+
+// TestFleetIdleGoesBackWhenAnotherWaits: an instance that keeps a unit
+// idle gives it back as soon as another instance's request waits for it:
+// a request of cost 8 at the second instance, refused while the first
+// keeps 3 of 10, is admitted at once, with no time passing (not at the
+// first instance's linger, nor at a poll).
+func TestFleetIdleGoesBackWhenAnotherWaits(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		_, zones, lim := spareAtOne(t)
+		big := costly(lim, 8, "k")
+		done := make(chan Result, 1)
+		go func() { done <- zones[1].Acquire(context.Background(), big, WaitOptions{Wait: time.Hour}) }()
+		synctest.Wait()
+		select {
+		case res := <-done:
+			if res.Outcome != Admitted {
+				t.Fatalf("cost 8 with 2 of 10 in flight elsewhere: outcome %d, want admitted", res.Outcome)
+			}
+		default:
+			zones[0].Close() // its idle unit goes back, so that the waiter ends
+			<-done
+			zones[1].Release(big)
+			t.Fatal("cost 8 with 2 of 10 in flight elsewhere still waits: the other instance kept its idle unit")
+		}
+		zones[1].Release(big)
+	})
+}

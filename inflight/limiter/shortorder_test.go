@@ -1,0 +1,76 @@
+package limiter
+
+import (
+	"testing"
+	"time"
+)
+
+// shortFlow is a fair flow of key (dimension 0) whose head arrived seq-th
+// and went short at place.
+func shortFlow(q *queue, key uint64, seq uint64, place float64) *flow {
+	f := &flow{fair: true, fairKey: key, has: []bool{false}, shortPlace: place}
+	f.head = &waiter{Place: Place{Seq: seq}, flow: f}
+	q.short[f] = 1
+	return f
+}
+
+// Short flows hold against each other in one order, whatever their keys:
+// over three of them, two of one key, the queue order's rule (one key's
+// flows by arrival, other keys by place) goes round in a circle, and each
+// held against the next, none was admitted while the allowance they
+// waited for sat idle (seen in TestFleetFairCyclingCosts).
+func TestShortFlowsHoldInOneOrder(t *testing.T) {
+	z := &Zone{}
+	z.short = map[*flow]int64{}
+	// a and b share a key, b arrived first; c's place is between theirs.
+	a := shortFlow(&z.queue, 1, 2, 24.77)
+	b := shortFlow(&z.queue, 1, 1, 26.27)
+	c := shortFlow(&z.queue, 2, 3, 25.86)
+	flows := []*flow{a, b, c}
+	// holds[i][j]: flows[i] holds against flows[j]'s try.
+	var holds [3][3]bool
+	for j, f := range flows {
+		var r reservation
+		r.against(z, f, time.Now())
+		for i, g := range flows {
+			if i != j {
+				holds[i][j] = r.after(g)
+			}
+		}
+	}
+	for i := range flows {
+		for j := range flows {
+			if i != j && holds[i][j] == holds[j][i] {
+				t.Errorf("flows %d and %d: each holds against the other's try: %v", i, j, holds[i][j])
+			}
+			for k := range flows {
+				if i != j && j != k && i != k && holds[i][j] && holds[j][k] && !holds[i][k] {
+					t.Errorf("flow %d holds against %d, %d against %d, but %d not against %d: no flow is first", i, j, j, k, i, k)
+				}
+			}
+		}
+	}
+	if !holds[1][0] {
+		t.Errorf("the key's earlier flow does not hold against its later one")
+	}
+}
+
+// A short flow's holder never stands before its own head's turn: a
+// correction that moved its key's place back would put it before the
+// short flows between, which hold against its head, and none would be
+// admitted.
+func TestShortFlowsHolderStandsAfterItsHead(t *testing.T) {
+	z := &Zone{}
+	z.short = map[*flow]int64{}
+	z.vclock.tags = map[uint64]float64{1: 2.39} // moved back since a went short
+	a := shortFlow(&z.queue, 1, 1, 3.99)
+	a.head.next = &waiter{Place: Place{Seq: 4}, flow: a}
+	b := shortFlow(&z.queue, 2, 2, 3.52)
+	var r reservation
+	if !r.against(z, a, time.Now()).after(b) {
+		t.Fatalf("b (%.2f) does not hold against a's head (%.2f)", b.shortPlace, a.shortPlace)
+	}
+	if z.holding(a).before(z.turn(b), time.Now()) {
+		t.Errorf("a's holder (its key's place %.2f) stands before b (%.2f), which holds against a's head (%.2f)", z.vclock.place(1), b.shortPlace, a.shortPlace)
+	}
+}
