@@ -10,14 +10,15 @@ import (
 
 // TestLinksNoHTTPEdge: a build with the layer4 handler links, of this
 // module, only what every protocol shares: the core, the engine, the
-// metric declarations, the Redis store and the Caddyfile reading of the
-// shared options. Never the HTTP
+// fleet's call and table types, the metric declarations, the Redis store
+// and the Caddyfile reading of the shared options. Never the HTTP
 // edge (inflight, and caddyfile, whose import registers the HTTP
 // directive) nor the LLM token and usage code it uses.
 func TestLinksNoHTTPEdge(t *testing.T) {
 	const module = "github.com/caddy-inflight/caddy-inflight"
 	shared := map[string]bool{
 		module + "/inflight/core":        true,
+		module + "/inflight/fleet":       true,
 		module + "/inflight/limiter":     true,
 		module + "/inflight/metric":      true,
 		module + "/inflight/storestatus": true,
