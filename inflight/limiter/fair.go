@@ -421,12 +421,12 @@ func (q *queue) next(f *flow) candidate {
 // comparable so go by the queue order.
 func (a candidate) before(b candidate, now time.Time) bool {
 	if !a.f.fair || !b.f.fair || a.f.keyDim != b.f.keyDim {
-		return a.w.Before(b.w.Place, now)
+		return a.w.before(b.w.standing, now)
 	}
 	if a.tag != b.tag && a.f.fairKey != b.f.fairKey {
 		return a.tag < b.tag
 	}
-	return a.w.Seq < b.w.Seq
+	return a.w.seq < b.w.seq
 }
 
 // score is weight × (1 + waited / agingPeriod): the queue order's score.

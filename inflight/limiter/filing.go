@@ -12,7 +12,7 @@ import (
 // also in the queue's line, the filing of the whole queue order, whose
 // first is the head (see reservation).
 //
-// The queue order (see Place.Before and Zone.before) changes with time
+// The queue order (see standing.before and Zone.before) changes with time
 // between waiters of different weights (a score ages by its weight), so no
 // single heap can keep it. A filing therefore has lanes whose order is
 // fixed: one per priority class for flows without fair sharing (within a
@@ -57,7 +57,7 @@ func (l *lane) Less(i, j int) bool {
 	if l.fair && a.place != b.place {
 		return a.place < b.place
 	}
-	return a.f.head.Seq < b.f.head.Seq
+	return a.f.head.seq < b.f.head.seq
 }
 
 func (l *lane) Swap(i, j int) {

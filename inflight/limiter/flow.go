@@ -172,7 +172,7 @@ func Share(w float64, c Class) float64 {
 // files the flow under what refused req.
 func (q *queue) enqueue(req *Request, opt WaitOptions, perKey uint64) *waiter {
 	q.seq++
-	w := &waiter{Place: Place{Class: opt.Class, Arrived: q.clock.Now(), Seq: q.seq}, req: req, ready: make(chan struct{}), perKey: perKey}
+	w := &waiter{standing: standing{class: opt.Class, arrived: q.clock.Now(), seq: q.seq}, req: req, ready: make(chan struct{}), perKey: perKey}
 	q.queued.Add(1)
 	wt := Share(opt.Weight, opt.Class)
 	id := q.flowID(w.req, opt.Class, wt, opt.Fair, opt.KeyDim)

@@ -168,33 +168,34 @@ type queue struct {
 	flows
 }
 
-// Place is where a waiting request stands in the queue order.
-type Place struct {
-	Class   Class
-	Arrived time.Time
-	Seq     uint64 // arrival order among requests with the same Arrived
+// standing is where a waiting request stands in the queue order: its
+// class, and when it arrived.
+type standing struct {
+	class   Class
+	arrived time.Time
+	seq     uint64 // arrival order among requests with the same arrived
 }
 
-// Before reports whether p goes before q at time now: the higher score
+// before reports whether p goes before q at time now: the higher score
 // (weight × (1 + waited / 30s), weights high 2, normal 1, low 0.5), then
 // the higher class, then the earlier arrival.
-func (p Place) Before(q Place, now time.Time) bool {
+func (p standing) before(q standing, now time.Time) bool {
 	sp, sq := p.score(now), q.score(now)
 	if sp != sq {
 		return sp > sq
 	}
-	if p.Class != q.Class {
-		return p.Class > q.Class
+	if p.class != q.class {
+		return p.class > q.class
 	}
-	return p.Seq < q.Seq
+	return p.seq < q.seq
 }
 
-func (p Place) score(now time.Time) float64 {
-	return score(weight[p.Class], p.Arrived, now)
+func (p standing) score(now time.Time) float64 {
+	return score(weight[p.class], p.arrived, now)
 }
 
 type waiter struct {
-	Place
+	standing
 	req     *Request
 	flow    *flow
 	ready   chan struct{} // closed when a slot is handed over, or the ledger refused it
@@ -294,12 +295,12 @@ func (z *Zone) Acquire(ctx context.Context, req *Request, opt WaitOptions) Resul
 	outcome := z.await(ctx, w, opt.Wait)
 	switch outcome {
 	case Admitted:
-		return Result{Outcome: Admitted, Waited: z.clock.Now().Sub(w.Arrived), Levels: w.levels, Alone: w.alone}
+		return Result{Outcome: Admitted, Waited: z.clock.Now().Sub(w.arrived), Levels: w.levels, Alone: w.alone}
 	case Unavailable:
-		return Result{Outcome: Unavailable, Dim: w.dim, Waited: z.clock.Now().Sub(w.Arrived), Levels: w.levels}
+		return Result{Outcome: Unavailable, Dim: w.dim, Waited: z.clock.Now().Sub(w.arrived), Levels: w.levels}
 	}
 	z.mu.Lock()
-	waited := z.clock.Now().Sub(w.Arrived)
+	waited := z.clock.Now().Sub(w.arrived)
 	switch {
 	case w.granted: // a slot came as the wait ended
 		z.mu.Unlock()

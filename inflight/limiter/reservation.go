@@ -141,7 +141,7 @@ func (r *reservation) orderShorts() {
 	for g := range r.q.short {
 		s = append(s, g)
 	}
-	slices.SortFunc(s, func(a, b *flow) int { return cmp.Compare(a.head.Seq, b.head.Seq) })
+	slices.SortFunc(s, func(a, b *flow) int { return cmp.Compare(a.head.seq, b.head.seq) })
 	for i := 1; i < len(s); i++ {
 		for j := i; j > 0 && r.q.turn(s[j]).before(r.q.turn(s[j-1]), r.now); j-- {
 			s[j], s[j-1] = s[j-1], s[j]

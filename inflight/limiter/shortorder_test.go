@@ -9,7 +9,7 @@ import (
 // and went short at place.
 func shortFlow(q *queue, key uint64, seq uint64, place float64) *flow {
 	f := &flow{fair: true, fairKey: key, has: []bool{false}, shortPlace: place}
-	f.head = &waiter{Place: Place{Seq: seq}, flow: f}
+	f.head = &waiter{standing: standing{seq: seq}, flow: f}
 	q.short[f] = 1
 	return f
 }
@@ -64,7 +64,7 @@ func TestShortFlowsHolderStandsAfterItsHead(t *testing.T) {
 	z.short = map[*flow]int64{}
 	z.vclock.tags = map[uint64]float64{1: 2.39} // moved back since a went short
 	a := shortFlow(&z.queue, 1, 1, 3.99)
-	a.head.next = &waiter{Place: Place{Seq: 4}, flow: a}
+	a.head.next = &waiter{standing: standing{seq: 4}, flow: a}
 	b := shortFlow(&z.queue, 2, 2, 3.52)
 	var r reservation
 	if !r.against(z, a, time.Now()).after(b) {
