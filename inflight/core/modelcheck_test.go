@@ -372,6 +372,7 @@ func (r *mRun) step(e mEvent) {
 	case "reload":
 		old := r.gate
 		r.gate = joinTestGate(r.t, r.label, r.sc.handler(e.Config), Edge{UnitMax: true, Costs: true, EarlyRefusal: r.sc.Config.Early})
+		synctest.Wait() // the model lets the waiters in after each step
 		old.Leave()
 		m.reload(*e.Config)
 	case "again":
