@@ -41,10 +41,27 @@ func ownLine(ctx context.Context, line string) bool {
 	}
 	own := false
 	storeAddresses.Range(func(addr, _ any) bool {
-		own = strings.Contains(line, addr.(string))
+		own = mentions(line, addr.(string))
 		return !own
 	})
 	return own
+}
+
+// mentions reports whether line names addr, and not an address addr
+// begins (port 4559 in 127.0.0.1:45595).
+func mentions(line, addr string) bool {
+	for i := strings.Index(line, addr); i >= 0; {
+		end := i + len(addr)
+		if end == len(line) || line[end] < '0' || line[end] > '9' {
+			return true
+		}
+		next := strings.Index(line[i+1:], addr)
+		if next < 0 {
+			return false
+		}
+		i += 1 + next
+	}
+	return false
 }
 
 // plainRedisLog writes as go-redis's default logger does.

@@ -124,7 +124,12 @@ func TestAnotherPluginsGoRedisLoggerIsKept(t *testing.T) {
 // name.
 func TestOtherClientsGoRedisLinesStayTheirs(t *testing.T) {
 	stderr := captureStderr(t)
+	// An address no store of an earlier test had: their lines go to
+	// Caddy's log, as the store's.
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	for ownLine(nil, "dial tcp "+addr+": connect") {
+		addr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	}
 	other := redis.NewClient(&redis.Options{Addr: addr, DialerRetries: 1})
 	defer other.Close()
 	other.Ping(context.Background())
@@ -134,6 +139,24 @@ func TestOtherClientsGoRedisLinesStayTheirs(t *testing.T) {
 	for _, l := range strings.Split(stderr(), "\n") {
 		if strings.Contains(l, addr) && strings.Contains(l, `"logger":"redis"`) {
 			t.Fatalf("another client's go-redis line went to Caddy's log:\n%s", l)
+		}
+	}
+}
+
+// A line about an address that a store's address begins (port 4559 in
+// 127.0.0.1:45595) is not the store's.
+func TestLinesOfAnAddressAStoreAddressBeginsStayTheirs(t *testing.T) {
+	const store = "127.9.9.9:4559"
+	storeAddresses.Store(store, true)
+	defer storeAddresses.Delete(store)
+	for line, own := range map[string]bool{
+		"dial tcp 127.9.9.9:4559: connect: connection refused":  true,
+		"dial tcp 127.9.9.9:4559":                               true,
+		"dial tcp 127.9.9.9:45595: connect: connection refused": false,
+		"127.9.9.9:45595 and 127.9.9.9:4559 both":               true,
+	} {
+		if got := ownLine(nil, line); got != own {
+			t.Errorf("%q: the store's line: %v, want %v", line, got, own)
 		}
 	}
 }
