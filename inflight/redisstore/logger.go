@@ -50,18 +50,16 @@ func ownLine(ctx context.Context, line string) bool {
 // mentions reports whether line names addr, and not an address addr
 // begins (port 4559 in 127.0.0.1:45595).
 func mentions(line, addr string) bool {
-	for i := strings.Index(line, addr); i >= 0; {
-		end := i + len(addr)
-		if end == len(line) || line[end] < '0' || line[end] > '9' {
-			return true
-		}
-		next := strings.Index(line[i+1:], addr)
-		if next < 0 {
+	for i := 0; ; i++ {
+		j := strings.Index(line[i:], addr)
+		if j < 0 {
 			return false
 		}
-		i += 1 + next
+		i += j
+		if end := i + len(addr); end == len(line) || line[end] < '0' || line[end] > '9' {
+			return true
+		}
 	}
-	return false
 }
 
 // plainRedisLog writes as go-redis's default logger does.
