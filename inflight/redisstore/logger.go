@@ -47,8 +47,9 @@ func ownLine(ctx context.Context, line string) bool {
 	return own
 }
 
-// mentions reports whether line names addr, and not an address addr
-// begins (port 4559 in 127.0.0.1:45595).
+// mentions reports whether line names addr, and not an address that
+// begins or ends with it (port 4559 in 127.0.0.1:45595, 10.0.0.1:80 in
+// 110.0.0.1:80, redis:6379 in myredis:6379).
 func mentions(line, addr string) bool {
 	for i := 0; ; i++ {
 		j := strings.Index(line[i:], addr)
@@ -56,10 +57,16 @@ func mentions(line, addr string) bool {
 			return false
 		}
 		i += j
-		if end := i + len(addr); end == len(line) || line[end] < '0' || line[end] > '9' {
+		end := i + len(addr)
+		if (i == 0 || !inHost(line[i-1])) && (end == len(line) || line[end] < '0' || line[end] > '9') {
 			return true
 		}
 	}
+}
+
+// inHost reports whether c can be part of a host name or address.
+func inHost(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || c == '.' || c == '-' || c == '_'
 }
 
 // plainRedisLog writes as go-redis's default logger does.

@@ -160,3 +160,27 @@ func TestLinesOfAnAddressAStoreAddressBeginsStayTheirs(t *testing.T) {
 		}
 	}
 }
+
+// An address that ends with a store's (110.0.0.1:80 and 10.0.0.1:80,
+// myredis:6379 and redis:6379) is another address: its lines stay theirs.
+func TestLinesOfAnAddressEndingInAStoreAddressStayTheirs(t *testing.T) {
+	for _, store := range []string{"10.0.0.1:80", "redis:6379"} {
+		storeAddresses.Store(store, true)
+		defer storeAddresses.Delete(store)
+	}
+	for line, own := range map[string]bool{
+		"dial tcp 10.0.0.1:80: i/o timeout":          true,
+		"10.0.0.1:80: i/o timeout":                   true,
+		"dial tcp 110.0.0.1:80: i/o timeout":         false,
+		"dial tcp myredis:6379: no such host":        false,
+		"dial tcp redis-redis:6379: no such host":    false,
+		"dial tcp sentinel.redis:6379: no such host": false,
+		"dial tcp redis:6379: no such host":          true,
+		"addr=redis:6379 failed":                     true,
+		"myredis:6379 and redis:6379 both":           true,
+	} {
+		if got := ownLine(nil, line); got != own {
+			t.Errorf("%q: the store's line: %v, want %v", line, got, own)
+		}
+	}
+}
