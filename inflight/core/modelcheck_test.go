@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -641,6 +642,28 @@ func TestEngineMatchesModel(t *testing.T) {
 				t.Errorf("no request was %s: the scenarios no longer check that rule", k)
 			}
 		}
+	}
+}
+
+// TestEngineMatchesModelFoundCases plays the scenarios in testdata/model:
+// each is a disagreement the fuzzer found once, shrunk, and named for it.
+func TestEngineMatchesModelFoundCases(t *testing.T) {
+	files, err := filepath.Glob("testdata/model/*.json")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no scenarios in testdata/model: %v", err)
+	}
+	for _, name := range files {
+		t.Run(strings.TrimSuffix(filepath.Base(name), ".json"), func(t *testing.T) {
+			b, err := os.ReadFile(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var sc mScenario
+			if err := json.Unmarshal(b, &sc); err != nil {
+				t.Fatal(err)
+			}
+			check(t, name, &sc, nil)
+		})
 	}
 }
 

@@ -102,7 +102,7 @@ func (r *reservation) holdsKey(d int, hash uint64) int64 {
 		return 0
 	}
 	var n int64
-	if r.headFirst && r.head.keyed(d) && r.head.hashes[d] == hash {
+	if r.headFirst && !r.pending() && r.head.keyed(d) && r.head.hashes[d] == hash {
 		n = r.headUnits
 	}
 	for g, units := range r.q.short {
@@ -111,6 +111,18 @@ func (r *reservation) holdsKey(d int, hash uint64) int64 {
 		}
 	}
 	return n
+}
+
+// pending reports whether r's try is by a short flow's head. Its turn
+// came: the caps and the holds let it in, as they would have admitted it
+// without a ledger, and it waits for this instance's allowance alone. So
+// its tries check the allowances (see tryAcquire), against the short
+// flows before it, and not the caps or the holders' room again: a change
+// of holders that its own turn made (its charge moving its key back in
+// the fair order, say) would otherwise refuse it, and let in another in
+// its place that the caps had passed over.
+func (r *reservation) pending() bool {
+	return r != nil && r.f != nil && r.q.short[r.f] > 0 && !r.ofHolder
 }
 
 // after reports whether r's try comes after the short flow g, which then
@@ -219,7 +231,7 @@ func (r *reservation) holdsTotal() int64 {
 		return 0
 	}
 	var n int64
-	if r.sharedFirst {
+	if r.sharedFirst && !r.pending() {
 		n = r.sharedUnits
 	}
 	for g, units := range r.q.short {

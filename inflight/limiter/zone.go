@@ -461,7 +461,8 @@ func (z *Zone) Keys(d int) int {
 // refused by a shared constraint has room in all its keys, then, with a
 // ledger, the allowances (short: the request fits the caps, and needs
 // more of this instance's allowance). With r (mu held), the holds of the
-// waiters before it refuse as if full (see reservation).
+// waiters before it refuse as if full (see reservation); a short flow's
+// head checks only the allowances.
 func (z *Zone) tryAcquire(req *Request, r *reservation) (Outcome, int) {
 	lim := z.limitsFor(req)
 	units := int64(1) // every cap is at least 1
@@ -487,17 +488,20 @@ func (z *Zone) tryAcquire(req *Request, r *reservation) (Outcome, int) {
 		locked = append(locked, sl)
 	}
 
+	// A short flow's head was admitted by the caps at its turn: it checks
+	// the allowances alone (see reservation.pending).
+	pending := r.pending()
 	// Once a new key meets MaxKeys, newKeys is held until its count is
 	// raised, or the admission refused (see the invariants).
 	outcome, refusedBy, counted := Admitted, 0, false
 	for d, sl := range locked {
-		if sl.shard != nil && sl.need > z.capFor(lim, req, d) {
+		if sl.shard != nil && !pending && sl.need > z.capFor(lim, req, d) {
 			outcome, refusedBy = Full, d
 			break
 		}
 	}
 	for d, sl := range locked {
-		if outcome != Admitted || sl.shard == nil || sl.count > 0 || lim.MaxKeys == 0 || r.shortHolds(d, sl.hash) {
+		if outcome != Admitted || pending || sl.shard == nil || sl.count > 0 || lim.MaxKeys == 0 || r.shortHolds(d, sl.hash) {
 			continue
 		}
 		if !counted {
@@ -508,8 +512,12 @@ func (z *Zone) tryAcquire(req *Request, r *reservation) (Outcome, int) {
 			outcome, refusedBy = KeysFull, d
 		}
 	}
+	totalCap := z.totalCap(lim)
+	if pending {
+		totalCap = 0
+	}
 	if outcome == Admitted && z.ledger != nil && z.hasTotal { // a cap refuses before an allowance
-		if max := z.totalCap(lim); max > 0 && z.total.Load()&MaxCost+units+r.holdsTotal() > max {
+		if max := totalCap; max > 0 && z.total.Load()&MaxCost+units+r.holdsTotal() > max {
 			outcome, refusedBy = Full, TotalDim
 		}
 	}
@@ -525,7 +533,7 @@ func (z *Zone) tryAcquire(req *Request, r *reservation) (Outcome, int) {
 		}
 	}
 	if outcome == Admitted && z.hasTotal {
-		if o := z.takeTotal(z.totalCap(lim), units+r.holdsTotal(), units); o != Admitted {
+		if o := z.takeTotal(totalCap, units+r.holdsTotal(), units); o != Admitted {
 			outcome, refusedBy = o, TotalDim
 		}
 	}
