@@ -779,6 +779,7 @@ func (z *Zone) fileRefusal(f *flow, o Outcome, d int) {
 		}
 		if z.short[f] == 0 { // newly short (still short: as the fleet last answered)
 			f.turned = time.Time{}
+			f.shortAt = z.releases
 			if f.head.req.fair == nil { // else set as it was charged
 				f.shortPlace = z.turn(f).tag
 			}

@@ -47,6 +47,8 @@ type flow struct {
 	// before its charge at its turn: where it stands in the queue order as
 	// it holds (see queue.turn).
 	shortPlace float64
+	// shortAt is the queue's releases when it went short.
+	shortAt uint64
 	// refused lists the dimensions (TotalDim: the total) whose counts
 	// refused it since it started waiting, for a ledger's holds (see
 	// Want.Holds), and fleetSet the set the fleet last refused its head
@@ -140,6 +142,9 @@ type flows struct {
 	// holds them in its keys and the total as if admitted, against the
 	// tries after it in the queue order at its turn (see reservation).
 	short map[*flow]int64
+	// releases counts the releases that gave units back while requests
+	// waited (see reservation.after).
+	releases uint64
 	// Fair sharing's virtual time (see fair.go).
 	vclock virtualClock
 }

@@ -126,9 +126,14 @@ func (r *reservation) pending() bool {
 }
 
 // after reports whether r's try comes after the short flow g, which then
-// holds against it: a newcomer's does, a waiter's if it goes after g in
-// the queue order as it stood at g's turn (see queue.turn), and g's own
-// holder's.
+// holds against it: a newcomer's does, and g's own holder's; another
+// short flow's if g comes first in their one order (see orderShorts); any
+// other waiter's until the zone's next release since g's turn, as the
+// model admits g at its turn and lets no one have its room, and from
+// then only if it goes after g in the queue order as it stood at g's
+// turn (see queue.turn): the room a release brings goes by the queue
+// order, and a better waiter takes it rather than leave it idle for the
+// ledger's round trip.
 func (r *reservation) after(g *flow) bool {
 	switch {
 	case g == r.f:
@@ -137,6 +142,8 @@ func (r *reservation) after(g *flow) bool {
 		return true
 	case r.q.short[r.f] > 0:
 		return slices.Index(r.shorts, g) < slices.Index(r.shorts, r.f)
+	case g.shortAt == r.q.releases:
+		return true
 	}
 	return r.q.turn(g).before(r.q.turn(r.f), r.now)
 }

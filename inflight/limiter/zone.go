@@ -327,6 +327,7 @@ func (z *Zone) Release(req *Request) {
 	}
 	if z.pending.Load() > 0 {
 		z.mu.Lock()
+		z.releases++
 		z.giveBack(req, true)
 		if sets != nil { // above its target, the zone's waiters do not get them
 			z.trim(sets, true)
@@ -341,6 +342,7 @@ func (z *Zone) Release(req *Request) {
 	z.giveBack(req, false)
 	if z.pending.Load() > 0 || sets != nil && z.excess(sets) { // a request started waiting meanwhile
 		z.mu.Lock()
+		z.releases++
 		z.candidatesFor(req)
 		z.dispatch()
 		if sets != nil {
