@@ -169,6 +169,7 @@ func (z *Zone) Levels(req *Request) Levels {
 type allowanceState struct {
 	name                         string
 	units, spare, inFlight, used int64
+	level                        int64
 	exists                       bool
 }
 
@@ -179,7 +180,7 @@ func (a allowanceState) idle() int64 { return a.units - a.inFlight }
 func (z *Zone) stateOf(set Set) allowanceState {
 	if set.Dim == TotalDim {
 		return allowanceState{name: totalSet, units: z.totalAllow.units.Load(), spare: z.totalAllow.spare.Load(),
-			inFlight: z.total.Load() & MaxCost, used: z.totalAllow.used.Load(), exists: true}
+			inFlight: z.total.Load() & MaxCost, used: z.totalAllow.used.Load(), level: z.totalAllow.level.Load(), exists: true}
 	}
 	s := z.shardOf(set.Dim, set.Hash)
 	s.mu.Lock()
@@ -188,7 +189,14 @@ func (z *Zone) stateOf(set Set) allowanceState {
 	if a == nil {
 		return allowanceState{inFlight: s.count(set.Hash)}
 	}
-	return allowanceState{name: a.name, units: a.units, spare: a.spare, inFlight: s.count(set.Hash), used: a.used, exists: true}
+	return allowanceState{name: a.name, units: a.units, spare: a.spare, inFlight: s.count(set.Hash), used: a.used, level: a.level, exists: true}
+}
+
+// elsewhere returns the units the fleet counts in set at other
+// instances, as this instance's latest call read them: its level beyond
+// what this instance holds there, less its spare.
+func (a allowanceState) elsewhere() int64 {
+	return max(0, a.level-(a.units-a.spare))
 }
 
 // shrink takes units off set's allowance and sets its spare, for a

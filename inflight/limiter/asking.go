@@ -237,6 +237,9 @@ func (z *Zone) Close() {
 
 // wanting reports whether waiters want allowance. mu must be held.
 func (z *Zone) wanting() bool {
+	if len(z.short) > 0 {
+		return true
+	}
 	for _, f := range z.byID {
 		for ; f != nil; f = f.collide {
 			if f.asks {
@@ -289,30 +292,35 @@ func (z *Zone) nextCall() (*fleet.Call, *sent) {
 		st.writes = z.dirtyWrites(c, now, true, st.writes)
 		return c, st
 	}
-	idle := map[Set]int64{}
-	for _, w := range order {
-		f := w.flow
-		if w != f.head {
-			continue
-		}
-		if !f.asks { // refused by a cap: it takes only the room it holds
-			z.takeHeld(f, idle)
-			continue
-		}
-		// Every head that needs the fleet counts on the idle units in the
-		// queue order, asked for or not: a waiter does not ask for what a
-		// better one takes.
-		want, a := z.wantOf(w.req, true, f, idle)
-		if len(want.Sets) == 0 || len(c.Writes) == 0 && z.turnedDown(f, a.sets, now) {
-			continue
+	// Every waiter that needs the fleet counts on the idle units in the
+	// queue order, asked for or not: a waiter does not ask for what a
+	// better one takes. The room the holders hold is taken from what the
+	// waiters after them count on, but for the short waiters': those count
+	// as admitted at their turns (see reservation.pending).
+	idle := idleUnits{left: map[Set]int64{}, held: map[Set]int64{}}
+	ask := func(w *waiter) {
+		want, a := z.wantOf(w.req, true, w.flow, &idle, w.short)
+		if len(want.Sets) == 0 || len(c.Writes) == 0 && z.turnedDown(w.flow, a.sets, now) {
+			return
 		}
 		a.w = w
 		c.Wants = append(c.Wants, want)
 		st.asked = append(st.asked, a)
 	}
+	for _, w := range order {
+		switch f := w.flow; {
+		case w.short:
+			ask(w)
+		case w != f.holder():
+		case !f.asks: // refused by a cap: it takes only the room it holds
+			z.takeHeld(f, &idle)
+		default:
+			ask(w)
+		}
+	}
 	z.asks.changed = false
 	for _, n := range z.asks.newcomers {
-		want, a := z.wantOf(n.req, n.waits, nil, idle)
+		want, a := z.wantOf(n.req, n.waits, nil, &idle, false)
 		a.n = n
 		c.Wants = append(c.Wants, want)
 		st.asked = append(st.asked, a)
@@ -448,22 +456,42 @@ func (z *Zone) eachKeyAllowance(d int, fn func(s *shard, h uint64, a *allowance)
 	}
 }
 
+// idleUnits is what a call's wants count on, set by set: the idle units
+// this instance holds that the wants before did not take (left), and of
+// those, the room the holders before hold (held; see takeHeld).
+type idleUnits struct {
+	left, held map[Set]int64
+}
+
+// take takes up to units of set's idle units for a want, and returns
+// those it could count on: beyond the holders' room, unless the want is
+// admitted (a short waiter's). mu must be held.
+func (z *Zone) take(idle *idleUnits, set Set, units int64, admitted bool) int64 {
+	left, ok := idle.left[set]
+	if !ok {
+		left = max(0, z.stateOf(set).idle())
+	}
+	avail := left
+	if !admitted {
+		avail = max(0, left-idle.held[set])
+	}
+	idle.left[set] = left - min(units, avail)
+	return avail
+}
+
 // wantOf returns what req needs of the fleet: in each of its sets, its
 // units beyond the idle ones this instance holds there that the call's
 // earlier wants did not count on (idle), within the fleet's caps; and
-// what the zone keeps of it. f is its flow if it waits. mu must be held.
-func (z *Zone) wantOf(req *Request, waits bool, f *flow, idle map[Set]int64) (fleet.Want, asked) {
+// what the zone keeps of it. f is its flow if it waits; admitted says it
+// is short (see take). mu must be held.
+func (z *Zone) wantOf(req *Request, waits bool, f *flow, idle *idleUnits, admitted bool) (fleet.Want, asked) {
 	lim := z.limitsFor(req)
 	units := lim.units(req, z.hasTotal, true)
 	want := fleet.Want{Waits: waits}
 	var a asked
 	for _, set := range z.setsOf(req) {
 		st := z.stateOf(set)
-		left, ok := idle[set]
-		if !ok {
-			left = max(0, st.idle())
-		}
-		idle[set] = max(0, left-units)
+		left := z.take(idle, set, units, admitted)
 		if left >= units {
 			continue
 		}
@@ -487,28 +515,21 @@ func (z *Zone) wantOf(req *Request, waits bool, f *flow, idle map[Set]int64) (fl
 	return want, a
 }
 
-// takeHeld takes off idle the room f holds as the zone's head (its
+// takeHeld counts in idle the room f holds as the zone's head (its
 // keys) or its shared holder (the total; see reservation.go): a try
 // after it counts that room as taken, so the waiters after it ask for
 // room beyond it. mu must be held.
-func (z *Zone) takeHeld(f *flow, idle map[Set]int64) {
+func (z *Zone) takeHeld(f *flow, idle *idleUnits) {
 	units := z.unitsOf(f)
-	take := func(set Set) {
-		left, ok := idle[set]
-		if !ok {
-			left = max(0, z.stateOf(set).idle())
-		}
-		idle[set] = max(0, left-units)
-	}
 	if f == z.head {
 		for d, h := range f.hashes {
 			if f.keyed(d) {
-				take(Set{Dim: d, Hash: h})
+				idle.held[Set{Dim: d, Hash: h}] += units
 			}
 		}
 	}
 	if f == z.sharer && z.hasTotal {
-		take(Set{Dim: TotalDim})
+		idle.held[Set{Dim: TotalDim}] += units
 	}
 }
 
@@ -574,13 +595,14 @@ func (z *Zone) answer(c *fleet.Call, st *sent, err error) {
 			z.uncharge(a.w) // its turn passed without a grant
 			a.w.levels = res.Levels
 			f.refusedBy(res.Dim)
+			f.asks = true
 			for k := range a.sets {
 				if a.sets[k].Dim == res.Dim {
 					f.fleetSet, f.turned = &a.sets[k], now
 				}
 			}
 			if z.fleetKeyFull(f) { // the total's room goes to those who can take it (see keysFit)
-				delete(z.short, f)
+				z.unshort(f)
 				z.freed = append(z.freed, blocker{total: true})
 			}
 		}
@@ -745,25 +767,36 @@ func (z *Zone) refuseWaiter(w *waiter, o Outcome, d int) {
 	close(w.ready)
 }
 
-// fileRefusal files f under what refused its head (see file) and, with a
-// ledger, notes whether it needs the fleet: short of allowance, it is
-// asked for in the asker's next call; refused by a cap, it waits for this
-// instance's releases alone. mu must be held.
-func (z *Zone) fileRefusal(f *flow, o Outcome, d int) {
+// unshort takes f's short waiters back into the queue, uncharged: the
+// fleet refused one of them by a key whose cap this instance's allowance
+// cannot cover. mu must be held.
+func (z *Zone) unshort(f *flow) {
+	for w := f.head; w != nil && w.short; w = w.next {
+		delete(z.short, w)
+		w.short = false
+		z.uncharge(w)
+	}
+	z.headLeft(f)
+}
+
+// fileRefusal files f under what refused w, its holder (see file) and,
+// with a ledger, notes whether it needs the fleet: short of allowance, w
+// is asked for in the asker's next call, and counts as admitted (see
+// waiter.short); refused by a cap, it waits for this instance's releases
+// alone. mu must be held.
+func (z *Zone) fileRefusal(f *flow, w *waiter, o Outcome, d int) {
 	if o == short && z.fleetKeyFull(f) { // as refused by that key's cap, asked for again at the fleet's next change
 		z.file(f, Full, f.fleetSet.Dim)
-		z.uncharge(f.head)
+		z.uncharge(w)
 		return
 	}
 	z.file(f, o, d)
 	if z.ledger == nil {
 		return
 	}
-	if o != short { // its turn passed without a grant
-		z.uncharge(f.head)
-	}
-	switch {
-	case o == fleetFull: // asked for just now: again at the fleet's next change
+	switch o {
+	case fleetFull: // asked for just now: again at the fleet's next change
+		z.uncharge(w)
 		f.asks, f.turned = true, z.clock.Now()
 		f.refusedBy(d)
 		set := Set{Dim: TotalDim}
@@ -772,25 +805,22 @@ func (z *Zone) fileRefusal(f *flow, o Outcome, d int) {
 		}
 		f.fleetSet = &set
 		z.startAsking()
-	case o == short: // short of what this instance holds: asked for in the next call
-		f.asks = true
+	case short: // short of what this instance holds: asked for in the next call
 		if z.short == nil {
-			z.short = map[*flow]int64{}
+			z.short = map[*waiter]int64{}
 		}
-		if z.short[f] == 0 { // newly short (still short: as the fleet last answered)
-			f.turned = time.Time{}
-			f.shortAt = z.releases
-			if f.head.req.fair == nil { // else set as it was charged
-				f.shortPlace = z.turn(f).tag
-			}
+		if w.req.fair == nil { // else set as it was charged
+			w.shortPlace = z.turn(f).tag
 		}
-		z.short[f] = z.unitsOf(f)
+		w.short, w.shortAt = true, z.releases
+		z.short[w] = z.unitsOfWaiter(w)
+		f.turned = time.Time{}
+		z.headLeft(f)
 		z.startAsking()
-		return
-	case o != short:
+	default: // its turn passed without a grant
+		z.uncharge(w)
 		f.asks = false
 	}
-	delete(z.short, f)
 }
 
 // acquireNow admits req if it fits now, after any waiter that fits,

@@ -22,9 +22,13 @@ import (
 // by only shrinks as others are admitted. Only a change of holder gives
 // back held room; the flows are then tried again.
 //
-// Each try admits a waiter or parks a flow, so a dispatch costs O(log
-// flows) per waiter it admits and per flow it passes over, not the number
-// of waiters.
+// The short waiters (see waiter.short) go first: they count as admitted
+// at their turns, and wait only for this instance's allowance.
+//
+// Each try admits a waiter, makes it short (its flow's next waiter is
+// then tried in its place) or parks a flow, so a dispatch costs O(log
+// flows) per waiter it admits or makes short and per flow it passes
+// over, not the number of waiters.
 func (z *Zone) dispatch() reservation {
 	now := z.clock.Now()
 	r := z.reserve(now)
@@ -33,6 +37,7 @@ func (z *Zone) dispatch() reservation {
 	}
 	z.epoch++
 	z.freed = compactBlockers(z.freed)
+	z.admitShort(now)
 	// Each change of holders tries the flows again; a flow whose try
 	// changes them back (going short makes another the holder, whose
 	// room then refuses it by a cap, which makes it the holder again)
@@ -44,27 +49,27 @@ func (z *Zone) dispatch() reservation {
 		if f == nil {
 			break
 		}
-		o, d := z.tryAcquire(f.head.req, r.against(z, f, now))
-		charge := f.fair && f.head.req.fair == nil // not charged at its turn already
-		switch o {
-		case Admitted:
-			if charge {
-				z.chargeGrant(f.head, f.head.req.taken)
-			} else if c := f.head.req.fair; c != nil { // charged at its turn: held from now
-				c.at = now
-				z.vclock.turn(c.key, -1)
-			}
-			z.grant(f.head)
-		case short: // its turn, but for this instance's allowance
-			if charge {
-				f.shortPlace = z.turn(f).tag
-				z.chargeGrant(f.head, z.unitsOf(f))
+		w := f.holder()
+		switch o, d := z.tryAcquire(w.req, r.against(z, f, now)); {
+		case o == Admitted:
+			z.admit(w, now)
+		case o == short && f.head.short && z.pilesUp(w, &r): // it waits for its flow's short ones
+			f.tried = z.epoch
+			z.file(f, o, d)
+		case o == short: // its turn, but for this instance's allowance: its flow's next waiter is tried in its place
+			w.shortPlace = z.turn(f).tag     // where it stood at its turn, before its charge
+			if f.fair && w.req.fair == nil { // charged at its turn, as admitted
+				z.chargeGrant(w, z.unitsOfWaiter(w))
 				z.vclock.turn(f.fairKey, 1)
 			}
-			fallthrough
+			if z.fileRefusal(f, w, o, d); !w.short {
+				f.tried = z.epoch
+			} else if o, _ := z.tryAcquire(w.req, r.pendingFor(z, w, now)); o == Admitted {
+				z.admit(w, now) // short only of what the holds before it took, which the caps let it pass
+			}
 		default:
 			f.tried = z.epoch
-			z.fileRefusal(f, o, d)
+			z.fileRefusal(f, w, o, d)
 		}
 		// A grant, or a refusal that found a flow's keys with room, may
 		// change the holders; room they no longer hold goes to freed.
@@ -79,6 +84,79 @@ func (z *Zone) dispatch() reservation {
 	z.unpark()
 	z.freed = z.freed[:0]
 	return r
+}
+
+// admitShort admits the short waiters (see waiter.short) that this
+// instance's allowance now covers, each against those before it in their
+// one order (see orderShorts). They count as admitted at their turns, so
+// they go before any waiter is tried. Those still short are asked for
+// again. mu must be held.
+func (z *Zone) admitShort(now time.Time) {
+	if len(z.short) == 0 {
+		return
+	}
+	var r reservation
+	for _, s := range z.shortsInOrder(now) {
+		o, _ := z.tryAcquire(s.req, r.pendingFor(z, s, now))
+		if o == Admitted {
+			z.admit(s, now)
+			continue
+		}
+		z.short[s] = z.unitsOfWaiter(s) // under the limits that apply now
+		z.startAsking()
+	}
+}
+
+// pilesUp reports whether w, short of allowance behind a short waiter of
+// its own flow, needs more than the fleet had room for in one of its
+// sets as this instance last read it (its cap less the units in flight
+// elsewhere): what it and the short waiters before it would hold there.
+// If so it waits, as refused, for its flow's short waiters' grants. The
+// caps are checked against this instance's counts, so without this short
+// waiters would pile up at every instance of a busy fleet, up to each
+// cap, holding room and asking for more than the fleet has; the flows
+// with the larger caps would take more than their fair shares. A flow's
+// first short waiter always asks, so that the fleet records its want.
+func (z *Zone) pilesUp(w *waiter, r *reservation) bool {
+	lim := z.limitsFor(w.req)
+	units := z.unitsOfWaiter(w)
+	for _, set := range z.setsOf(w.req) {
+		st := z.stateOf(set)
+		var held, cap int64
+		if set.Dim == TotalDim {
+			held, cap = r.holdsTotal(), z.totalCap(lim)
+		} else {
+			held, cap = r.holdsKey(set.Dim, set.Hash), z.capFor(lim, w.req, set.Dim)
+		}
+		if cap > 0 && st.inFlight+units+held > cap-st.elsewhere() {
+			return true
+		}
+	}
+	return false
+}
+
+// shortsInOrder returns the short waiters in their one order (see
+// orderShorts). mu must be held.
+func (z *Zone) shortsInOrder(now time.Time) []*waiter {
+	r := reservation{q: &z.queue, now: now}
+	r.orderShorts()
+	return r.shorts
+}
+
+// admit grants w the units it was just admitted to, charged to its fair
+// key if it was not at its turn. mu must be held.
+func (z *Zone) admit(w *waiter, now time.Time) {
+	if w.short {
+		w.flow.turned = time.Time{}
+	}
+	switch c := w.req.fair; {
+	case c != nil: // charged at its turn: held from now
+		c.at = now
+		z.vclock.turn(c.key, -1)
+	case w.flow.fair:
+		z.chargeGrant(w, w.req.taken)
+	}
+	z.grant(w)
 }
 
 // nextToTry returns the first flow in the queue order at now listed under
@@ -99,12 +177,13 @@ func (z *Zone) nextToTry(now time.Time) *flow {
 }
 
 // firstUntried returns the first flow of fl not tried since the head last
-// changed, parking those that were.
+// changed, parking those that were, and those all of whose waiters are
+// short (see admitShort).
 func (q *queue) firstUntried(fl *filing, now time.Time) *flow {
 	var best *flow
 	for _, l := range fl.lanes {
 		for e := q.top(l); e != nil; e = q.top(l) {
-			if e.f.tried != q.epoch {
+			if e.f.tried != q.epoch && e.f.holder() != nil {
 				if best == nil || q.before(e.f, best, now) {
 					best = e.f
 				}
@@ -152,7 +231,10 @@ func compactBlockers(bs []blocker) []blocker {
 
 // grant hands w the units it was just admitted to, and wakes it.
 func (q *queue) grant(w *waiter) {
-	delete(q.short, w.flow)
+	if w.short { // its held room is now taken
+		delete(q.short, w)
+		w.short = false
+	}
 	w.granted = true
 	q.dequeue(w)
 	q.pending.Add(-1)

@@ -391,7 +391,7 @@ func (q *queue) settle(req *Request) {
 	q.mu.Unlock()
 }
 
-// before reports whether f's head goes before g's at time now.
+// before reports whether f goes before g at time now, by their leads.
 func (q *queue) before(f, g *flow, now time.Time) bool {
 	return q.next(f).before(q.next(g), now)
 }
@@ -404,9 +404,9 @@ type candidate struct {
 	tag float64
 }
 
-// next is f's head as a candidate.
+// next is f's lead (see flow.lead) as a candidate.
 func (q *queue) next(f *flow) candidate {
-	c := candidate{f: f, w: f.head}
+	c := candidate{f: f, w: f.lead()}
 	if f.fair {
 		c.tag = q.vclock.tag(f.fairKey)
 	}
@@ -416,7 +416,7 @@ func (q *queue) next(f *flow) candidate {
 // before reports whether a goes before b at time now. Fair flows sharing a
 // dimension go by their keys' tags, ties by arrival: the order a fair lane
 // keeps (see filing); flows of one key by arrival alone, as their key's
-// tag is theirs too (a short flow's place is its key's before its charge,
+// tag is theirs too (a short waiter's place is its key's before its charge,
 // which would put it before its key's earlier flows). Flows not
 // comparable so go by the queue order.
 func (a candidate) before(b candidate, now time.Time) bool {

@@ -57,7 +57,7 @@ func (l *lane) Less(i, j int) bool {
 	if l.fair && a.place != b.place {
 		return a.place < b.place
 	}
-	return a.f.head.seq < b.f.head.seq
+	return a.f.lead().seq < b.f.lead().seq
 }
 
 func (l *lane) Swap(i, j int) {

@@ -36,19 +36,13 @@ type flow struct {
 	eligible *listing
 	// tried is the dispatch epoch in which it was last tried and refused.
 	tried uint64
-	// asks says that its head needs the fleet (with a ledger): it was
-	// short of this instance's allowance, or the fleet refused it; turned
-	// is when the fleet last refused it (zero: it has not since it was
-	// last short): it is asked for again at the fleet's next change, or
-	// after fleetPoll (see asking.go).
+	// asks says that its holder (see holder) needs the fleet (with a
+	// ledger): the fleet refused it; turned is when the fleet last refused
+	// one of its waiters (zero: none since one last went short): it is
+	// asked for again at the fleet's next change, or after fleetPoll (see
+	// asking.go).
 	asks   bool
 	turned time.Time
-	// shortPlace is its key's place on the fair clock when it went short,
-	// before its charge at its turn: where it stands in the queue order as
-	// it holds (see queue.turn).
-	shortPlace float64
-	// shortAt is the queue's releases when it went short.
-	shortAt uint64
 	// refused lists the dimensions (TotalDim: the total) whose counts
 	// refused it since it started waiting, for a ledger's holds (see
 	// Want.Holds), and fleetSet the set the fleet last refused its head
@@ -70,6 +64,26 @@ func (f *flow) fleetShare() float64 {
 		return f.share
 	}
 	return 1
+}
+
+// holder returns f's first waiter that is not short (see waiter.short):
+// the one tried, and the one that holds room as the zone's head or shared
+// holder (see reservation); nil if all are short.
+func (f *flow) holder() *waiter {
+	w := f.head
+	for w != nil && w.short {
+		w = w.next
+	}
+	return w
+}
+
+// lead returns the waiter f stands by in the queue order: its holder, or
+// its head while all its waiters are short.
+func (f *flow) lead() *waiter {
+	if w := f.holder(); w != nil {
+		return w
+	}
+	return f.head
 }
 
 // keyed reports whether f has a key in dimension d.
@@ -137,11 +151,10 @@ type flows struct {
 	// way, and epoch counts the dispatch's changes of head (see dispatch).
 	parked []*listing
 	epoch  uint64
-	// short are the flows whose head fits the caps and waits for more of
-	// this instance's allowance (with a ledger), with its units: each
-	// holds them in its keys and the total as if admitted, against the
-	// tries after it in the queue order at its turn (see reservation).
-	short map[*flow]int64
+	// short are the waiters short of allowance (see waiter.short), with
+	// their units: each holds them in its keys and the total as if
+	// admitted, against the tries after it (see reservation).
+	short map[*waiter]int64
 	// releases counts the releases that gave units back while requests
 	// waited (see reservation.after).
 	releases uint64
@@ -222,7 +235,7 @@ func (q *queue) enqueue(req *Request, opt WaitOptions, perKey uint64) *waiter {
 func (q *queue) dequeue(w *waiter) {
 	w.left = true
 	f := w.flow
-	wasHead := f.head == w
+	wasHead := f.head == w || f.holder() == w // the lanes order it by them
 	if w.prev == nil {
 		f.head = w.next
 	} else {
@@ -236,6 +249,10 @@ func (q *queue) dequeue(w *waiter) {
 	w.prev, w.next = nil, nil
 	f.n--
 	q.queued.Add(-1)
+	if w.short { // the room it held as admitted is free
+		delete(q.short, w)
+		q.freed = f.sharedBlockers(f.keyBlockers(q.freed))
+	}
 	if w.perKey != 0 {
 		if q.perKey[w.perKey]--; q.perKey[w.perKey] == 0 {
 			delete(q.perKey, w.perKey)
@@ -251,7 +268,6 @@ func (q *queue) dequeue(w *waiter) {
 		return
 	}
 	q.unlist(f)
-	delete(q.short, f)
 	if f.fair {
 		q.dropFair(f)
 	}

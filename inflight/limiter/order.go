@@ -16,8 +16,8 @@ func (q *queue) order(now time.Time) []*waiter {
 		switch {
 		case !f.fair:
 			return 0
-		case w == f.head && q.short[f] > 0: // where it stood at its turn (see queue.turn)
-			return f.shortPlace - q.vclock.base
+		case w.short: // where it stood at its turn (see queue.turnOf)
+			return w.shortPlace - q.vclock.base
 		}
 		return sim.tag(f.fairKey)
 	}

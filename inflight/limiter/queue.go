@@ -203,11 +203,20 @@ type waiter struct {
 	left    bool // it is out of the queue: granted, refused, or gone
 	// outcome and dim are its answer once ready: Admitted, or Unavailable
 	// by dimension dim (a ledger that cannot answer and fails closed).
-	outcome    Outcome
-	dim        int
-	levels     Levels // with a ledger: from its latest answer
-	alone      bool   // with a ledger: granted alone, the ledger not answering
-	perKey     uint64 // its entry in the per-key waiting counts; 0: not counted
+	outcome Outcome
+	dim     int
+	levels  Levels // with a ledger: from its latest answer
+	alone   bool   // with a ledger: granted alone, the ledger not answering
+	perKey  uint64 // its entry in the per-key waiting counts; 0: not counted
+	// short says that its turn came, and it fits the caps, but it waits
+	// for more of this instance's allowance (with a ledger): it counts as
+	// admitted at its turn, so it holds its units (see reservation) and
+	// its flow's next waiter is tried in its place. shortPlace is its
+	// key's place on the fair clock then, before its charge, and shortAt
+	// the queue's releases then (see reservation.after).
+	short      bool
+	shortPlace float64
+	shortAt    uint64
 	prev, next *waiter
 }
 
@@ -279,8 +288,8 @@ func (z *Zone) Acquire(ctx context.Context, req *Request, opt WaitOptions) Resul
 		return Result{Outcome: Timeout, Dim: d}
 	}
 	w := z.enqueue(req, opt, perKey)
-	if w.flow.head == w { // a flow is filed by its head's refusals
-		z.fileRefusal(w.flow, o, d)
+	if w.flow.holder() == w { // a flow is filed by its holder's refusals
+		z.fileRefusal(w.flow, w, o, d)
 	}
 	z.dispatch() // it may be the head now, and fit in the room held for the old one
 	if w.granted {

@@ -77,7 +77,8 @@ func (z *Zone) reportedSets(order []*waiter) map[Set]*reported {
 	cur := map[Set]*reported{}
 	for _, w := range order {
 		f := w.flow
-		if w != f.head {
+		asks := w.short || f.asks
+		if !w.short && w != f.holder() {
 			continue
 		}
 		lim := z.limitsFor(w.req)
@@ -86,7 +87,7 @@ func (z *Zone) reportedSets(order []*waiter) map[Set]*reported {
 				continue
 			}
 			name := z.nameOf(w.req, set.Dim)
-			if f.asks && (f.fleetSet != nil && *f.fleetSet == set || containsDim(f.refused, set.Dim)) || z.ledger.Tight(name) {
+			if asks && (f.fleetSet != nil && *f.fleetSet == set || containsDim(f.refused, set.Dim)) || z.ledger.Tight(name) {
 				cur[set] = &reported{name: name, cap: lim.capOf(w.req, set.Dim, true)}
 			}
 		}

@@ -45,8 +45,9 @@ import (
 // long as its holder waits and does not fit there: until the requests
 // holding the rest of its units end.
 
-// reservation is the holds as a try under mu sees them: f is the flow
-// trying (nil for a newcomer), set by against.
+// reservation is the holds as a try under mu sees them: the try by f's
+// holder (f nil: a newcomer's), or by the short waiter pend (see
+// pending), set by against or pendingFor.
 type reservation struct {
 	head      *flow // nil: nobody waits
 	headUnits int64
@@ -57,148 +58,151 @@ type reservation struct {
 	fresh       []bool
 
 	f           *flow
+	pend        *waiter
 	headFirst   bool // head goes before f
 	sharedFirst bool // shared goes before f
 	q           *queue
 	now         time.Time
-	// shortNew are the keys not in flight that the short flows before f
-	// need: each holds one key of its limit's key bound.
+	// shortNew are the keys not in flight that the short waiters before
+	// the try need: each holds one key of its limit's key bound.
 	shortNew []Set
-	// ofHolder says the try is by f's holder (see queue.holder), not its
-	// head: f's own short head holds against it, as admitted.
-	ofHolder bool
-	// shorts are the short flows in one order (see after).
-	shorts []*flow
+	// shorts are the short waiters in one order (see after).
+	shorts []*waiter
 }
 
-// against readies r for a try by f (nil: a newcomer) at now. mu must be
-// held, and no shard lock.
+// against readies r for a try by f's holder (f nil: a newcomer's) at
+// now. mu must be held, and no shard lock.
 func (r *reservation) against(z *Zone, f *flow, now time.Time) *reservation {
+	return r.ready(z, f, nil, now)
+}
+
+// pendingFor readies r for a try by s, a short waiter, at now (see
+// pending). mu must be held, and no shard lock.
+func (r *reservation) pendingFor(z *Zone, s *waiter, now time.Time) *reservation {
+	return r.ready(z, s.flow, s, now)
+}
+
+// ready readies r for a try by pend, or by f's holder if pend is nil.
+func (r *reservation) ready(z *Zone, f *flow, pend *waiter, now time.Time) *reservation {
 	q := &z.queue
-	r.f, r.q, r.now, r.ofHolder = f, q, now, false
+	r.f, r.pend, r.q, r.now = f, pend, q, now
 	r.shortNew = r.shortNew[:0]
 	r.orderShorts()
-	for g := range q.short {
-		if !r.after(g) {
+	for s := range q.short {
+		if !r.after(s) {
 			continue
 		}
+		g := s.flow
 		for d, h := range g.hashes {
-			if g.keyed(d) && z.countOf(d, h) == 0 {
-				r.shortNew = append(r.shortNew, Set{Dim: d, Hash: h})
+			if k := (Set{Dim: d, Hash: h}); g.keyed(d) && !slices.Contains(r.shortNew, k) && z.countOf(d, h) == 0 {
+				r.shortNew = append(r.shortNew, k)
 			}
 		}
 	}
-	// The holders are the first flows that are not short: a short one
-	// goes before them, or after, as it stood at its turn (see turn).
-	r.headFirst = r.head != nil && r.head != f && (f == nil || q.short[f] == 0 || q.holding(r.head).before(q.turn(f), now))
-	r.sharedFirst = r.shared != nil && r.shared != f && (f == nil || q.holding(r.shared).before(q.turn(f), now))
+	// The holders are the first flows by their holders, the short waiters
+	// counted as admitted: the head goes before any other, the shared
+	// holder before those after it.
+	r.headFirst = pend == nil && r.head != nil && r.head != f
+	r.sharedFirst = pend == nil && r.shared != nil && r.shared != f && (f == nil || q.turn(r.shared).before(q.turn(f), now))
 	return r
 }
 
 // holdsKey returns the units r holds in dimension d's key hash against
-// its try: the head's, and those of the short flows before the try.
+// its try: the head's, and those of the short waiters before the try.
 func (r *reservation) holdsKey(d int, hash uint64) int64 {
 	if r == nil {
 		return 0
 	}
 	var n int64
-	if r.headFirst && !r.pending() && r.head.keyed(d) && r.head.hashes[d] == hash {
+	if r.headFirst && r.head.keyed(d) && r.head.hashes[d] == hash {
 		n = r.headUnits
 	}
-	for g, units := range r.q.short {
-		if g.keyed(d) && g.hashes[d] == hash && r.after(g) {
+	for s, units := range r.q.short {
+		if g := s.flow; g.keyed(d) && g.hashes[d] == hash && r.after(s) {
 			n += units
 		}
 	}
 	return n
 }
 
-// pending reports whether r's try is by a short flow's head. Its turn
-// came: the caps and the holds let it in, as they would have admitted it
+// pending reports whether r's try is by a short waiter. Its turn came:
+// the caps and the holds let it in, as they would have admitted it
 // without a ledger, and it waits for this instance's allowance alone. So
 // its tries check the allowances (see tryAcquire), against the short
-// flows before it, and not the caps or the holders' room again: a change
-// of holders that its own turn made (its charge moving its key back in
-// the fair order, say) would otherwise refuse it, and let in another in
-// its place that the caps had passed over.
+// waiters before it, and not the caps or the holders' room again: a
+// change of holders that its own turn made (its charge moving its key
+// back in the fair order, say) would otherwise refuse it, and let in
+// another in its place that the caps had passed over.
 func (r *reservation) pending() bool {
-	return r != nil && r.f != nil && r.q.short[r.f] > 0 && !r.ofHolder
+	return r != nil && r.pend != nil
 }
 
-// after reports whether r's try comes after the short flow g, which then
-// holds against it: a newcomer's does, and g's own holder's; another
-// short flow's if g comes first in their one order (see orderShorts); any
-// other waiter's until the zone's next release since g's turn, as the
-// model admits g at its turn and lets no one have its room, and from
-// then only if it goes after g in the queue order as it stood at g's
-// turn (see queue.turn): the room a release brings goes by the queue
-// order, and a better waiter takes it rather than leave it idle for the
-// ledger's round trip.
-func (r *reservation) after(g *flow) bool {
+// after reports whether r's try comes after the short waiter s, which
+// then holds against it: a newcomer's does, and that of s's own flow's
+// holder; another short waiter's if s comes first in their one order
+// (see orderShorts); any other waiter's until the zone's next release
+// since s's turn, as the model admits s at its turn and lets no one have
+// its room, and from then only if it goes after s in the queue order as
+// it stood at s's turn (see queue.turnOf): the room a release brings goes
+// by the queue order, and a better waiter takes it rather than leave it
+// idle for the ledger's round trip.
+func (r *reservation) after(s *waiter) bool {
 	switch {
-	case g == r.f:
-		return r.ofHolder
-	case r.f == nil:
+	case r.pend != nil:
+		return slices.Index(r.shorts, s) < slices.Index(r.shorts, r.pend)
+	case r.f == nil || s.flow == r.f:
 		return true
-	case r.q.short[r.f] > 0:
-		return slices.Index(r.shorts, g) < slices.Index(r.shorts, r.f)
-	case g.shortAt == r.q.releases:
+	case s.shortAt == r.q.releases:
 		return true
 	}
-	return r.q.turn(g).before(r.q.turn(r.f), r.now)
+	return r.q.turnOf(s).before(r.q.turn(r.f), r.now)
 }
 
-// orderShorts puts the short flows in r.shorts in one order: as the queue
-// order stood at their turns (see queue.turn), by insertion from their
-// heads' arrival. The queue order is not one order over short flows
-// (flows of one key go by arrival, others by tag: over three short flows,
-// two of one key, each would go before the next), and each holding
-// against the next, none would be admitted while the allowance they wait
-// for sat idle.
+// orderShorts puts the short waiters in r.shorts in one order: as the
+// queue order stood at their turns (see queue.turnOf), by insertion from
+// their arrival. The queue order is not one order over short waiters
+// (flows of one key go by arrival, others by tag: over three short
+// waiters, two of one key, each would go before the next), and each
+// holding against the next, none would be admitted while the allowance
+// they wait for sat idle.
 func (r *reservation) orderShorts() {
 	s := r.shorts[:0]
-	for g := range r.q.short {
-		s = append(s, g)
+	for w := range r.q.short {
+		s = append(s, w)
 	}
-	slices.SortFunc(s, func(a, b *flow) int { return cmp.Compare(a.head.seq, b.head.seq) })
+	slices.SortFunc(s, func(a, b *waiter) int { return cmp.Compare(a.seq, b.seq) })
 	for i := 1; i < len(s); i++ {
-		for j := i; j > 0 && r.q.turn(s[j]).before(r.q.turn(s[j-1]), r.now); j-- {
+		for j := i; j > 0 && r.q.turnOf(s[j]).before(r.q.turnOf(s[j-1]), r.now); j-- {
 			s[j], s[j-1] = s[j-1], s[j]
 		}
 	}
 	r.shorts = s
 }
 
-// holding returns the candidate of f's holder (see holder) where it
-// stands in the queue order: the holder of a short flow after its head's
-// charge at its turn.
-func (q *queue) holding(f *flow) candidate {
-	c := candidate{f: f, w: q.holder(f)}
+// turn returns the candidate of f's holder where it stands in the queue
+// order: fair flows by their keys' places, which rebases do not move, and
+// never before its own short head's turn (a correction that moved its
+// key's place back would put it before the short waiters between, which
+// hold against its head).
+func (q *queue) turn(f *flow) candidate {
+	c := candidate{f: f, w: f.lead()}
 	if f.fair {
 		c.tag = q.vclock.place(f.fairKey)
-		if q.short[f] > 0 {
-			c.tag = max(c.tag, f.shortPlace)
+		if f.head.short {
+			c.tag = max(c.tag, f.head.shortPlace)
 		}
 	}
 	return c
 }
 
-// turn returns f's candidate in the queue order where it stands: a short
-// flow where it stood when it went short, before its charge at its turn,
-// so that its charge moves no one ahead of it; fair flows by their keys'
-// places, which rebases do not move.
-func (q *queue) turn(f *flow) candidate {
-	c := candidate{f: f, w: f.head}
-	switch {
-	case q.short[f] > 0:
-		c.tag = f.shortPlace
-	case f.fair:
-		c.tag = q.vclock.place(f.fairKey)
-	}
-	return c
+// turnOf returns the candidate of s, a short waiter, where it stood at
+// its turn, before its charge then, so that its charge moves no one ahead
+// of it.
+func (q *queue) turnOf(s *waiter) candidate {
+	return candidate{f: s.flow, w: s, tag: s.shortPlace}
 }
 
-// shortHolds reports whether a short flow before r's try has dimension
+// shortHolds reports whether a short waiter before r's try has dimension
 // d's key hash, not in flight: counted as admitted at its turn, it puts
 // the key in flight for the try, which its key bound does not refuse.
 func (r *reservation) shortHolds(d int, hash uint64) bool {
@@ -232,17 +236,17 @@ func (r *reservation) holdsNewKey(d int, hash uint64) int64 {
 }
 
 // holdsTotal returns the units r holds in the total against its try:
-// the shared holder's, and those of the short flows before the try.
+// the shared holder's, and those of the short waiters before the try.
 func (r *reservation) holdsTotal() int64 {
 	if r == nil {
 		return 0
 	}
 	var n int64
-	if r.sharedFirst && !r.pending() {
+	if r.sharedFirst {
 		n = r.sharedUnits
 	}
-	for g, units := range r.q.short {
-		if r.after(g) {
+	for s, units := range r.q.short {
+		if r.after(s) {
 			n += units
 		}
 	}
@@ -255,11 +259,11 @@ func (r *reservation) holdsTotal() int64 {
 func (z *Zone) reserve(now time.Time) reservation {
 	var r reservation
 	if r.head = z.firstHolding(&z.line, orderListing, now); r.head != nil {
-		r.headUnits = z.unitsOfWaiter(z.holder(r.head))
+		r.headUnits = z.unitsOfWaiter(r.head.holder())
 		r.shared = z.firstWithRoom(&r, now)
 	}
 	if r.shared != nil {
-		r.sharedUnits = z.unitsOfWaiter(z.holder(r.shared))
+		r.sharedUnits = z.unitsOfWaiter(r.shared.holder())
 		r.fresh = z.fresh[:0]
 		for d := range r.shared.hashes {
 			r.fresh = append(r.fresh, r.shared.keyed(d) && z.countOf(d, r.shared.hashes[d]) == 0)
@@ -292,7 +296,7 @@ func (z *Zone) firstWithRoom(r *reservation, now time.Time) *flow {
 		if f == nil {
 			return nil
 		}
-		r.against(z, f, now).ofHolder = z.short[f] > 0
+		r.against(z, f, now)
 		d, ok := z.keysFit(f, r)
 		if ok {
 			return f
@@ -311,7 +315,7 @@ func (z *Zone) keysFit(f *flow, r *reservation) (int, bool) {
 	if z.fleetKeyFull(f) {
 		return f.fleetSet.Dim, false
 	}
-	req := z.holder(f).req
+	req := f.holder().req
 	lim := z.limitsFor(req)
 	units := z.units(lim, req)
 	for d := range f.hashes {
@@ -328,16 +332,6 @@ func (z *Zone) unitsOf(f *flow) int64 { return z.unitsOfWaiter(f.head) }
 // unitsOfWaiter returns the units of w under the limits that apply to it.
 func (z *Zone) unitsOfWaiter(w *waiter) int64 {
 	return z.units(z.limitsFor(w.req), w.req)
-}
-
-// holder returns the waiter of f that holds room as the head or the
-// shared holder: its head, or the next one if its head is short (which
-// counts as admitted); nil if none.
-func (q *queue) holder(f *flow) *waiter {
-	if q.short[f] > 0 {
-		return f.head.next
-	}
-	return f.head
 }
 
 // countOf returns the units in flight of dimension d's key hash.
@@ -370,16 +364,16 @@ func (f *flow) sharedBlockers(out []blocker) []blocker {
 }
 
 // firstHolding returns the first flow of fl in the queue order at now
-// that has a holder (see holder): a short head counts as admitted (its
-// units held) while its allowance is asked for, so the holders are found
-// beyond it. at gives a flow's listing in fl.
+// that has a holder (see flow.holder): a short waiter counts as admitted
+// (its units held) while its allowance is asked for, so the holders are
+// found beyond it. at gives a flow's listing in fl.
 func (q *queue) firstHolding(fl *filing, at func(*flow) **listing, now time.Time) *flow {
 	f := q.first(fl, now)
 	if len(q.short) == 0 {
 		return f
 	}
 	var out []*flow
-	for ; f != nil && q.holder(f) == nil; f = q.first(fl, now) {
+	for ; f != nil && f.holder() == nil; f = q.first(fl, now) {
 		q.leave(fl, *at(f))
 		out = append(out, f)
 	}

@@ -463,8 +463,8 @@ func (z *Zone) Keys(d int) int {
 // refused by a shared constraint has room in all its keys, then, with a
 // ledger, the allowances (short: the request fits the caps, and needs
 // more of this instance's allowance). With r (mu held), the holds of the
-// waiters before it refuse as if full (see reservation); a short flow's
-// head checks only the allowances.
+// waiters before it refuse as if full (see reservation); a short waiter
+// checks only the allowances.
 func (z *Zone) tryAcquire(req *Request, r *reservation) (Outcome, int) {
 	lim := z.limitsFor(req)
 	units := int64(1) // every cap is at least 1
@@ -490,8 +490,8 @@ func (z *Zone) tryAcquire(req *Request, r *reservation) (Outcome, int) {
 		locked = append(locked, sl)
 	}
 
-	// A short flow's head was admitted by the caps at its turn: it checks
-	// the allowances alone (see reservation.pending).
+	// A short waiter was admitted by the caps at its turn: it checks the
+	// allowances alone (see reservation.pending).
 	pending := r.pending()
 	// Once a new key meets MaxKeys, newKeys is held until its count is
 	// raised, or the admission refused (see the invariants).
