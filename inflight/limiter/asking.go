@@ -728,11 +728,11 @@ func firstDim(sets []Set) int {
 }
 
 // sweep gives back the idle allowance beyond what the zone keeps, and
-// all of it where no request took units for linger and none is in flight
-// or waits; it forgets the keys' entries that hold nothing. mu must be
-// held.
+// all of it where no request took units for keepUnused and none is in
+// flight or waits; it forgets the keys' entries that hold nothing. mu
+// must be held.
 func (z *Zone) sweep(now int64) {
-	old := now - int64(linger)
+	old := now - int64(keepUnused)
 	var sets []Set
 	z.eachAllowance(func(set Set, _ *allowance) { sets = append(sets, set) })
 	for _, set := range sets {

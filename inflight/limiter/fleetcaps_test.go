@@ -57,7 +57,7 @@ func TestFleetHeldRequestsMeetEachCapExactly(t *testing.T) {
 				for i, r := range held {
 					at[i].Release(r)
 				}
-				time.Sleep(3 * linger) // idle allowance goes back
+				time.Sleep(keepUnused + 2*linger) // idle allowance goes back
 				for _, name := range []string{setName(0, "c"), setName(1, "t"), totalSet} {
 					if n := f.Held(name); n != 0 {
 						t.Errorf("after every release the fleet counts %d units in %s, want 0", n, name)

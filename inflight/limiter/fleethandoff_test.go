@@ -75,13 +75,13 @@ func TestFleetWaiterWokenByAnotherInstancesRelease(t *testing.T) {
 // TestFleetAbortedAsGrantedGivesTheSlotBack: with a ledger, a waiter
 // whose client leaves just as a release at its instance hands it the
 // unit gives it back, whichever it sees first (see abortedAsGranted):
-// the zone is empty afterwards, and once the linger passed the fleet
-// counts nothing.
+// the zone is empty afterwards, and once its allowance went unused for
+// keepUnused the fleet counts nothing.
 func TestFleetAbortedAsGrantedGivesTheSlotBack(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := fleetref.NewFleet()
 		abortedAsGranted(t, fleetZones(t, f, 1, 1, false)[0], &Limits{Max: []int64{1}})
-		time.Sleep(3 * linger)
+		time.Sleep(keepUnused + 2*linger)
 		if n := f.Held(setName(0, "k")); n != 0 {
 			t.Fatalf("the fleet counts %d units of k once every request ended, want 0", n)
 		}

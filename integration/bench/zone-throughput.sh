@@ -13,7 +13,9 @@
 # exit. KEY_COUNTS="64 1000" sets the numbers of keys, KEYED_ONLY=1 runs
 # only those runs; each run with Redis prints the memory Redis holds
 # after it (every lease still alive). Other work on the machine skews the figures: compare runs made
-# back to back. With PIN=1, Caddy and wrk run on CPU 0 and Redis on CPU 1
+# back to back. INSTANCES=3 runs three Caddys at once instead of one,
+# sharing the zone through Redis (in process, each has its own), each
+# under a wrk of its own with a third of the connections. With PIN=1, Caddy and wrk run on CPU 0 and Redis on CPU 1
 # (taskset), in every run: Redis no longer takes Caddy's CPU, as when it
 # runs on a host of its own.
 set -euo pipefail
@@ -48,13 +50,20 @@ redis_memory() {
 	redis-cli -p "$redis_port" info memory | tr -d '\r' | awk -F: '$1 == "used_memory_human" { u = $2 } $1 == "used_memory_peak_human" { p = $2 } END { print u " (peak " p ")" }'
 }
 
-# run NAME STORE [LIMIT [WRK-SCRIPT]]: one Caddy with STORE (empty: in
-# process) under wrk; prints requests/s, and with a store the Redis figures.
+# run NAME STORE [LIMIT [WRK-SCRIPT]]: INSTANCES Caddys (default one)
+# with STORE (empty: in process), each under a wrk of its own, all at
+# once, CONNS connections in all (default 16); prints their requests/s
+# summed, and with a store the Redis figures. Caddys with one store share
+# the zone: its limits count across them.
 run() {
 	local name=$1 store=$2 limit=${3:-} script=() head="inflight 1000000"
+	local n=${INSTANCES:-1} conns=${CONNS:-16} i
 	[[ -n $limit ]] && head="inflight"
 	[[ -n ${4:-} ]] && script=(-s "$4")
-	cat >"$tmp/Caddyfile" <<CADDY
+	redis-cli -p "$redis_port" flushall >/dev/null
+	local caddies=()
+	for ((i = 0; i < n; i++)); do
+		cat >"$tmp/Caddyfile$i" <<CADDY
 {
 	admin off
 	auto_https off
@@ -62,7 +71,7 @@ run() {
 		level ERROR
 	}
 }
-http://127.0.0.1:$http_port {
+http://127.0.0.1:$((http_port + i)) {
 	$head {
 		$limit
 		$store
@@ -70,25 +79,31 @@ http://127.0.0.1:$http_port {
 	respond "ok"
 }
 CADDY
-	redis-cli -p "$redis_port" flushall >/dev/null
-	"${on_caddy[@]}" "$caddy" run --config "$tmp/Caddyfile" --adapter caddyfile >"$tmp/$name.log" 2>&1 &
-	local pid=$!
-	pids+=($pid)
-	until curl -fs "http://127.0.0.1:$http_port/" >/dev/null; do sleep 0.1; done
-	"${on_caddy[@]}" wrk -t2 -c16 -d1s "${script[@]}" "http://127.0.0.1:$http_port/" >/dev/null # warm-up
+		"${on_caddy[@]}" "$caddy" run --config "$tmp/Caddyfile$i" --adapter caddyfile >"$tmp/$name$i.log" 2>&1 &
+		caddies+=($!)
+		pids+=($!)
+	done
+	for ((i = 0; i < n; i++)); do
+		until curl -fs "http://127.0.0.1:$((http_port + i))/" >/dev/null; do sleep 0.1; done
+		"${on_caddy[@]}" wrk -t2 -c16 -d1s "${script[@]}" "http://127.0.0.1:$((http_port + i))/" >/dev/null # warm-up
+	done
 	redis-cli -p "$redis_port" config resetstat >/dev/null
-	local out rps cpu0 cpu1
+	local rps=0 requests=0 p50 p90 cpu0 cpu1 each=$((conns / n)) threads=2 wrks=()
+	((each < 2)) && threads=1
 	cpu0=$(redis_cpu)
-	local conns=${CONNS:-16} threads=2
-	((conns < 2)) && threads=1
-	out=$("${on_caddy[@]}" wrk -t$threads -c"$conns" -d"$duration" --latency "${script[@]}" "http://127.0.0.1:$http_port/")
+	for ((i = 0; i < n; i++)); do
+		"${on_caddy[@]}" wrk -t$threads -c"$each" -d"$duration" --latency "${script[@]}" "http://127.0.0.1:$((http_port + i))/" >"$tmp/wrk$i" &
+		wrks+=($!)
+	done
+	wait "${wrks[@]}"
 	cpu1=$(redis_cpu)
-	rps=$(awk '/^Requests\/sec/ {print $2}' <<<"$out")
-	local requests p50 p90
-	requests=$(awk '/requests in/ {print $1}' <<<"$out")
-	p50=$(awk '$1 == "50%" {print $2}' <<<"$out")
-	p90=$(awk '$1 == "90%" {print $2}' <<<"$out")
-	echo "$name: $rps requests/s ($requests requests in $duration, $conns connections; p50 $p50, p90 $p90)"
+	for ((i = 0; i < n; i++)); do
+		rps=$(awk -v s="$rps" '/^Requests\/sec/ {print s + $2}' "$tmp/wrk$i")
+		requests=$(awk -v s="$requests" '/requests in/ {print s + $1}' "$tmp/wrk$i")
+	done
+	p50=$(awk '$1 == "50%" {print $2}' "$tmp/wrk0")
+	p90=$(awk '$1 == "90%" {print $2}' "$tmp/wrk0")
+	echo "$name: $rps requests/s ($requests requests in $duration, $n Caddy, $conns connections; p50 $p50, p90 $p90)"
 	if [[ -n $store ]]; then
 		redis-cli -p "$redis_port" info commandstats | tr -d '\r' | awk -F'[:=,]' -v n="$requests" '
 			/^cmdstat_(evalsha|eval|zrem|zadd|incrby|decrby|get|zrangebyscore|zremrangebyscore|pexpire)(_ro)?:/ {
@@ -99,8 +114,8 @@ CADDY
 		awk -v a="$cpu0" -v b="$cpu1" -v n="$requests" 'BEGIN { printf "  redis-server CPU (user+sys, INFO cpu) %.2f usec per request\n", (b - a) * 1e6 / n }'
 		echo "  redis memory: $(redis_memory) after the run, $(redis-cli -p "$redis_port" dbsize) keys"
 	fi
-	kill "$pid"
-	wait "$pid" 2>/dev/null || true
+	kill "${caddies[@]}"
+	wait "${caddies[@]}" 2>/dev/null || true
 }
 
 if [[ -z ${KEYED_ONLY:-} ]]; then
@@ -115,8 +130,8 @@ if [[ -z ${KEYED_ONLY:-} ]]; then
 				address 127.0.0.1:$redis_port
 			}"
 	# One connection: the latency a request pays, p50 and p90.
-	CONNS=1 run in-process-1conn ""
-	CONNS=1 run redis-1conn "store redis {
+	CONNS=1 INSTANCES=1 run in-process-1conn ""
+	CONNS=1 INSTANCES=1 run redis-1conn "store redis {
 				address 127.0.0.1:$redis_port
 			}"
 fi
