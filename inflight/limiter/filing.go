@@ -98,7 +98,7 @@ func (q *queue) filingOf(b blocker) *filing {
 	return q.blocked[b.key]
 }
 
-// file lists f under what refused its head: outcome o on dimension d.
+// file lists f under what refused its holder: outcome o on dimension d.
 // Refused by one of its own keys, it is listed there alone: it needs no
 // shared room before that key frees. Refused by a shared constraint (the
 // total, a key bound), it is listed there and under each of its own keys:
@@ -208,15 +208,17 @@ func (q *queue) leave(fl *filing, e *listing) {
 	fl.n--
 }
 
-// fix moves e within its lane after its place or its flow's head changed.
+// fix moves e within its lane after its place or its flow's lead (see
+// flow.lead) changed.
 func fix(e *listing) {
 	if !e.parked {
 		heap.Fix(e.lane, e.idx)
 	}
 }
 
-// headLeft keeps f's places after its head left it (a waiter that gave
-// up): its next waiter arrived later.
+// headLeft keeps f's places after its lead (see flow.lead) changed: its
+// head left it (a waiter that gave up, or went short), and its next
+// waiter arrived later; or its short waiters came back (see unshort).
 func (q *queue) headLeft(f *flow) {
 	for _, e := range f.listed {
 		fix(e)

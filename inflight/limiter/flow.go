@@ -12,7 +12,8 @@ import (
 // Limits, keys, per-request maxes and cost, and the same class, weight and
 // fairness. So if its oldest waiter (its head) does not fit, none of them
 // does, and the head is the best of them in every queue order: a flow is
-// tried through its head alone, however many wait in it.
+// tried through one waiter alone, however many wait in it: its head, or
+// with a ledger the first not short of allowance (see holder).
 type flow struct {
 	id         uint64 // hash of the constraints; flows with equal ids chain by collide
 	collide    *flow

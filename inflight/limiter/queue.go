@@ -149,8 +149,9 @@ type WaitOptions struct {
 //     of a release is the flows it could unblock, not the waiters.
 //   - Within a flow the oldest waiter is the best (same class, same weight,
 //     so the same score order as arrival), and if it does not fit, no other
-//     does: only a flow's head is ever tried, and a flow is filed by its
-//     head's refusals.
+//     does: only a flow's holder (its first waiter not short of
+//     allowance, see flow.holder) is ever tried, and a flow is filed by
+//     its holder's refusals.
 //   - pending counts the queued waiters plus the requests between entering
 //     the slow path and leaving it. While it is above zero, slots are given
 //     back (and taken by newcomers) only with mu held, so a freed slot goes
