@@ -173,24 +173,33 @@ type keyDemand struct {
 }
 
 // keyOwed is what a fair key was owed over the fleet: the unit-seconds it
-// held below its share (above: negative), fading over keyOwedFade, as
-// this instance read the tables, when it last did, and the unit-seconds
-// each instance's report said it held then.
+// held below its share (above: negative), fading over keyOwedFade, and
+// its drift (see driftGain), as this instance read the tables, when it
+// last did, and the unit-seconds each instance's report said it held then.
 type keyOwed struct {
-	owed float64
-	at   time.Time
-	seen map[string]float64
+	owed  float64
+	drift float64
+	at    time.Time
+	seen  map[string]float64
 }
 
 // What a key is owed fades over keyOwedFade, and moves its share by
 // owedGain times its mean over that time (the units it held below its
-// share, on average), within a unit either way. The move is proportional:
-// where the instances give a key more than its share by some bias (a
-// key's long requests granted where it comes now and then), it is left
-// with 1/(1+owedGain) of it.
+// share, on average), plus its drift, within a unit either way. The first
+// move is proportional: where the instances give a key more than its
+// share by some bias (a key's long requests granted where it comes now
+// and then), it leaves 1/(1+owedGain) of it. The drift removes most of
+// the rest: it gains driftGain units for each unit-second the key held
+// below its share and fades over driftFade, so a steady bias of b units
+// moves the share by owedGain·b + driftGain·driftFade·b in all, and
+// leaves b/(1+owedGain+driftGain·driftFade) of it, a tenth, once the
+// bias has lasted a driftFade or so. A faster drift swings with a key's
+// learnt usage: at 0.5, a key of reported tokens once ended 0.034 off.
 const (
 	keyOwedFade = 4 * time.Second
 	owedGain    = 3
+	driftFade   = 30 * time.Second
+	driftGain   = 0.2 // units a unit-second
 )
 
 // targetIn returns this instance's target in a table's set of cap c, its
@@ -325,10 +334,12 @@ func settleOwed(ids []string, keys map[string]*fleetKey, entries []keyDemand, ow
 			if o.seen != nil {
 				fade := math.Exp(-dt / keyOwedFade.Seconds())
 				o.owed = o.owed*fade + (k.share*dt-held)/dt*keyOwedFade.Seconds()*(1-fade)
+				drift := o.drift*math.Exp(-dt/driftFade.Seconds()) + driftGain*(k.share*dt-held)
+				o.drift = max(-reach, min(reach, drift))
 			}
 			o.seen, o.at = seen, now
 		}
-		k.owedShare += max(-reach, min(reach, owedGain*o.owed/keyOwedFade.Seconds()))
+		k.owedShare += max(-reach, min(reach, owedGain*o.owed/keyOwedFade.Seconds()+o.drift))
 		moves += k.owedShare - k.share
 		moved++
 	}
