@@ -32,7 +32,7 @@ func FuzzKeys(f *testing.F) {
 		if ok, _ := zone.TryAcquire(&a.req); ok {
 			zone.Release(&a.req)
 		}
-		if zone.Held(0)+zone.Held(1)+zone.Held(limiter.TotalDim) != 0 || zone.Keys(0)+zone.Keys(1) != 0 {
+		if zone.InFlight(0)+zone.InFlight(1)+zone.InFlight(limiter.TotalDim) != 0 || zone.Keys(0)+zone.Keys(1) != 0 {
 			t.Fatal("the zone is not empty after release")
 		}
 	})

@@ -118,7 +118,7 @@ func (h *Handler) sendLevels(w http.ResponseWriter, a *admission, res limiter.Re
 			if !ok {
 				continue
 			}
-			capacity, used = l.Cap, l.Held
+			capacity, used = l.Cap, l.InFlight
 		}
 		if capacity <= 0 {
 			continue

@@ -215,9 +215,9 @@ func TestLimitHeadersFromTheFleet(t *testing.T) {
 		res            limiter.Result
 		policy, remain string
 	}{
-		{"admitted", limiter.Result{Levels: limiter.Levels{{Cap: 100, Held: 1}, {Cap: 5, Held: 4}, {Cap: 9, Held: 7}}},
+		{"admitted", limiter.Result{Levels: limiter.Levels{{Cap: 100, InFlight: 1}, {Cap: 5, InFlight: 4}, {Cap: 9, InFlight: 7}}},
 			`"tenant";q=5` + unit + `, "total";q=9` + unit, `"tenant";r=1, "total";r=2`},
-		{"refused by the tenant, the total not read", limiter.Result{Outcome: limiter.Full, Dim: 1, Levels: limiter.Levels{{Cap: 100, Held: 1}, {Cap: 5, Held: 6}, {}}},
+		{"refused by the tenant, the total not read", limiter.Result{Outcome: limiter.Full, Dim: 1, Levels: limiter.Levels{{Cap: 100, InFlight: 1}, {Cap: 5, InFlight: 6}, {}}},
 			`"tenant";q=5` + unit, `"tenant";r=0`},
 		{"no answer (max_keys)", limiter.Result{Outcome: limiter.KeysFull}, "", ""},
 		{"the client left", limiter.Result{Outcome: limiter.Aborted, Levels: limiter.Levels{{Cap: 1}, {Cap: 1}, {Cap: 1}}}, "", ""},

@@ -103,7 +103,7 @@ type ZoneState struct {
 	// they are the hashes logs and metrics show (raw with plain_keys);
 	// otherwise anonymous (#-prefixed), as the engine keeps only a keyed
 	// hash of each key.
-	TopKeys []keyHeld `json:"top_keys"`
+	TopKeys []keyInFlight `json:"top_keys"`
 	// TopWaiting are the keys with the most requests waiting, shown as
 	// TopKeys shows keys; with per_key_metrics, each with the percentiles
 	// of its waits that ended recently.
@@ -113,21 +113,21 @@ type ZoneState struct {
 // LimitState is one limit of a zone.
 type LimitState struct {
 	Name string `json:"name"`
-	// Held is the requests in flight, summed over keys, and Units the
+	// Requests is the requests in flight, summed over keys, and Units the
 	// units they hold (a request holds its cost, 1 by default).
-	Held  int64 `json:"held"`
-	Units int64 `json:"units"`
-	Keys  int   `json:"keys"`
+	Requests int64 `json:"held"`
+	Units    int64 `json:"units"`
+	Keys     int   `json:"keys"`
 	// Max is the limit's cap per key in units as configured (each of n replicas
 	// enforces ceil(max/n) alone); absent when each request brings its
 	// own (a placeholder).
 	Max int64 `json:"max,omitempty"`
 }
 
-type keyHeld struct {
-	Limit string `json:"limit"`
-	Key   string `json:"key"`
-	Held  int64  `json:"held"` // units
+type keyInFlight struct {
+	Limit    string `json:"limit"`
+	Key      string `json:"key"`
+	InFlight int64  `json:"held"` // units
 }
 
 // ServeState writes every zone's state as JSON.
@@ -153,7 +153,7 @@ func stateOf(z *zone) ZoneState {
 	st := ZoneState{Zone: z.label, Waiting: z.waiting(), WaitingUnits: z.units.waiting.Load(), Limits: []LimitState{}}
 	for d, name := range z.limits {
 		units, requests := z.Load(d)
-		st.Limits = append(st.Limits, LimitState{Name: name, Held: requests, Units: units, Keys: z.Keys(d)})
+		st.Limits = append(st.Limits, LimitState{Name: name, Requests: requests, Units: units, Keys: z.Keys(d)})
 	}
 	if z.HasTotal() {
 		units, requests := z.Load(limiter.TotalDim)
@@ -161,10 +161,10 @@ func stateOf(z *zone) ZoneState {
 	}
 	st.TopKeys = z.series.top(topKeys)
 	if len(st.TopKeys) == 0 {
-		var anon []keyHeld
+		var anon []keyInFlight
 		for d, name := range z.limits {
 			for _, kc := range z.TopKeys(d, topKeys) {
-				anon = append(anon, keyHeld{Limit: name, Key: fmt.Sprintf("#%016x", kc.Hash), Held: kc.Count})
+				anon = append(anon, keyInFlight{Limit: name, Key: fmt.Sprintf("#%016x", kc.Hash), InFlight: kc.Count})
 			}
 		}
 		st.TopKeys = topN(anon, topKeys)
@@ -186,10 +186,10 @@ func stateOf(z *zone) ZoneState {
 }
 
 // topN sorts keys by units held, most first, and keeps n.
-func topN(keys []keyHeld, n int) []keyHeld {
-	slices.SortFunc(keys, func(a, b keyHeld) int { return cmp.Compare(b.Held, a.Held) })
+func topN(keys []keyInFlight, n int) []keyInFlight {
+	slices.SortFunc(keys, func(a, b keyInFlight) int { return cmp.Compare(b.InFlight, a.InFlight) })
 	if keys == nil {
-		keys = []keyHeld{}
+		keys = []keyInFlight{}
 	}
 	return keys[:min(n, len(keys))]
 }

@@ -252,13 +252,13 @@ func (k *keySeries) recentWait(limit, key string, now time.Time) *WaitState {
 }
 
 // top returns up to n series with the most units, for the admin API.
-func (k *keySeries) top(n int) []keyHeld {
+func (k *keySeries) top(n int) []keyInFlight {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	out := make([]keyHeld, 0, len(k.keys))
+	out := make([]keyInFlight, 0, len(k.keys))
 	for sk, s := range k.keys {
 		if s.held > 0 {
-			out = append(out, keyHeld{Limit: sk.limit, Key: sk.key, Held: s.units})
+			out = append(out, keyInFlight{Limit: sk.limit, Key: sk.key, InFlight: s.units})
 		}
 	}
 	return topN(out, n)

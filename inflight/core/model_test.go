@@ -115,7 +115,7 @@ func newModel(cfg mConfig, now time.Time) *model {
 	for d := range m.count {
 		m.count[d] = map[string]int64{}
 	}
-	m.clock.tags, m.clock.holds, m.clock.waiting = map[string]float64{}, map[string]float64{}, map[string]float64{}
+	m.clock.tags, m.clock.holdTimes, m.clock.waiting = map[string]float64{}, map[string]float64{}, map[string]float64{}
 	return m
 }
 
@@ -472,8 +472,8 @@ func (m *model) chargeGrant(r *mRequest) {
 type mClock struct {
 	vtime, base float64
 	tags        map[string]float64
-	holds       map[string]float64 // per key: recent seconds held per unit
-	hold        float64            // the zone's
+	holdTimes   map[string]float64 // per key: recent seconds held per unit
+	holdTime    float64            // the zone's
 	waiting     map[string]float64 // waiting keys' weights
 	active      float64
 	rebaseAbove int
@@ -496,11 +496,11 @@ func (c *mClock) leave(key string) {
 }
 
 func (c *mClock) estimate(key string) float64 {
-	if h, ok := c.holds[key]; ok {
+	if h, ok := c.holdTimes[key]; ok {
 		return h
 	}
-	if c.hold > 0 {
-		return c.hold
+	if c.holdTime > 0 {
+		return c.holdTime
 	}
 	return mDefaultHold
 }
@@ -520,9 +520,9 @@ func (c *mClock) charge(key string, work, w float64) {
 				c.tags[k] = tag - c.vtime
 			}
 		}
-		for k := range c.holds {
+		for k := range c.holdTimes {
 			if _, ok := c.tags[k]; !ok {
-				delete(c.holds, k)
+				delete(c.holdTimes, k)
 			}
 		}
 		c.base += c.vtime
@@ -536,15 +536,15 @@ func (c *mClock) charge(key string, work, w float64) {
 // way, the zone's a sixteenth.
 func (c *mClock) correct(key string, delta, held float64) {
 	tag, tagged := c.tags[key]
-	if h, ok := c.holds[key]; ok {
-		c.holds[key] = h + (held-h)/4
+	if h, ok := c.holdTimes[key]; ok {
+		c.holdTimes[key] = h + (held-h)/4
 	} else if tagged {
-		c.holds[key] = held
+		c.holdTimes[key] = held
 	}
-	if c.hold == 0 {
-		c.hold = held
+	if c.holdTime == 0 {
+		c.holdTime = held
 	} else {
-		c.hold += (held - c.hold) / 16
+		c.holdTime += (held - c.holdTime) / 16
 	}
 	switch {
 	case tagged:

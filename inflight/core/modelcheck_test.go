@@ -501,12 +501,12 @@ func (r *mRun) compare() string {
 			}
 			sum += m.count[d][k]
 		}
-		if got := z.Held(d); got != sum {
+		if got := z.InFlight(d); got != sum {
 			return fmt.Sprintf("limit %d holds %d units, the model %d", d, got, sum)
 		}
 	}
 	if m.cfg.HasTotal {
-		if got := z.Held(limiter.TotalDim); got != m.total {
+		if got := z.InFlight(limiter.TotalDim); got != m.total {
 			return fmt.Sprintf("the total holds %d units, the model %d", got, m.total)
 		}
 	}
@@ -533,12 +533,12 @@ func (r *mRun) end() string {
 	}
 	z := r.gate.zone.Zone
 	for d := range r.m.cfg.Dims {
-		if z.Held(d) != 0 || z.Keys(d) != 0 {
-			return fmt.Sprintf("at the end, limit %d holds %d units of %d keys", d, z.Held(d), z.Keys(d))
+		if z.InFlight(d) != 0 || z.Keys(d) != 0 {
+			return fmt.Sprintf("at the end, limit %d holds %d units of %d keys", d, z.InFlight(d), z.Keys(d))
 		}
 	}
-	if z.HasTotal() && z.Held(limiter.TotalDim) != 0 || z.Waiting() != 0 {
-		return fmt.Sprintf("at the end, the total holds %d, %d wait", z.Held(limiter.TotalDim), z.Waiting())
+	if z.HasTotal() && z.InFlight(limiter.TotalDim) != 0 || z.Waiting() != 0 {
+		return fmt.Sprintf("at the end, the total holds %d, %d wait", z.InFlight(limiter.TotalDim), z.Waiting())
 	}
 	return ""
 }

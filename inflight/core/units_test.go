@@ -70,10 +70,10 @@ func TestRequestSeriesCountRequestsAndUnitsBeside(t *testing.T) {
 		}
 	}
 	st := stateOf(z)
-	if l := st.Limits[0]; l.Held != 2 || l.Units != 6 || *st.Total != 2 || *st.TotalUnits != 6 {
+	if l := st.Limits[0]; l.Requests != 2 || l.Units != 6 || *st.Total != 2 || *st.TotalUnits != 6 {
 		t.Errorf("admin API: limit %+v, total %d (%d units); want 2 requests and 6 units in each", l, *st.Total, *st.TotalUnits)
 	}
-	if len(st.TopKeys) != 2 || st.TopKeys[0].Held != 5 {
+	if len(st.TopKeys) != 2 || st.TopKeys[0].InFlight != 5 {
 		t.Errorf("admin API: top keys %+v, want the key of cost 5 first, with 5", st.TopKeys)
 	}
 }
@@ -159,7 +159,7 @@ func TestWithoutCostUnitsAreRequests(t *testing.T) {
 		t.Errorf("caddy_inflight_request_cost of a zone without cost: %v units, want no series", count)
 	}
 	st := stateOf(g.zone)
-	if l := st.Limits[0]; st.Cost != nil || l.Held != 1 || l.Units != 1 {
+	if l := st.Limits[0]; st.Cost != nil || l.Requests != 1 || l.Units != 1 {
 		t.Errorf("admin API: cost %+v, limit %+v; want no cost, 1 unit held", st.Cost, l)
 	}
 }

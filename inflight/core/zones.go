@@ -89,11 +89,11 @@ func (z *zone) waiting() int64 { return z.Waiting() }
 // closed zone's idle allowance that Redis did not hear of (it could not
 // answer) lapses there with its lease.
 func (z *zone) idle() bool {
-	if z.waiting() > 0 || (z.HasTotal() && z.Held(limiter.TotalDim) > 0) {
+	if z.waiting() > 0 || (z.HasTotal() && z.InFlight(limiter.TotalDim) > 0) {
 		return false
 	}
 	for d := range z.limits {
-		if z.Held(d) > 0 {
+		if z.InFlight(d) > 0 {
 			return false
 		}
 	}

@@ -20,8 +20,8 @@ type Call struct {
 	// Again marks a call sent a second time because its connection broke
 	// under it (it may have run): the ledger first sets this instance's
 	// allowance in each want's sets back to what the want says it held
-	// (Held, HeldSpare), so that what the first run granted is not
-	// counted twice.
+	// (Allowance, AllowanceSpare), so that what the first run granted is
+	// not counted twice.
 	Again bool
 	// Tables are set by Ask: each set reported on (with a head), then
 	// each that refused a waiting want, once.
@@ -64,9 +64,9 @@ type Want struct {
 	Spares []int64
 	Waits  bool
 	Holds  []bool
-	// Held and HeldSpare are this instance's allowance and spare in each
-	// set when the call was made (see Again).
-	Held, HeldSpare []int64
+	// Allowance and AllowanceSpare are this instance's allowance and
+	// spare in each set when the call was made (see Again).
+	Allowance, AllowanceSpare []int64
 
 	// Set by Ask: Refused is 0 if granted, else the 1-based index of the
 	// set that refused it; Levels, each set's allowances less their
@@ -97,14 +97,14 @@ type Member struct {
 	Entries string
 }
 
-// Listing is how long a report lives in the ledger unless sent again: a
+// ReportLife is how long a report lives in the ledger unless sent again: a
 // waiter that left, or an instance that died, holds room for others at
 // most this long.
-const Listing = time.Second
+const ReportLife = time.Second
 
 // Tightness is what a ledger knows of the sets where other instances
 // wait, for Tight: from its notices and from its calls' tables, each for
-// Listing from when it learnt it.
+// ReportLife from when it learnt it.
 type Tightness struct {
 	mu    sync.RWMutex
 	until map[string]time.Time
@@ -124,7 +124,7 @@ func (t *Tightness) Note(name string, now time.Time) {
 			}
 		}
 	}
-	t.until[name] = now.Add(Listing)
+	t.until[name] = now.Add(ReportLife)
 }
 
 // NoteTables records the sets of c's tables where another instance
@@ -141,7 +141,7 @@ func (t *Tightness) NoteTables(c *Call, now time.Time) {
 }
 
 // Tight reports whether another instance waited for set name within
-// Listing of now.
+// ReportLife of now.
 func (t *Tightness) Tight(name string, now time.Time) bool {
 	t.mu.RLock()
 	defer t.mu.RUnlock()

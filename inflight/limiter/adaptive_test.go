@@ -169,7 +169,7 @@ func TestAdaptiveTotalInZone(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("waiter still waiting after the limit rose")
 	}
-	if n := z.Held(TotalDim); n != 3 {
+	if n := z.InFlight(TotalDim); n != 3 {
 		t.Fatalf("total holds %d, want 3", n)
 	}
 }

@@ -165,10 +165,10 @@ func (z *Zone) Levels(req *Request) Levels {
 			level = max(level, a.level)
 		}
 		s.mu.Unlock()
-		out[d] = Level{Cap: lim.capOf(req, d, true), Held: level}
+		out[d] = Level{Cap: lim.capOf(req, d, true), InFlight: level}
 	}
 	if z.hasTotal {
-		out[len(req.Keys)] = Level{Cap: z.totalCap(lim), Held: max(z.total.Load()&MaxCost, z.totalAllow.level.Load())}
+		out[len(req.Keys)] = Level{Cap: z.totalCap(lim), InFlight: max(z.total.Load()&MaxCost, z.totalAllow.level.Load())}
 	}
 	return out
 }

@@ -62,7 +62,7 @@ type asking struct {
 	// keyOwed is what each fair key was owed over the fleet, by set.
 	keyOwed map[Set]map[string]*keyOwed
 	// self names this instance in its reports' entries, for as long as
-	// the zone lives (see settleOwed).
+	// the zone lives (see moveShares).
 	self   string
 	closed atomic.Bool // the zone is no longer used: keep no idle allowance
 }
@@ -508,7 +508,7 @@ func (z *Zone) wantOf(req *Request, waits bool, f *flow, idle *idleUnits, admitt
 		want.Caps = append(want.Caps, lim.capOf(req, set.Dim, true))
 		want.Spares = append(want.Spares, spare)
 		want.Holds = append(want.Holds, f != nil && containsDim(f.refused, set.Dim))
-		want.Held, want.HeldSpare = append(want.Held, st.units), append(want.HeldSpare, st.spare)
+		want.Allowance, want.AllowanceSpare = append(want.Allowance, st.units), append(want.AllowanceSpare, st.spare)
 		a.sets = append(a.sets, set)
 		a.shares = append(a.shares, lim.capOf(req, set.Dim, false))
 	}
@@ -695,7 +695,7 @@ func (z *Zone) levelsOf(a asked, want *fleet.Want) Levels {
 		if d == TotalDim {
 			d = dims
 		}
-		out[d] = Level{Cap: want.Caps[k], Held: want.Levels[k]}
+		out[d] = Level{Cap: want.Caps[k], InFlight: want.Levels[k]}
 	}
 	return out
 }

@@ -45,7 +45,7 @@ import "time"
 // vtime when it starts waiting: its tag orders it among the waiting keys)
 // and the keys whose tag may exceed vtime; for any other key a tag at or
 // below vtime reads the same as none, and may linger until the next
-// rebase. holds keeps a hold estimate only for keys in tags, or charged
+// rebase. holdTimes keeps a hold estimate only for keys in tags, or charged
 // since the last rebase; waiting lists the keys with fair flows waiting
 // and active is the sum of their weights; vtime never decreases but by a
 // rebase, which moves every tag back as much and drops the tags at or
@@ -93,15 +93,15 @@ type virtualClock struct {
 	base  float64 // virtual time moved back by rebases, in all
 	// rebaseAbove is the number of tags above which the next grant rebases.
 	rebaseAbove int
-	// holds is each key's recent seconds charged per unit (hold time,
-	// scaled by the units used over those taken), and hold the zone's: a
+	// holdTimes is each key's recent seconds charged per unit (hold time,
+	// scaled by the units used over those taken), and holdTime the zone's: a
 	// grant's estimate (see estimate).
-	holds map[uint64]float64
-	hold  float64
+	holdTimes map[uint64]float64
+	holdTime  float64
 	// rates is each key's recent units used per unit taken (Request.Used
 	// over its units; 1 where none was reported): what a unit-second it
 	// holds is charged, by which the fleet's targets weigh it (see
-	// Zone.entries). Kept, as holds, only for keys with a tag.
+	// Zone.entries). Kept, as holdTimes, only for keys with a tag.
 	rates map[uint64]float64
 	// waiting are the keys with fair flows waiting, and active their
 	// weight, by which a grant's charge moves vtime on.
@@ -113,7 +113,7 @@ type virtualClock struct {
 	// would have left the queue at its grant.
 	turned map[uint64]int
 	// of, if set, is the clock this one simulates grants on (see
-	// queue.order): its tags and holds are read where this one has none.
+	// queue.order): its tags and holdTimes are read where this one has none.
 	of *virtualClock
 }
 
@@ -175,11 +175,11 @@ func (c *virtualClock) estimate(key uint64) float64 {
 	if c.of != nil {
 		c = c.of
 	}
-	if h, ok := c.holds[key]; ok {
+	if h, ok := c.holdTimes[key]; ok {
 		return h
 	}
-	if c.hold > 0 {
-		return c.hold
+	if c.holdTime > 0 {
+		return c.holdTime
 	}
 	return defaultHold
 }
@@ -268,19 +268,19 @@ func (c *virtualClock) correct(key uint64, delta, held, rate float64) bool {
 // held seconds, and key's rate towards rate: a key's (if it has a tag) by
 // a quarter of the gap, the zone's by a sixteenth.
 func (c *virtualClock) learn(key uint64, held, rate float64) {
-	if c.holds == nil {
-		c.holds, c.rates = map[uint64]float64{}, map[uint64]float64{}
+	if c.holdTimes == nil {
+		c.holdTimes, c.rates = map[uint64]float64{}, map[uint64]float64{}
 	}
-	if h, ok := c.holds[key]; ok {
-		c.holds[key] = h + (held-h)/4
+	if h, ok := c.holdTimes[key]; ok {
+		c.holdTimes[key] = h + (held-h)/4
 		c.rates[key] += (rate - c.rates[key]) / 4
 	} else if _, tagged := c.tags[key]; tagged { // holds stays within tags
-		c.holds[key], c.rates[key] = held, rate
+		c.holdTimes[key], c.rates[key] = held, rate
 	}
-	if c.hold == 0 {
-		c.hold = held
+	if c.holdTime == 0 {
+		c.holdTime = held
 	} else {
-		c.hold += (held - c.hold) / 16
+		c.holdTime += (held - c.holdTime) / 16
 	}
 }
 
@@ -310,9 +310,9 @@ func (c *virtualClock) rebase() {
 			c.tags[k] = tag - c.vtime
 		}
 	}
-	for k := range c.holds {
+	for k := range c.holdTimes {
 		if _, ok := c.tags[k]; !ok {
-			delete(c.holds, k)
+			delete(c.holdTimes, k)
 			delete(c.rates, k)
 		}
 	}

@@ -62,8 +62,8 @@ func sharesIn(t *testing.T, z *Zone, lim *Limits, fair bool, loads []tenantLoad,
 		}
 	}
 	wg.Wait()
-	if z.Waiting() != 0 || z.Held(0) != 0 || z.Held(TotalDim) != 0 {
-		t.Fatalf("left behind: waiting %d held %d total %d", z.Waiting(), z.Held(0), z.Held(TotalDim))
+	if z.Waiting() != 0 || z.InFlight(0) != 0 || z.InFlight(TotalDim) != 0 {
+		t.Fatalf("left behind: waiting %d held %d total %d", z.Waiting(), z.InFlight(0), z.InFlight(TotalDim))
 	}
 	var sum time.Duration
 	for _, b := range busy {

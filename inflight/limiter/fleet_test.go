@@ -30,7 +30,7 @@ func closeZone(t testing.TB, z *Zone) {
 		z.mu.Lock()
 		running := z.asks.running
 		if running && !time.Now().Before(deadline) {
-			t.Errorf("a minute after Close the zone still holds allowance: key units %d, total %d in flight", z.Held(0), z.Held(TotalDim))
+			t.Errorf("a minute after Close the zone still holds allowance: key units %d, total %d in flight", z.InFlight(0), z.InFlight(TotalDim))
 			z.forgetAllowances()
 			deadline = deadline.Add(time.Hour)
 		}
@@ -84,7 +84,7 @@ func TestWaiterFullInItsShareWhileTheLedgerFails(t *testing.T) {
 		fl.Recover() // so that the asker can give back what it holds, and end
 		z.Release(first)
 		z.Release(second)
-		if got := z.Held(0); got != 0 || z.Waiting() != 0 {
+		if got := z.InFlight(0); got != 0 || z.Waiting() != 0 {
 			t.Fatalf("afterwards %d units held, %d waiting; want none", got, z.Waiting())
 		}
 	})

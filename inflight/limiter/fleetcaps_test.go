@@ -50,7 +50,7 @@ func TestFleetHeldRequestsMeetEachCapExactly(t *testing.T) {
 					t.Fatalf("%d of 12 held at once over the fleet, want exactly %d", n, c.want)
 				}
 				for _, d := range []int{0, 1, TotalDim} {
-					if got := zones[0].Held(d) + zones[1].Held(d); got != c.want {
+					if got := zones[0].InFlight(d) + zones[1].InFlight(d); got != c.want {
 						t.Errorf("dimension %d holds %d units over the fleet, want %d", d, got, c.want)
 					}
 				}
@@ -59,7 +59,7 @@ func TestFleetHeldRequestsMeetEachCapExactly(t *testing.T) {
 				}
 				time.Sleep(keepUnused + 2*linger) // idle allowance goes back
 				for _, name := range []string{setName(0, "c"), setName(1, "t"), totalSet} {
-					if n := f.Held(name); n != 0 {
+					if n := f.Level(name); n != 0 {
 						t.Errorf("after every release the fleet counts %d units in %s, want 0", n, name)
 					}
 				}
@@ -81,7 +81,7 @@ func spareAtOne(t *testing.T) (f *fleetref.Fleet, zones []*Zone, lim *Limits) {
 		t.Cleanup(func() { zones[0].Release(r) })
 	}
 	time.Sleep(2 * linger) // what it keeps idle is what it keeps
-	if n := f.Held(setName(0, "k")); n != 3 {
+	if n := f.Level(setName(0, "k")); n != 3 {
 		t.Fatalf("the fleet counts %d units of k with 2 in flight, want 3: one idle, the reserve", n)
 	}
 	return f, zones, lim
@@ -101,7 +101,7 @@ func TestFleetSpareStaysWithinTheReserve(t *testing.T) {
 			t.Fatalf("cost 7 at the second instance, 2 in flight of 10: outcome %d, want admitted (the idle unit is the reserve)", res.Outcome)
 		}
 		defer zones[1].Release(seven)
-		if l, ok := res.Levels.Of(0); !ok || l.Held != 9 || l.Cap != 10 {
+		if l, ok := res.Levels.Of(0); !ok || l.InFlight != 9 || l.Cap != 10 {
 			t.Fatalf("its levels: %+v (known %v), want 9 held of 10: the units in flight, not the idle one", l, ok)
 		}
 	})

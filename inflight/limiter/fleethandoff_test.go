@@ -82,7 +82,7 @@ func TestFleetAbortedAsGrantedGivesTheSlotBack(t *testing.T) {
 		f := fleetref.NewFleet()
 		abortedAsGranted(t, fleetZones(t, f, 1, 1, false)[0], &Limits{Max: []int64{1}})
 		time.Sleep(keepUnused + 2*linger)
-		if n := f.Held(setName(0, "k")); n != 0 {
+		if n := f.Level(setName(0, "k")); n != 0 {
 			t.Fatalf("the fleet counts %d units of k once every request ended, want 0", n)
 		}
 	})
@@ -106,10 +106,10 @@ func TestFleetSecondReleasePanicsAndGivesNothingBack(t *testing.T) {
 			t.Error("a second Release returned quietly, want a panic")
 		}
 		time.Sleep(3 * linger)
-		if key, total := z.KeyUnits(0, "k"), z.Held(TotalDim); key != 2 || total != 2 {
+		if key, total := z.KeyUnits(0, "k"), z.InFlight(TotalDim); key != 2 || total != 2 {
 			t.Errorf("after a second Release: key holds %d units, total %d; want 2 and 2 (b's)", key, total)
 		}
-		if key, total := f.Held(setName(0, "k")), f.Held(totalSet); key < 2 || total < 2 {
+		if key, total := f.Level(setName(0, "k")), f.Level(totalSet); key < 2 || total < 2 {
 			t.Errorf("after a second Release: the fleet counts %d units of the key, %d of the total; want at least b's 2", key, total)
 		}
 		z.Release(b)

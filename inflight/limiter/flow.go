@@ -196,7 +196,7 @@ func (q *queue) enqueue(req *Request, opt WaitOptions, perKey uint64) *waiter {
 	wt := Share(opt.Weight, opt.Class)
 	id := q.flowID(w.req, opt.Class, wt, opt.Fair, opt.KeyDim)
 	var f *flow
-	for f = q.byID[id]; f != nil && !f.holds(w.req, opt.Class, wt, opt.Fair, opt.KeyDim); f = f.collide {
+	for f = q.byID[id]; f != nil && !f.matches(w.req, opt.Class, wt, opt.Fair, opt.KeyDim); f = f.collide {
 	}
 	if f == nil {
 		f = &flow{id: id, class: opt.Class, weight: wt, fair: opt.Fair, keyDim: opt.KeyDim, hashes: make([]uint64, len(req.Keys)), has: make([]bool, len(req.Keys))}
@@ -361,8 +361,8 @@ func (q *queue) flowID(req *Request, c Class, wt float64, fair bool, keyDim int)
 	return h.Sum64()
 }
 
-// holds reports whether req with these options belongs to f.
-func (f *flow) holds(req *Request, c Class, wt float64, fair bool, keyDim int) bool {
+// matches reports whether req with these options belongs to f.
+func (f *flow) matches(req *Request, c Class, wt float64, fair bool, keyDim int) bool {
 	r := f.head.req
 	if r.Limits != req.Limits || r.cost() != req.cost() || f.class != c || f.weight != wt || f.fair != fair || f.keyDim != keyDim || len(r.Keys) != len(req.Keys) {
 		return false

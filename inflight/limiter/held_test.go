@@ -154,7 +154,7 @@ func TestFleetWaiterNeedingTwoCapsIsNotPassedForEver(t *testing.T) {
 		}
 		time.Sleep(keepUnused + 2*linger) // idle allowance goes back
 		for _, name := range []string{setName(0, "T"), setName(1, "C")} {
-			if held := fleet.Held(name); held != 0 {
+			if held := fleet.Level(name); held != 0 {
 				t.Fatalf("after every release: the fleet counts %d units in %s, want 0", held, name)
 			}
 		}

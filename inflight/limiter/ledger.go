@@ -65,4 +65,4 @@ type Ledger interface {
 // fleetPoll bounds how long a waiter can miss an announcement (a lost
 // notice) before it is asked for again, and how often a report is
 // renewed: a quarter of its listing.
-const fleetPoll = fleet.Listing / 4
+const fleetPoll = fleet.ReportLife / 4

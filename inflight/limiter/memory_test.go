@@ -45,8 +45,8 @@ func TestMillionKeysComeAndGo(t *testing.T) {
 	}
 	after := liveHeap()
 	t.Logf("after release: heap %+.1f KiB from the start", float64(after-before)/1024)
-	if z.Keys(0) != 0 || z.Held(0) != 0 {
-		t.Fatalf("after release: %d keys, %d held", z.Keys(0), z.Held(0))
+	if z.Keys(0) != 0 || z.InFlight(0) != 0 {
+		t.Fatalf("after release: %d keys, %d held", z.Keys(0), z.InFlight(0))
 	}
 	if after-before > 1<<20 {
 		t.Errorf("live heap %d bytes above the start after every key left, want within 1 MiB", after-before)

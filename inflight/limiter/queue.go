@@ -81,9 +81,9 @@ type Result struct {
 }
 
 // Level is a dimension's level in the fleet: its cap for the request's
-// key and the units held against it, in units.
+// key and the units in flight against it.
 type Level struct {
-	Cap, Held int64
+	Cap, InFlight int64
 }
 
 // Levels holds a Level per dimension of a request, index d for dimension

@@ -164,8 +164,8 @@ func TestTimeout(t *testing.T) {
 	if r.Outcome != Timeout || r.Dim != 0 || r.Waited != 10*time.Second {
 		t.Fatalf("result %+v, want timeout on dim 0 after exactly 10s", r)
 	}
-	if z.Waiting() != 0 || z.Held(0) != 1 {
-		t.Fatalf("waiting %d held %d, want 0, 1", z.Waiting(), z.Held(0))
+	if z.Waiting() != 0 || z.InFlight(0) != 1 {
+		t.Fatalf("waiting %d held %d, want 0, 1", z.Waiting(), z.InFlight(0))
 	}
 }
 
@@ -183,8 +183,8 @@ func TestAbortLeavesQueueAndTakesNothing(t *testing.T) {
 		t.Fatalf("waiting %d after abort", z.Waiting())
 	}
 	z.Release(holder)
-	if z.Held(0) != 0 || z.Keys(0) != 0 {
-		t.Fatalf("held %d keys %d, want 0", z.Held(0), z.Keys(0))
+	if z.InFlight(0) != 0 || z.Keys(0) != 0 {
+		t.Fatalf("held %d keys %d, want 0", z.InFlight(0), z.Keys(0))
 	}
 }
 
@@ -257,8 +257,8 @@ func TestManyConcurrentWaiters(t *testing.T) {
 	if admitted < workers*rounds/2 {
 		t.Errorf("only %d of %d admitted", admitted, workers*rounds)
 	}
-	if z.Waiting() != 0 || z.pending.Load() != 0 || z.Held(0) != 0 || z.Keys(0) != 0 {
-		t.Errorf("left behind: waiting %d pending %d held %d keys %d", z.Waiting(), z.pending.Load(), z.Held(0), z.Keys(0))
+	if z.Waiting() != 0 || z.pending.Load() != 0 || z.InFlight(0) != 0 || z.Keys(0) != 0 {
+		t.Errorf("left behind: waiting %d pending %d held %d keys %d", z.Waiting(), z.pending.Load(), z.InFlight(0), z.Keys(0))
 	}
 }
 
@@ -316,8 +316,8 @@ func abortedAsGranted(t *testing.T, z *Zone, lim *Limits) {
 		default:
 			t.Fatalf("round %d: outcome %d, want aborted or admitted", round, res.Outcome)
 		}
-		if z.Held(0) != 0 || z.Keys(0) != 0 || z.Waiting() != 0 {
-			t.Fatalf("round %d: held %d, keys %d, waiting %d after the waiter ended; want 0, 0, 0 (a slot leaked)", round, z.Held(0), z.Keys(0), z.Waiting())
+		if z.InFlight(0) != 0 || z.Keys(0) != 0 || z.Waiting() != 0 {
+			t.Fatalf("round %d: held %d, keys %d, waiting %d after the waiter ended; want 0, 0, 0 (a slot leaked)", round, z.InFlight(0), z.Keys(0), z.Waiting())
 		}
 	}
 	if aborted == 0 {

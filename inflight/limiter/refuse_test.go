@@ -59,8 +59,8 @@ func TestRefuseHook(t *testing.T) {
 		z.Release(held)
 		z.Release(<-done)
 		z.Release(<-done)
-		if z.Held(TotalDim) != 0 || z.Waiting() != 0 || z.pending.Load() != 0 {
-			t.Fatalf("held %d, waiting %d, pending %d, want 0", z.Held(TotalDim), z.Waiting(), z.pending.Load())
+		if z.InFlight(TotalDim) != 0 || z.Waiting() != 0 || z.pending.Load() != 0 {
+			t.Fatalf("held %d, waiting %d, pending %d, want 0", z.InFlight(TotalDim), z.Waiting(), z.pending.Load())
 		}
 	})
 }
@@ -87,8 +87,8 @@ func TestBoundedWaitNotAdmittedLate(t *testing.T) {
 		if el := time.Since(start); el < bound {
 			t.Fatalf("ended after %s", el)
 		}
-		if z.Held(TotalDim) != 0 || z.Waiting() != 0 {
-			t.Fatalf("held %d, waiting %d, want 0 and 0", z.Held(TotalDim), z.Waiting())
+		if z.InFlight(TotalDim) != 0 || z.Waiting() != 0 {
+			t.Fatalf("held %d, waiting %d, want 0 and 0", z.InFlight(TotalDim), z.Waiting())
 		}
 	})
 }

@@ -23,7 +23,7 @@ import (
 // targets: so the fleet's fair arithmetic lives here, once, and the
 // ledger only keeps the reports current and the holds they make.
 //
-// A report lives in the ledger for fleet.Listing: the zone sends it again with
+// A report lives in the ledger for fleet.ReportLife: the zone sends it again with
 // every call, and at least every fleetPoll, and withdraws it (Head 0) once
 // no waiter needs the set.
 
@@ -113,7 +113,7 @@ func (z *Zone) reportedTarget(set Set, r *reported) float64 {
 }
 
 // entries is the zone's demand in set, by key, as a report carries it:
-// "@self" (the zone's name in reports: see settleOwed), then
+// "@self" (the zone's name in reports: see moveShares), then
 // "id weight units held [cap]" per key (held: the unit-seconds it held
 // here so far, of which readers count what it held between two tables;
 // cap: in another set than its key's own, the key's cap, which bounds
@@ -255,10 +255,10 @@ func (z *Zone) needs(req *Request, set Set) bool {
 
 // eachKeyInFlight calls fn with the name, units in flight and
 // unit-seconds held by now of each key of dimension d that holds an
-// allowance here and held units within fleet.Listing.
+// allowance here and held units within fleet.ReportLife.
 func (z *Zone) eachKeyInFlight(d int, now time.Time, fn func(name string, units int64, held float64)) {
 	z.eachKeyAllowance(d, func(s *shard, h uint64, a *allowance) {
-		if n := s.count(h); n > 0 || now.UnixNano()-a.heldAt < int64(fleet.Listing) {
+		if n := s.count(h); n > 0 || now.UnixNano()-a.heldAt < int64(fleet.ReportLife) {
 			fn(a.name, n, a.heldSecsAt(now.UnixNano(), n))
 		}
 	})

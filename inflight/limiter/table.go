@@ -9,12 +9,12 @@ package limiter
 // Invariants: inline[:n] hold distinct hashes, each with a count above
 // zero; more holds the other hashes with a count above zero; no hash is in
 // both. more is nil until the inline entries are all in use, and gives
-// its memory back as keys leave (see shrink). held is the sum of the
+// its memory back as keys leave (see shrink). inFlight is the sum of the
 // counts, and requests the requests that hold them.
 type table struct {
 	n        int32
 	peak     int32 // largest len(more) since it was made
-	held     int64 // sum of all counts (units), for metrics
+	inFlight int64 // sum of all counts (units), for metrics
 	requests int64 // requests holding them, for metrics
 	more     map[uint64]int64
 	inline   [inlineKeys]entry
@@ -44,7 +44,7 @@ func (t *table) count(hash uint64) int64 {
 // increment adds a request of units to hash's count and reports whether
 // hash is a new key.
 func (t *table) increment(hash uint64, units int64) (added bool) {
-	t.held += units
+	t.inFlight += units
 	t.requests++
 	for i := range t.n {
 		if t.inline[i].hash == hash {
@@ -76,7 +76,7 @@ func (t *table) increment(hash uint64, units int64) (added bool) {
 func (t *table) decrement(hash uint64, units int64) (removed bool) {
 	for i := range t.n {
 		if e := &t.inline[i]; e.hash == hash {
-			t.held -= units
+			t.inFlight -= units
 			t.requests--
 			if e.count -= units; e.count == 0 {
 				t.n--
@@ -91,7 +91,7 @@ func (t *table) decrement(hash uint64, units int64) (removed bool) {
 	if !ok {
 		return false // never held: nothing to give back
 	}
-	t.held -= units
+	t.inFlight -= units
 	t.requests--
 	if n > units {
 		t.more[hash] = n - units

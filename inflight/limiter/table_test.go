@@ -31,8 +31,8 @@ func TestTableMatchesAMap(t *testing.T) {
 		if got := tb.count(h); got != ref[h] {
 			t.Fatalf("step %d: count(%d) = %d, want %d", step, h, got, ref[h])
 		}
-		if tb.keys() != len(ref) || tb.held != held {
-			t.Fatalf("step %d: keys %d held %d, want %d, %d", step, tb.keys(), tb.held, len(ref), held)
+		if tb.keys() != len(ref) || tb.inFlight != held {
+			t.Fatalf("step %d: keys %d held %d, want %d, %d", step, tb.keys(), tb.inFlight, len(ref), held)
 		}
 	}
 }

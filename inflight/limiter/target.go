@@ -98,7 +98,7 @@ func (t *target) account(now time.Time, inFlight int64) {
 // there.
 func (z *Zone) targetOf(set Set) (int64, bool) {
 	t := z.asks.targets[set]
-	if t == nil || !t.others || z.clock.Now().Sub(t.read) > fleet.Listing {
+	if t == nil || !t.others || z.clock.Now().Sub(t.read) > fleet.ReportLife {
 		return 0, false
 	}
 	var head int64
@@ -141,7 +141,7 @@ func (z *Zone) readTables(tables []fleet.Table, named map[string]namedSet, now t
 		}
 	}
 	for set, t := range z.asks.targets {
-		if now.Sub(t.read) > fleet.Listing {
+		if now.Sub(t.read) > fleet.ReportLife {
 			delete(z.asks.targets, set)
 		}
 	}
@@ -256,7 +256,7 @@ func targetIn(t fleet.Table, c int64, owedKeys map[string]*keyOwed, now time.Tim
 	}
 	slices.Sort(ids) // every instance sums in the same order
 	maxMinShares(room, ids, keys)
-	settleOwed(ids, keys, entries, owedKeys, reach, now)
+	moveShares(ids, keys, entries, owedKeys, reach, now)
 	targets := make([]float64, len(t.Members))
 	parts = map[string]float64{}
 	for _, e := range entries {
@@ -289,7 +289,7 @@ type fleetKey struct {
 	weight, units, keyCap, demand, share, owedShare float64
 }
 
-// settleOwed brings what each fair key is owed up to date, as it held
+// moveShares brings what each fair key is owed up to date, as it held
 // units since the last table, and moves its share by it (see
 // keyOwedFade): the shares are of concurrency, and a key whose requests
 // the instances serve less well than their targets say (short ones, whose
@@ -302,7 +302,7 @@ type fleetKey struct {
 // since then counts from now on; one whose count fell made its entry
 // afresh, and counts what it says. The moves sum to none, so the targets
 // still share the room.
-func settleOwed(ids []string, keys map[string]*fleetKey, entries []keyDemand, owedKeys map[string]*keyOwed, reach float64, now time.Time) {
+func moveShares(ids []string, keys map[string]*fleetKey, entries []keyDemand, owedKeys map[string]*keyOwed, reach float64, now time.Time) {
 	var moves float64
 	var moved int
 	for _, id := range ids {

@@ -72,8 +72,8 @@ func (x tenantExample) run(t *testing.T) (held float64, share map[string]float64
 	}
 	wg.Wait()
 	for _, z := range zones {
-		if z.Waiting() != 0 || z.Held(TotalDim) != 0 {
-			t.Fatalf("left behind: %d waiting, %d held", z.Waiting(), z.Held(TotalDim))
+		if z.Waiting() != 0 || z.InFlight(TotalDim) != 0 {
+			t.Fatalf("left behind: %d waiting, %d held", z.Waiting(), z.InFlight(TotalDim))
 		}
 	}
 	var sum float64

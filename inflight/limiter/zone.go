@@ -407,8 +407,9 @@ func (z *Zone) candidatesFor(req *Request) {
 	}
 }
 
-// Held returns the units held in dimension d (TotalDim: the total).
-func (z *Zone) Held(d int) int64 {
+// InFlight returns the units in flight in dimension d (TotalDim: the
+// total).
+func (z *Zone) InFlight(d int) int64 {
 	units, _ := z.Load(d)
 	return units
 }
@@ -423,7 +424,7 @@ func (z *Zone) Load(d int) (units, requests int64) {
 	for i := range numShards {
 		s := &z.shards[d*numShards+i]
 		s.mu.Lock()
-		units += s.held
+		units += s.inFlight
 		requests += s.requests
 		s.mu.Unlock()
 	}

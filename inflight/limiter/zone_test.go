@@ -50,8 +50,8 @@ func TestCapPerKeyAndIsolation(t *testing.T) {
 	for _, r := range []*Request{a2, a3, b} {
 		z.Release(r)
 	}
-	if z.Held(0) != 0 || z.Keys(0) != 0 {
-		t.Fatalf("after release: held %d, keys %d; want 0, 0", z.Held(0), z.Keys(0))
+	if z.InFlight(0) != 0 || z.Keys(0) != 0 {
+		t.Fatalf("after release: held %d, keys %d; want 0, 0", z.InFlight(0), z.Keys(0))
 	}
 }
 
@@ -63,14 +63,14 @@ func TestAllOrNothing(t *testing.T) {
 	// The tenant dimension is full: the client dimension and the total must
 	// stay as they were.
 	mustRefuse(t, z, req(lim, "client", "tenant"), 1)
-	if got := z.Held(0); got != 1 {
+	if got := z.InFlight(0); got != 1 {
 		t.Fatalf("client held %d after a refusal, want 1", got)
 	}
-	if got := z.Held(TotalDim); got != 1 {
+	if got := z.InFlight(TotalDim); got != 1 {
 		t.Fatalf("total %d after a refusal, want 1", got)
 	}
 	z.Release(holder)
-	if z.Held(0)+z.Held(1)+z.Held(TotalDim) != 0 || z.Keys(0)+z.Keys(1) != 0 {
+	if z.InFlight(0)+z.InFlight(1)+z.InFlight(TotalDim) != 0 || z.Keys(0)+z.Keys(1) != 0 {
 		t.Fatal("counts not back at zero")
 	}
 }
@@ -179,7 +179,7 @@ func TestConcurrentNeverExceedsMax(t *testing.T) {
 		if admitted.Load()+refused.Load() != workers*rounds {
 			t.Errorf("admitted %d + refused %d != %d", admitted.Load(), refused.Load(), workers*rounds)
 		}
-		if z.Held(0)+z.Held(1)+z.Held(TotalDim) != 0 || z.Keys(0)+z.Keys(1) != 0 {
+		if z.InFlight(0)+z.InFlight(1)+z.InFlight(TotalDim) != 0 || z.Keys(0)+z.Keys(1) != 0 {
 			t.Error("counts not back at zero")
 		}
 	})
@@ -215,8 +215,8 @@ func TestReleaseOfRequestNeverAdmittedPanics(t *testing.T) {
 	if !panics(func() { z.Release(req(lim, "never")) }) {
 		t.Error("Release of a request never admitted returned quietly, want a panic")
 	}
-	if z.Held(0) != 0 {
-		t.Fatalf("held %d", z.Held(0))
+	if z.InFlight(0) != 0 {
+		t.Fatalf("held %d", z.InFlight(0))
 	}
 }
 
@@ -379,8 +379,8 @@ func TestMaxKeysRefusalIsNotSeen(t *testing.T) {
 	if n := keysFull.Load(); n > 0 {
 		t.Fatalf("%d of %d refused for max_keys 2 with at most one key in flight", n, workers*rounds)
 	}
-	if z.Held(TotalDim) != 0 || z.Keys(0) != 0 || z.keys[0].n.Load() != 0 {
-		t.Fatalf("left behind: total %d keys %d counted %d", z.Held(TotalDim), z.Keys(0), z.keys[0].n.Load())
+	if z.InFlight(TotalDim) != 0 || z.Keys(0) != 0 || z.keys[0].n.Load() != 0 {
+		t.Fatalf("left behind: total %d keys %d counted %d", z.InFlight(TotalDim), z.Keys(0), z.keys[0].n.Load())
 	}
 }
 
@@ -427,7 +427,7 @@ func TestMaxKeysWaiterNotLeftBehind(t *testing.T) {
 				t.Fatalf("round %d: waiter %+v, want admitted", round, r)
 			}
 		case <-time.After(5 * time.Second):
-			t.Fatalf("round %d: the waiter still waits with a slot free (held %d of 2, keys %d of 2)", round, z.Held(TotalDim), z.Keys(0))
+			t.Fatalf("round %d: the waiter still waits with a slot free (held %d of 2, keys %d of 2)", round, z.InFlight(TotalDim), z.Keys(0))
 		}
 		z.Release(w.req)
 	}
@@ -447,7 +447,7 @@ func TestSecondReleasePanicsAndGivesNothingBack(t *testing.T) {
 	if !panics(func() { z.Release(a) }) {
 		t.Error("a second Release returned quietly, want a panic")
 	}
-	if got, gotTotal := z.KeyUnits(0, "k"), z.Held(TotalDim); got != 2 || gotTotal != 2 {
+	if got, gotTotal := z.KeyUnits(0, "k"), z.InFlight(TotalDim); got != 2 || gotTotal != 2 {
 		t.Errorf("after a second Release: key holds %d units, total %d; want 2 and 2 (b's)", got, gotTotal)
 	}
 	z.Release(b)
@@ -501,14 +501,14 @@ func TestHeldRequestsMeetEachCapExactly(t *testing.T) {
 				t.Fatalf("%d of %d held at once, want exactly %d", n, burst, c.want)
 			}
 			for _, d := range []int{0, 1, TotalDim} {
-				if got := z.Held(d); got != c.want {
+				if got := z.InFlight(d); got != c.want {
 					t.Errorf("dimension %d holds %d units, want %d", d, got, c.want)
 				}
 			}
 			for _, r := range held {
 				z.Release(r)
 			}
-			if z.Held(0)+z.Held(1)+z.Held(TotalDim) != 0 || z.Keys(0)+z.Keys(1) != 0 {
+			if z.InFlight(0)+z.InFlight(1)+z.InFlight(TotalDim) != 0 || z.Keys(0)+z.Keys(1) != 0 {
 				t.Error("counts not back at zero")
 			}
 		})

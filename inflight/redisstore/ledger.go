@@ -103,7 +103,7 @@ func (l *ledger) encode(c *fleet.Call, deadline int64) ([]string, []any) {
 		return i
 	}
 	args := make([]any, 0, 10+3*len(c.Writes)+6*len(c.Reports)+len(c.Wants)*10)
-	args = append(args, deadline, l.book.lease.Milliseconds(), fleet.Listing.Milliseconds(), l.book.instance,
+	args = append(args, deadline, l.book.lease.Milliseconds(), fleet.ReportLife.Milliseconds(), l.book.instance,
 		versions.Add(1), len(l.tag)+2, flag(c.Again), len(c.Writes))
 	for _, w := range c.Writes {
 		args = append(args, key(w.Set), w.Units, w.Spare)
@@ -116,7 +116,7 @@ func (l *ledger) encode(c *fleet.Call, deadline int64) ([]string, []any) {
 	for _, w := range c.Wants {
 		args = append(args, len(w.Sets), flag(w.Waits))
 		for k, set := range w.Sets {
-			args = append(args, key(set), w.Caps[k], w.Units[k], w.Spares[k], flag(w.Holds[k]), w.Held[k], w.HeldSpare[k])
+			args = append(args, key(set), w.Caps[k], w.Units[k], w.Spares[k], flag(w.Holds[k]), w.Allowance[k], w.AllowanceSpare[k])
 		}
 	}
 	return keys, args

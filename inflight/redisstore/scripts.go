@@ -22,7 +22,7 @@ import (
 // an error "LATE <seconds> <microseconds>".
 //
 // KEYS: the counter, then the sets, each once. ARGV: the deadline (µs),
-// the lease and the listing (ms), the instance, the version, the tag's
+// the lease and a report's life (ms), the instance, the version, the tag's
 // length plus two (a notice names a set by its key less the tag and the
 // colon), 1 if the call is sent again; then the number of writes and per
 // write its set's index in KEYS, units and spare; the number of reports
@@ -45,7 +45,7 @@ if tonumber(t[1]) * 1000000 + tonumber(t[2]) > tonumber(ARGV[1]) then
 	return redis.error_reply('LATE ' .. t[1] .. ' ' .. t[2])
 end
 local now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
-local lease, listing, me, version, cut, again = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7] == '1'
+local lease, reportLife, me, version, cut, again = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7] == '1'
 local channel = string.sub(KEYS[1], 1, cut - 1) .. 'n'
 
 -- sets[i]: KEYS[i]'s allowances and reports, once read; dirty[i]: the
@@ -181,14 +181,14 @@ for j = 0, reports - 1 do
 		call('HDEL', KEYS[i], '~r:' .. me)
 	else
 		local notified = old and old.notified or 0
-		if old == nil or now - notified >= floor(listing / 2) then
+		if old == nil or now - notified >= floor(reportLife / 2) then
 			notices[#notices + 1] = 'w ' .. string.sub(KEYS[i], cut)
 			notified = now
 		end
 		local seq
 		if old and not new then seq = old.seq else seq = call('INCR', KEYS[1]) end
-		s.reports[me] = {seq = seq, head = head, need = need, target = target, expiry = now + listing, notified = notified, entries = entries}
-		call('HSET', KEYS[i], '~r:' .. me, seq .. ' ' .. head .. ' ' .. need .. ' ' .. target .. ' ' .. (now + listing) .. ' ' .. notified .. ' ' .. entries)
+		s.reports[me] = {seq = seq, head = head, need = need, target = target, expiry = now + reportLife, notified = notified, entries = entries}
+		call('HSET', KEYS[i], '~r:' .. me, seq .. ' ' .. head .. ' ' .. need .. ' ' .. target .. ' ' .. (now + reportLife) .. ' ' .. notified .. ' ' .. entries)
 		call('PEXPIRE', KEYS[i], 2 * lease)
 		table1(i)
 	end

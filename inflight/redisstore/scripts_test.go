@@ -55,7 +55,7 @@ func TestCallScriptMatchesReference(t *testing.T) {
 				t.Fatalf("seed %d step %d: %v", seed, step, err)
 			}
 			now := reply[0].(int64)*1000 + reply[1].(int64)/1000
-			notices, stale := ref.Apply(now, fleetref.Caller{Instance: inst, Version: version, Lease: lease, Listing: listing}, twin)
+			notices, stale := ref.Apply(now, fleetref.Caller{Instance: inst, Version: version, Lease: lease, ReportLife: listing}, twin)
 			got := l.decode(c, keys, reply)
 			if stale != (got == errStale) {
 				t.Fatalf("seed %d step %d: stale %v in Redis, %v in the reference", seed, step, got == errStale, stale)
@@ -126,8 +126,8 @@ func randomCall(rng *rand.Rand, sets []string) *fleet.Call {
 			w.Units = append(w.Units, int64(1+rng.IntN(3)))
 			w.Spares = append(w.Spares, int64(rng.IntN(3)*rng.IntN(4)))
 			w.Holds = append(w.Holds, rng.IntN(3) == 0)
-			w.Held = append(w.Held, int64(rng.IntN(4)))
-			w.HeldSpare = append(w.HeldSpare, int64(rng.IntN(2)))
+			w.Allowance = append(w.Allowance, int64(rng.IntN(4)))
+			w.AllowanceSpare = append(w.AllowanceSpare, int64(rng.IntN(2)))
 		}
 		c.Wants = append(c.Wants, w)
 	}

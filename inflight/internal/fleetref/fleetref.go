@@ -39,7 +39,7 @@
 //     they held when it was made.
 //   - Notices: a report announces that its instance waits for the set
 //     ("w <set>": the others give back their idle units there, and keep
-//     none for Listing), when it is new and again once half of Listing
+//     none for ReportLife), when it is new and again once half of ReportLife
 //     has passed since it last did; and
 //     a write that lowers an allowance where another instance reports
 //     announces room ("f <set>": the reporters ask again).
@@ -82,10 +82,10 @@ type Report struct {
 
 // Caller is who makes a call, and how long what it writes lives.
 type Caller struct {
-	Instance string
-	Version  int64
-	Lease    int64 // ms an allowance written lives
-	Listing  int64 // ms a report lives
+	Instance   string
+	Version    int64
+	Lease      int64 // ms an allowance written lives
+	ReportLife int64 // ms a report lives
 }
 
 // New returns an empty ledger.
@@ -134,7 +134,7 @@ func (l *Ledger) Apply(now int64, who Caller, c *fleet.Call) (notices []string, 
 	if c.Again {
 		for _, w := range c.Wants {
 			for k, name := range w.Sets {
-				l.sets[name].put(me, w.Held[k], w.HeldSpare[k], now+who.Lease, who.Version)
+				l.sets[name].put(me, w.Allowance[k], w.AllowanceSpare[k], now+who.Lease, who.Version)
 			}
 		}
 	}
@@ -158,7 +158,7 @@ func (l *Ledger) Apply(now int64, who Caller, c *fleet.Call) (notices []string, 
 		if old != nil {
 			notified = old.Notified
 		}
-		if old == nil || now-notified >= who.Listing/2 {
+		if old == nil || now-notified >= who.ReportLife/2 {
 			notices = append(notices, "w "+r.Set)
 			notified = now
 		}
@@ -169,7 +169,7 @@ func (l *Ledger) Apply(now int64, who Caller, c *fleet.Call) (notices []string, 
 			l.seq++
 			seq = l.seq
 		}
-		s.reports[me] = &Report{Seq: seq, Head: r.Head, Need: r.Need, Target: r.Target, Entries: r.Entries, Expiry: now + who.Listing, Notified: notified}
+		s.reports[me] = &Report{Seq: seq, Head: r.Head, Need: r.Need, Target: r.Target, Entries: r.Entries, Expiry: now + who.ReportLife, Notified: notified}
 		tables = appendOnce(tables, r.Set)
 	}
 	reserved := map[string]bool{}

@@ -77,8 +77,8 @@ func (f *Fleet) Forget() {
 	f.ledger = New()
 }
 
-// Held returns the units the fleet counts in set name now.
-func (f *Fleet) Held(name string) int64 {
+// Level returns the units the fleet counts in set name now.
+func (f *Fleet) Level(name string) int64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.ledger.load(name, time.Now().UnixMilli()).level()
@@ -106,7 +106,7 @@ func (m *Member) Ask(c *fleet.Call) error {
 	m.version++
 	now := time.Now()
 	notices, stale := f.ledger.Apply(now.UnixMilli(), Caller{Instance: m.id, Version: m.version,
-		Lease: f.Lease.Milliseconds(), Listing: fleet.Listing.Milliseconds()}, c)
+		Lease: f.Lease.Milliseconds(), ReportLife: fleet.ReportLife.Milliseconds()}, c)
 	if stale {
 		return errors.New("fleetref: stale call")
 	}
