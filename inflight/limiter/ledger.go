@@ -64,5 +64,5 @@ type Ledger interface {
 
 // fleetPoll bounds how long a waiter can miss an announcement (a lost
 // notice) before it is asked for again, and how often a report is
-// renewed: a quarter of its listing.
+// renewed: a quarter of its life.
 const fleetPoll = fleet.ReportLife / 4

@@ -19,7 +19,7 @@ import (
 // want's verdict, levels and spare, the tables, the notices, and a stale
 // call. The calls are random: writes, reports (new, renewed, withdrawn),
 // wants of one to three sets with holds, spares and waiting, calls sent
-// again, versions that go back; with a lease and a listing of a few tens
+// again, versions that go back; with a lease and a report's life of a few tens
 // of milliseconds, so allowances and reports expire between calls. Each
 // call is applied to the reference at the time Redis read for it.
 func TestCallScriptMatchesReference(t *testing.T) {
@@ -37,7 +37,7 @@ func TestCallScriptMatchesReference(t *testing.T) {
 		insts := []string{"i0", "i1", "i2"}
 		versions := map[string]int64{}
 		sets := []string{"t", "0:a", "0:b", "1:c"}
-		lease, listing := int64(30+rng.IntN(60)), int64(20+rng.IntN(60))
+		lease, reportLife := int64(30+rng.IntN(60)), int64(20+rng.IntN(60))
 		for step := range 60 {
 			inst := insts[rng.IntN(len(insts))]
 			versions[inst]++
@@ -49,13 +49,13 @@ func TestCallScriptMatchesReference(t *testing.T) {
 			twin := cloneCall(c)
 			l := &ledger{book: &book{lease: time.Duration(lease) * time.Millisecond, instance: inst}, tag: tag}
 			keys, args := l.encode(c, 1<<62)
-			args[1], args[2], args[4] = lease, listing, version // the test's lease, listing and version
+			args[1], args[2], args[4] = lease, reportLife, version // the test's lease, report life and version
 			reply, err := callScript.Run(ctx, cli, keys, args...).Slice()
 			if err != nil {
 				t.Fatalf("seed %d step %d: %v", seed, step, err)
 			}
 			now := reply[0].(int64)*1000 + reply[1].(int64)/1000
-			notices, stale := ref.Apply(now, fleetref.Caller{Instance: inst, Version: version, Lease: lease, ReportLife: listing}, twin)
+			notices, stale := ref.Apply(now, fleetref.Caller{Instance: inst, Version: version, Lease: lease, ReportLife: reportLife}, twin)
 			got := l.decode(c, keys, reply)
 			if stale != (got == errStale) {
 				t.Fatalf("seed %d step %d: stale %v in Redis, %v in the reference", seed, step, got == errStale, stale)
