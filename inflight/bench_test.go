@@ -33,8 +33,8 @@ func benchmarkKeyed(b *testing.B, tmpl string, max int64) {
 	b.ReportAllocs()
 	for b.Loop() {
 		a.req.Keys[0] = key(r)
-		if ok, _ := z.TryAcquire(&a.req); ok {
-			z.Release(&a.req)
+		if slot, _ := z.TryAcquire(&a.req); slot != nil {
+			slot.Release()
 		}
 	}
 }

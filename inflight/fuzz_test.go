@@ -29,10 +29,11 @@ func FuzzKeys(f *testing.F) {
 		if parsed := net.ParseIP(ip); parsed != nil && parsed.To4() != nil && a.req.Keys[0] != "" && a.req.Keys[0] != parsed.To4().String() {
 			t.Fatalf("peer %q keyed as %q, want the IPv4 form %s", ip, a.req.Keys[0], parsed.To4())
 		}
-		if ok, _ := zone.TryAcquire(&a.req); ok {
-			zone.Release(&a.req)
+		if slot, _ := zone.TryAcquire(&a.req); slot != nil {
+			slot.Release()
 		}
-		if zone.InFlight(0)+zone.InFlight(1)+zone.InFlight(limiter.TotalDim) != 0 || zone.Keys(0)+zone.Keys(1) != 0 {
+		st := zone.State(limiter.Look{Dims: true})
+		if st.Dims[0].Units+st.Dims[1].Units+st.Total.Units != 0 || st.Dims[0].Keys+st.Dims[1].Keys != 0 {
 			t.Fatal("the zone is not empty after release")
 		}
 	})

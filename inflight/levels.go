@@ -94,11 +94,14 @@ func (h *Handler) sendLevels(w http.ResponseWriter, a *admission, res limiter.Re
 	if h.levels == nil || res.Outcome == limiter.Aborted {
 		return
 	}
-	local := !h.shared || res.Alone
-	if !local && res.Levels == nil && res.Outcome == limiter.Admitted { // within this instance's allowance
-		res.Levels = h.gate.FleetLevels(&a.ticket)
+	levels, local := res.Levels, !h.shared || res.Alone
+	switch {
+	case local:
+		levels = h.gate.Levels(&a.ticket, false)
+	case levels == nil && res.Outcome == limiter.Admitted: // within this instance's allowance
+		levels = h.gate.Levels(&a.ticket, true)
 	}
-	if !local && res.Levels == nil {
+	if levels == nil {
 		return
 	}
 	var policy, level []byte
@@ -110,19 +113,11 @@ func (h *Handler) sendLevels(w http.ResponseWriter, a *admission, res limiter.Re
 				continue
 			}
 		}
-		var capacity, used int64
-		if local {
-			capacity, used = h.gate.Level(&a.ticket, d)
-		} else {
-			l, ok := res.Levels.Of(d)
-			if !ok {
-				continue
-			}
-			capacity, used = l.Cap, l.InFlight
-		}
-		if capacity <= 0 {
+		l, ok := levels.Of(d)
+		if !ok {
 			continue
 		}
+		capacity, used := l.Cap, l.InFlight
 		if policy != nil {
 			policy, level = append(policy, ", "...), append(level, ", "...)
 		}

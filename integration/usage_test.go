@@ -279,3 +279,50 @@ func TestTokenUsageCompressed(t *testing.T) {
 		}
 	}
 }
+
+// TestDryRunReportsUsageOfWhatItLetThrough: with dry_run, requests over the
+// cap are let through holding nothing; the usage their responses report is
+// counted all the same, and each is answered in full (the report of a
+// request that holds no units settles nothing).
+func TestDryRunReportsUsageOfWhatItLetThrough(t *testing.T) {
+	llm := newFakeLLM(t)
+	port := freePort(t)
+	const zone = "dry-run-usage"
+	load(t, fmt.Sprintf(`http://127.0.0.1:%d {
+	inflight {
+		total 100
+		cost tokens {
+			default_output 80
+		}
+		zone %s
+		dry_run
+	}
+	reverse_proxy %s
+}
+`, port, zone, llm.addr))
+	// Each counts 95 of the 100 (15 tokens in, 80 out): while the first
+	// runs (2 s), the others are over the cap.
+	const n, output, first = 4, 64, 500
+	body := `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
+	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
+	results := make(chan result, n)
+	post := func(output int) {
+		results <- send(context.Background(), http.DefaultClient, "POST", url, body, "X-Fake-Output", fmt.Sprint(output))
+	}
+	go post(first)
+	eventually(t, "the first request at the backend", func() bool { return llm.held.now() > 0 })
+	for range n - 1 {
+		go post(output)
+	}
+	for range n {
+		if r := <-results; r.err != nil || r.status != http.StatusOK || !strings.Contains(r.body, `"completion_tokens":`) {
+			t.Fatalf("a request under dry_run: status %d, error %v, body %.80q; want 200 and the whole response", r.status, r.err, r.body)
+		}
+	}
+	if got := metric(t, "caddy_inflight_rejected_total", `zone="`+zone+`"`, `reason="dry_run"`); got != n-1 {
+		t.Fatalf("caddy_inflight_rejected_total{reason=dry_run} = %v, want %d (every request after the first)", got, n-1)
+	}
+	if got, want := metric(t, "caddy_inflight_reported_tokens_total", `zone="`+zone+`"`, `kind="output"`), first+(n-1)*output; got != float64(want) {
+		t.Fatalf("output tokens reported: %v, want %d (every request's, let through or not)", got, want)
+	}
+}

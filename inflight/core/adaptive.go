@@ -54,7 +54,7 @@ func (s *adaptiveState) current() *limiter.Adaptive {
 // (ignored) or a latency sample. A window that closes with a higher limit
 // lets waiters in. Only for a gate with an adaptive total.
 func (g *Gate) ObserveAnswer(admitted time.Time, code int) {
-	if g.adaptive.Observe(time.Now(), admitted, code, g.zone.InFlight(limiter.TotalDim)) {
+	if g.adaptive.Observe(time.Now(), admitted, code, g.zone.State(limiter.Look{}).Total.Units) {
 		g.zone.Kick()
 	}
 }
@@ -63,7 +63,7 @@ func (g *Gate) ObserveAnswer(admitted time.Time, code int) {
 // it was answered, and is answered with status: an overload if status is
 // one. Only for a gate with an adaptive total.
 func (g *Gate) ObserveFailure(status int) {
-	g.adaptive.Fail(time.Now(), status, g.zone.InFlight(limiter.TotalDim))
+	g.adaptive.Fail(time.Now(), status, g.zone.State(limiter.Look{}).Total.Units)
 }
 
 var (

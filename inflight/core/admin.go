@@ -150,31 +150,35 @@ func States() []ZoneState {
 }
 
 func stateOf(z *zone) ZoneState {
-	st := ZoneState{Zone: z.label, Waiting: z.waiting(), WaitingUnits: z.units.waiting.Load(), Limits: []LimitState{}}
+	named := z.series.top(topKeys)
+	look := limiter.Look{Dims: true, WaitingKeys: true}
+	if len(named) == 0 {
+		look.Top = topKeys
+	}
+	zs := z.State(look)
+	st := ZoneState{Zone: z.label, Waiting: zs.Waiting, WaitingUnits: z.units.waiting.Load(), Limits: []LimitState{}, TopKeys: named}
 	for d, name := range z.limits {
-		units, requests := z.Load(d)
-		st.Limits = append(st.Limits, LimitState{Name: name, Requests: requests, Units: units, Keys: z.Keys(d)})
+		ds := zs.Dims[d]
+		st.Limits = append(st.Limits, LimitState{Name: name, Requests: ds.Requests, Units: ds.Units, Keys: ds.Keys})
 	}
-	if z.HasTotal() {
-		units, requests := z.Load(limiter.TotalDim)
-		st.Total, st.TotalUnits = &requests, &units
+	if zs.HasTotal {
+		st.Total, st.TotalUnits = &zs.Total.Requests, &zs.Total.Units
 	}
-	st.TopKeys = z.series.top(topKeys)
 	if len(st.TopKeys) == 0 {
 		var anon []keyInFlight
 		for d, name := range z.limits {
-			for _, kc := range z.TopKeys(d, topKeys) {
+			for _, kc := range zs.Dims[d].Top {
 				anon = append(anon, keyInFlight{Limit: name, Key: fmt.Sprintf("#%016x", kc.Hash), InFlight: kc.Count})
 			}
 		}
 		st.TopKeys = topN(anon, topKeys)
 	}
 	now := time.Now()
-	z.sweepKeyWaits(now)
-	st.TopWaiting = []keyWaiting{}
-	if z.waiting() > 0 {
-		w := z.waitingKeys()
-		st.TopWaiting = w[:min(topKeys, len(w))]
+	waits := z.waitingKeys(zs)
+	z.sweepKeyWaits(now, waits)
+	st.TopWaiting = waits[:min(topKeys, len(waits))]
+	if st.TopWaiting == nil {
+		st.TopWaiting = []keyWaiting{}
 	}
 	step := nanotime() // one instant for every key's share
 	for i, kw := range st.TopWaiting {

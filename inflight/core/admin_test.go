@@ -30,7 +30,7 @@ func TestStateShowsTopWaiting(t *testing.T) {
 			}()
 		}
 	}
-	for z.Waiting() < int64(waiting) {
+	for z.waiting() < int64(waiting) {
 		time.Sleep(time.Millisecond)
 	}
 	top := stateOf(z).TopWaiting

@@ -52,6 +52,9 @@ type Gate struct {
 // one before it is reused.
 type Ticket struct {
 	Req limiter.Request
+	// Slot is what the unit holds while admitted, set by Admit: its Used
+	// may be set before Release.
+	Slot *limiter.Slot
 	// OnQueued, if set, runs when the unit starts waiting (the HTTP edge
 	// then watches its client).
 	OnQueued func()
@@ -77,7 +80,7 @@ func (t *Ticket) Reset() {
 	clear(t.Req.Keys)
 	clear(t.Req.Max)
 	clear(t.labels)
-	t.Req.Limits, t.Req.Cost, t.Req.Used = nil, 0, 0
+	t.Req.Limits, t.Req.Cost, t.Slot = nil, 0, nil
 	t.waiting.zone, t.series = nil, nil
 }
 
@@ -133,6 +136,7 @@ func (g *Gate) admit(ctx context.Context, t *Ticket, class, weight string, left 
 	}
 
 	res := g.zone.Acquire(ctx, &t.Req, opt)
+	t.Slot = res.Slot
 	t.waiting.end()
 
 	if o := res.Outcome; (o == limiter.Admitted && res.Waited > 0) || o == limiter.Timeout || o == limiter.Aborted {
@@ -144,7 +148,7 @@ func (g *Gate) admit(ctx context.Context, t *Ticket, class, weight string, left 
 	switch res.Outcome {
 	case limiter.Admitted:
 		if g.costed {
-			g.costs.observe(t.Req.Units())
+			g.costs.observe(t.Slot.Units())
 		}
 		if g.cfg.PerKeyMetrics {
 			g.zone.series.admit(g, t, limiter.Share(opt.Weight, opt.Class))
@@ -190,7 +194,7 @@ func (g *Gate) report(t *Ticket, res limiter.Result, reason string) string {
 // Release gives back what Admit took for t's unit. It must be called once
 // per admitted unit.
 func (g *Gate) Release(t *Ticket) {
-	g.zone.Release(&t.Req)
+	t.Slot.Release()
 	if g.countGrants {
 		g.zone.grants.add(g.zone.Clock().Now())
 	}

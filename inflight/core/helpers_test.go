@@ -5,12 +5,17 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
 
-// newTicket returns a ticket for dims limits, as InitTicket makes them.
+// newTicket returns a ticket for dims limits, as InitTicket makes them,
+// with an empty slot: the per-key series read its units (none) as an
+// admitted unit's, until Admit gives it its own.
 func newTicket(dims int) *Ticket {
 	t := new(Ticket)
 	(&Gate{cfg: &Config{Limits: make([]Limit, dims)}}).InitTicket(t)
+	t.Slot = new(limiter.Slot)
 	return t
 }
 

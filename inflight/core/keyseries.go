@@ -117,7 +117,7 @@ func (k *keySeries) admit(g *Gate, t *Ticket, weight float64) {
 		sk, s := k.entry(g.cfg.Limits[d].Name, label)
 		t.labels[d] = sk.key
 		s.held++
-		s.units += t.Req.Units()
+		s.units += t.Slot.Units()
 		if g.waitOpt.Fair && d == g.waitOpt.KeyDim {
 			s.weight = weight
 		}
@@ -129,7 +129,7 @@ func (k *keySeries) admit(g *Gate, t *Ticket, weight float64) {
 // counts the unit-seconds its request held under each key.
 func (k *keySeries) release(g *Gate, t *Ticket) {
 	now := nanotime()
-	given := float64(t.Req.UsedUnits()) * time.Duration(now-t.admitted).Seconds()
+	given := float64(t.Slot.UsedUnits()) * time.Duration(now-t.admitted).Seconds()
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	for d, label := range t.labels {
@@ -143,7 +143,7 @@ func (k *keySeries) release(g *Gate, t *Ticket) {
 			keyGivenSeconds.WithLabelValues(g.label, sk.limit, sk.key).Add(given)
 		}
 		k.limitGiven(sk.limit).add(now, given)
-		s.units -= t.Req.Units()
+		s.units -= t.Slot.Units()
 		if s.held--; s.held > 0 {
 			keyRequests.WithLabelValues(g.label, sk.limit, sk.key).Dec()
 			continue

@@ -142,7 +142,7 @@ func TestKeyShareKeepsWhatAKeyGotBeforeItWaited(t *testing.T) {
 	}
 	done := make(chan limiter.Outcome)
 	go func() { done <- g.Admit(context.Background(), second, "", "").Outcome }()
-	eventually(t, "the second request waits", func() bool { return g.zone.Waiting() == 1 })
+	eventually(t, "the second request waits", func() bool { return g.zone.waiting() == 1 })
 	time.Sleep(10 * time.Millisecond) // the first holds its slot a while: what its key was given
 	g.Release(first)
 	if o := <-done; o != limiter.Admitted {

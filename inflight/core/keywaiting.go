@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
 
 var keyWaitingDesc = prometheus.NewDesc("caddy_inflight_key_waiting",
@@ -48,15 +50,15 @@ type keyWaiting struct {
 	Weight float64  `json:"weight,omitempty"`
 }
 
-// waitingKeys returns the zone's keys with requests waiting, in this
-// process and in shared stores' queues, in every limit, most waiting
-// first; beyond maxKeySeries keys, the rest are summed under overflowKey
-// per limit. It walks the waiting flows, at scrape time.
-func (z *zone) waitingKeys() []keyWaiting {
+// waitingKeys returns the zone's keys with requests waiting in every
+// limit, as st read them (limiter.Look.WaitingKeys), most waiting first;
+// beyond maxKeySeries keys, the rest are summed under overflowKey per
+// limit.
+func (z *zone) waitingKeys(st limiter.State) []keyWaiting {
 	display := z.keyDisplay.Load()
 	var out []keyWaiting
 	for d, name := range z.limits {
-		for _, kw := range z.WaitingKeys(d) {
+		for _, kw := range st.Dims[d].Waiting {
 			label := fmt.Sprintf("#%016x", kw.Hash)
 			switch display {
 			case keysHashed:
@@ -85,25 +87,26 @@ func (z *zone) waitingKeys() []keyWaiting {
 }
 
 // sweepKeyWaits removes the wait series of the zone's keys that have been
-// idle for keyWaitIdle (see keySeries.sweep).
-func (z *zone) sweepKeyWaits(now time.Time) {
+// idle for keyWaitIdle (see keySeries.sweep); keys are its keys waiting
+// now.
+func (z *zone) sweepKeyWaits(now time.Time, keys []keyWaiting) {
 	waiting := map[seriesKey]bool{}
-	if z.keyDisplay.Load() != keysAnonymous && z.waiting() > 0 {
-		for _, kw := range z.waitingKeys() {
+	if z.keyDisplay.Load() != keysAnonymous {
+		for _, kw := range keys {
 			waiting[seriesKey{kw.Limit, kw.Key}] = true
 		}
 	}
 	z.series.sweep(z.label, now, waiting)
 }
 
-// addKeyWaiting adds z's per-key waiting counts to sum, by zone label,
-// limit and key, if its handlers asked for per-key metrics. Zones without a
+// addKeyWaiting adds z's keys waiting (keys) to sum, by zone label, limit
+// and key, if its handlers asked for per-key metrics. Zones without a
 // name can share a label, so the gauges are summed before they are sent.
-func addKeyWaiting(sum map[[3]string]int64, z *zone) {
-	if z.keyDisplay.Load() == keysAnonymous || z.waiting() == 0 {
+func addKeyWaiting(sum map[[3]string]int64, z *zone, keys []keyWaiting) {
+	if z.keyDisplay.Load() == keysAnonymous {
 		return
 	}
-	for _, kw := range z.waitingKeys() {
+	for _, kw := range keys {
 		sum[[3]string{z.label, kw.Limit, kw.Key}] += kw.Waiting
 	}
 }

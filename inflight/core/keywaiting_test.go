@@ -33,7 +33,7 @@ func TestKeyWaitingIsCappedShownAsAskedAndGoneAtZero(t *testing.T) {
 			done <- struct{}{}
 		}()
 	}
-	for z.Waiting() < keys+1 {
+	for z.waiting() < keys+1 {
 		time.Sleep(time.Millisecond)
 	}
 	for _, tc := range []struct {
@@ -41,7 +41,7 @@ func TestKeyWaitingIsCappedShownAsAskedAndGoneAtZero(t *testing.T) {
 		prefix  string
 	}{{keysHashed, "h:"}, {keysPlain, "tenant-"}, {keysAnonymous, "#"}} {
 		z.keyDisplay.Store(tc.display)
-		got := z.waitingKeys()
+		got := waitingNow(z)
 		if len(got) != maxKeySeries+1 || got[0].Waiting != 2 {
 			t.Fatalf("display %d: %d entries, first %+v; want %d, the first with 2 waiting", tc.display, len(got), got[0], maxKeySeries+1)
 		}
@@ -52,7 +52,7 @@ func TestKeyWaitingIsCappedShownAsAskedAndGoneAtZero(t *testing.T) {
 			t.Fatalf("display %d: key %q, want prefix %q", tc.display, got[0].Key, tc.prefix)
 		}
 		sum := map[[3]string]int64{}
-		addKeyWaiting(sum, z)
+		addKeyWaiting(sum, z, waitingNow(z))
 		if want := map[bool]int{true: 0, false: maxKeySeries + 1}[tc.display == keysAnonymous]; len(sum) != want {
 			t.Fatalf("display %d: %d gauges, want %d", tc.display, len(sum), want)
 		}
@@ -63,8 +63,8 @@ func TestKeyWaitingIsCappedShownAsAskedAndGoneAtZero(t *testing.T) {
 	}
 	z.keyDisplay.Store(keysHashed)
 	sum := map[[3]string]int64{}
-	addKeyWaiting(sum, z)
-	if len(sum) != 0 || len(z.waitingKeys()) != 0 {
+	addKeyWaiting(sum, z, waitingNow(z))
+	if len(sum) != 0 || len(waitingNow(z)) != 0 {
 		t.Fatalf("%d gauges left after the waiters left", len(sum))
 	}
 }
@@ -83,11 +83,11 @@ func TestPlainWaitingKeysAreValidLabels(t *testing.T) {
 		z.Acquire(ctx, &limiter.Request{Keys: []string{"v\xffw"}, Max: []int64{0}, Limits: lim}, limiter.WaitOptions{Wait: time.Hour})
 		close(done)
 	}()
-	for z.Waiting() < 1 {
+	for z.waiting() < 1 {
 		time.Sleep(time.Millisecond)
 	}
 	sum := map[[3]string]int64{}
-	addKeyWaiting(sum, z)
+	addKeyWaiting(sum, z, waitingNow(z))
 	ch := make(chan prometheus.Metric, len(sum))
 	sendKeyWaiting(ch, sum)
 	if got := sum[[3]string{"w", "tenant", `v\xffw`}]; len(ch) != 1 || got != 1 {
@@ -95,4 +95,9 @@ func TestPlainWaitingKeysAreValidLabels(t *testing.T) {
 	}
 	cancel()
 	<-done
+}
+
+// waitingNow is z's keys waiting, as a scrape reads them.
+func waitingNow(z *zone) []keyWaiting {
+	return z.waitingKeys(z.State(limiter.Look{WaitingKeys: true}))
 }

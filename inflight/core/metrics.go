@@ -64,24 +64,25 @@ func (stateCollector) Collect(ch chan<- prometheus.Metric) {
 	adaptive := map[string]*limiter.Adaptive{}
 	now := time.Now()
 	eachZone(func(z *zone, retired bool) {
-		z.sweepKeyWaits(now)
+		st := z.State(limiter.Look{Dims: true, WaitingKeys: z.keyDisplay.Load() != keysAnonymous})
+		keys := z.waitingKeys(st)
+		z.sweepKeyWaits(now, keys)
 		if a := z.adaptive.current(); a != nil && !retired && adaptive[z.label] == nil {
 			adaptive[z.label] = a
 		}
-		add := func(name string, d int) {
-			units, requests := z.Load(d)
+		add := func(name string, c limiter.Count) {
 			s := held[series{z.label, name}]
-			held[series{z.label, name}] = load{s.units + units, s.requests + requests}
+			held[series{z.label, name}] = load{s.units + c.Units, s.requests + c.Requests}
 		}
 		for d, name := range z.limits {
-			add(name, d)
+			add(name, st.Dims[d].Count)
 		}
-		if z.HasTotal() {
-			add(totalName, limiter.TotalDim)
+		if st.HasTotal {
+			add(totalName, st.Total)
 		}
 		w := waiting[z.label]
-		waiting[z.label] = load{w.units + z.units.waiting.Load(), w.requests + z.waiting()}
-		addKeyWaiting(keyWaiting, z)
+		waiting[z.label] = load{w.units + z.units.waiting.Load(), w.requests + st.Waiting}
+		addKeyWaiting(keyWaiting, z, keys)
 	})
 	for s, n := range held {
 		ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.GaugeValue, float64(n.requests), s.zone, s.limit)

@@ -357,7 +357,7 @@ func (r *mRun) step(e mEvent) {
 		r.arrive(e)
 	case "release":
 		if req, er := r.pick(e.Pick, mAdmitted); req != nil {
-			req.used, er.ticket.Req.Used = e.Used, e.Used
+			req.used, er.ticket.Slot.Used = e.Used, e.Used
 			er.gate.Release(er.ticket)
 			er.released = true
 			m.release(req)
@@ -492,25 +492,25 @@ func (r *mRun) compare() string {
 			return fmt.Sprintf("request %d %q (cost %d): the model answered %s, the engine %s", i, req.keys, req.cost, modelString(req), verdictString(er.verdict.Result))
 		}
 	}
-	z := r.gate.zone.Zone
+	st := r.gate.zone.State(limiter.Look{Dims: true})
 	for d := range m.cfg.Dims {
 		var sum int64
 		for _, k := range r.sc.keys()[1:] {
-			if got, want := z.KeyUnits(d, k), m.count[d][k]; got != want {
+			if got, want := r.keyUnits(d, k), m.count[d][k]; got != want {
 				return fmt.Sprintf("limit %d key %s holds %d units, the model %d", d, k, got, want)
 			}
 			sum += m.count[d][k]
 		}
-		if got := z.InFlight(d); got != sum {
+		if got := st.Dims[d].Units; got != sum {
 			return fmt.Sprintf("limit %d holds %d units, the model %d", d, got, sum)
 		}
 	}
 	if m.cfg.HasTotal {
-		if got := z.InFlight(limiter.TotalDim); got != m.total {
+		if got := st.Total.Units; got != m.total {
 			return fmt.Sprintf("the total holds %d units, the model %d", got, m.total)
 		}
 	}
-	if got, want := z.Waiting(), m.queued(); got != want {
+	if got, want := st.Waiting, m.queued(); got != want {
 		return fmt.Sprintf("%d requests wait, the model has %d", got, want)
 	}
 	return ""
@@ -531,16 +531,25 @@ func (r *mRun) end() string {
 	if p := r.compare(); p != "" {
 		return "at the end: " + p
 	}
-	z := r.gate.zone.Zone
-	for d := range r.m.cfg.Dims {
-		if z.InFlight(d) != 0 || z.Keys(d) != 0 {
-			return fmt.Sprintf("at the end, limit %d holds %d units of %d keys", d, z.InFlight(d), z.Keys(d))
+	st := r.gate.zone.State(limiter.Look{Dims: true})
+	for d, ds := range st.Dims {
+		if ds.Units != 0 || ds.Keys != 0 {
+			return fmt.Sprintf("at the end, limit %d holds %d units of %d keys", d, ds.Units, ds.Keys)
 		}
 	}
-	if z.HasTotal() && z.InFlight(limiter.TotalDim) != 0 || z.Waiting() != 0 {
-		return fmt.Sprintf("at the end, the total holds %d, %d wait", z.InFlight(limiter.TotalDim), z.Waiting())
+	if st.Total.Units != 0 || st.Waiting != 0 {
+		return fmt.Sprintf("at the end, the total holds %d, %d wait", st.Total.Units, st.Waiting)
 	}
 	return ""
+}
+
+// keyUnits is the units key k holds in limit d, as a request's local
+// level reads them.
+func (r *mRun) keyUnits(d int, k string) int64 {
+	n := r.m.cfg.Dims
+	req := limiter.Request{Keys: make([]string, n), Max: make([]int64, n), Limits: r.gate.limits}
+	req.Keys[d] = k
+	return r.gate.zone.Levels(&req, false)[d].InFlight
 }
 
 // closeLedger closes a zone in a fleet and lets its asker give back what

@@ -25,14 +25,14 @@ func TestSecondReleaseOfATicketPanicsAndGivesNothingBack(t *testing.T) {
 	if !panicked(func() { g.Release(a) }) {
 		t.Error("a second Release of a ticket returned quietly, want a panic")
 	}
-	if held := g.zone.InFlight(0); held != 1 {
+	if held := g.zone.State(limiter.Look{Dims: true}).Dims[0].Units; held != 1 {
 		t.Errorf("%d units held after a second Release, want 1 (b's)", held)
 	}
 	c := g.newTicket("k")
 	if got := admit(c); got != limiter.Admitted {
 		t.Fatalf("the unit beside b: outcome %d, want admitted", got)
 	}
-	if held := g.zone.InFlight(0); held != 2 {
+	if held := g.zone.State(limiter.Look{Dims: true}).Dims[0].Units; held != 2 {
 		t.Errorf("%d units held with b and c in flight, want 2", held)
 	}
 	g.Release(b)

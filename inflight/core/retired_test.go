@@ -17,7 +17,8 @@ func TestRetiredZonesAreKeptOnlyWhileBusy(t *testing.T) {
 	idle, _ := loadZone(zoneID("retired-idle", true, limits, false), "retired-idle", limits, false)
 	busy, _ := loadZone(zoneID("retired-busy", true, limits, false), "retired-busy", limits, false)
 	req := &limiter.Request{Keys: []string{"k"}, Max: []int64{0}, Limits: &limiter.Limits{Max: []int64{1}}}
-	if ok, _ := busy.TryAcquire(req); !ok {
+	slot, _ := busy.TryAcquire(req)
+	if slot == nil {
 		t.Fatal("refused")
 	}
 	for _, z := range []*zone{idle, busy} {
@@ -39,7 +40,7 @@ func TestRetiredZonesAreKeptOnlyWhileBusy(t *testing.T) {
 	if n, m := keyWaitSeriesOf(t, idle.label), keyWaitSeriesOf(t, busy.label); n != 0 || m != 1 {
 		t.Fatalf("per-key wait series: %d of the dropped zone, %d of the busy one; want 0 and 1", n, m)
 	}
-	busy.Release(req)
+	slot.Release()
 	other, _ := loadZone(zoneID("retired-other", true, limits, false), "retired-other", limits, false)
 	zones.Delete(other.id) // any later unload drops what has drained
 	if kept(busy) {

@@ -230,7 +230,7 @@ func extendState(st *ZoneState, z *zone) {
 	switch {
 	case v.adaptive && a != nil:
 		st.TotalMax = ptr(a.Limit())
-	case v.total > 0 && z.HasTotal():
+	case v.total > 0 && st.Total != nil:
 		st.TotalMax = ptr(v.total)
 	}
 	if hr, ok := z.currentLedger().(storestatus.Reporter); ok {

@@ -4,11 +4,6 @@ import (
 	"github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 )
 
-// Store admits and releases requests for the limits of one zone, all or
-// nothing: a *limiter.Zone, which keeps its counts in this process, or for
-// a fleet within the allowances its ledger grants.
-type Store = limiter.Store
-
 // SharedStore is a store module (namespace http.handlers.inflight.stores)
 // that keeps a fleet's counts outside the process: a ledger per zone.
 type SharedStore interface {

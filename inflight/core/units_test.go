@@ -56,10 +56,11 @@ func TestRequestSeriesCountRequestsAndUnitsBeside(t *testing.T) {
 	big := &limiter.Request{Keys: []string{"a"}, Max: []int64{0}, Cost: 5, Limits: lim}
 	small := &limiter.Request{Keys: []string{"b"}, Max: []int64{0}, Limits: lim}
 	for _, req := range []*limiter.Request{big, small} {
-		if ok, _ := z.TryAcquire(req); !ok {
+		slot, _ := z.TryAcquire(req)
+		if slot == nil {
 			t.Fatal("refused")
 		}
-		defer z.Release(req)
+		defer slot.Release()
 	}
 	for _, limit := range []string{"tenant", "total"} {
 		labels := map[string]string{"zone": "units", "limit": limit}

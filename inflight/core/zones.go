@@ -83,17 +83,18 @@ func (z *zone) currentLedger() limiter.Ledger {
 }
 
 // waiting returns the requests waiting in this zone.
-func (z *zone) waiting() int64 { return z.Waiting() }
+func (z *zone) waiting() int64 { return z.State(limiter.Look{}).Waiting }
 
 // idle reports whether the zone has no request in flight or waiting. A
 // closed zone's idle allowance that Redis did not hear of (it could not
 // answer) lapses there with its lease.
 func (z *zone) idle() bool {
-	if z.waiting() > 0 || (z.HasTotal() && z.InFlight(limiter.TotalDim) > 0) {
+	st := z.State(limiter.Look{Dims: true})
+	if st.Waiting > 0 || st.Total.Units > 0 {
 		return false
 	}
-	for d := range z.limits {
-		if z.InFlight(d) > 0 {
+	for _, ds := range st.Dims {
+		if ds.Units > 0 {
 			return false
 		}
 	}

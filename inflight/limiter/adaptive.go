@@ -79,14 +79,14 @@ type AdaptiveConfig struct {
 	// Window is the shortest time between two changes of the limit.
 	Window time.Duration
 	// Overload are the response statuses that mean the backend is
-	// overloaded. Default (nil): DefaultOverload.
+	// overloaded. Default (nil): defaultOverload.
 	Overload []int
 }
 
-// DefaultOverload are the statuses that mean overload unless configured:
+// defaultOverload are the statuses that mean overload unless configured:
 // an upstream's 429, and 502, 503 and 504, with which a proxy also reports
 // a connection error, no upstream available and a timeout.
-var DefaultOverload = []int{429, 502, 503, 504}
+var defaultOverload = []int{429, 502, 503, 504}
 
 const (
 	// fullWindowSamples is how many samples a window waits for, Window
@@ -134,7 +134,7 @@ func (a *Adaptive) Configure(cfg AdaptiveConfig) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if cfg.Overload == nil {
-		cfg.Overload = DefaultOverload
+		cfg.Overload = defaultOverload
 	}
 	a.cfg = cfg
 	a.publish()

@@ -151,8 +151,8 @@ func TestAdaptiveTotalInZone(t *testing.T) {
 	for _, r := range held {
 		mustAdmit(t, z, r)
 	}
-	if ok, d := z.TryAcquire(&Request{Limits: lim}); ok || d != TotalDim {
-		t.Fatalf("third request at limit 2: admitted %v, dim %d; want refused by the total", ok, d)
+	if slot, d := z.TryAcquire(&Request{Limits: lim}); slot != nil || d != TotalDim {
+		t.Fatalf("third request at limit 2: admitted %v, dim %d; want refused by the total", slot, d)
 	}
 	w := enqueue(t, context.Background(), z, "waiter", &Request{Limits: lim}, WaitOptions{Wait: time.Hour})
 	// A first window at the limit, no queue: slow start doubles it.
@@ -169,7 +169,7 @@ func TestAdaptiveTotalInZone(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("waiter still waiting after the limit rose")
 	}
-	if n := z.InFlight(TotalDim); n != 3 {
+	if n := unitsIn(z, TotalDim); n != 3 {
 		t.Fatalf("total holds %d, want 3", n)
 	}
 }

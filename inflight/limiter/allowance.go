@@ -143,13 +143,15 @@ func (z *Zone) seen(set Set, level int64) {
 	s.mu.Unlock()
 }
 
-// Levels returns the fleet's level of each of req's dimensions (the
-// total last) as this instance's latest call for its set read it, or the
-// units this instance holds there if more: what a request admitted
-// within this instance's allowance knows of the fleet. Nil without a
-// ledger.
-func (z *Zone) Levels(req *Request) Levels {
-	if z.ledger == nil {
+// Levels returns the level of each of req's dimensions (the total last).
+// Without fleet, this instance's: the cap it enforces here (its share of
+// a cap split by Divisor, the adaptive total's limit) and the units req's
+// key holds here. With fleet, the fleet's as this instance's latest call
+// for its set read it, or the units this instance holds there if more:
+// what a request admitted within this instance's allowance knows of the
+// fleet; nil without a ledger.
+func (z *Zone) Levels(req *Request, fleet bool) Levels {
+	if fleet && z.ledger == nil {
 		return nil
 	}
 	lim := z.limitsFor(req)
@@ -161,14 +163,18 @@ func (z *Zone) Levels(req *Request) Levels {
 		s, h := z.shardFor(d, key)
 		s.mu.Lock()
 		level := s.count(h)
-		if a := s.allow[h]; a != nil {
+		if a := s.allow[h]; a != nil && fleet {
 			level = max(level, a.level)
 		}
 		s.mu.Unlock()
-		out[d] = Level{Cap: lim.capOf(req, d, true), InFlight: level}
+		out[d] = Level{Cap: lim.capOf(req, d, fleet), InFlight: level}
 	}
 	if z.hasTotal {
-		out[len(req.Keys)] = Level{Cap: z.totalCap(lim), InFlight: max(z.total.Load()&MaxCost, z.totalAllow.level.Load())}
+		level := z.total.Load() & MaxCost
+		if fleet {
+			level = max(level, z.totalAllow.level.Load())
+		}
+		out[len(req.Keys)] = Level{Cap: lim.capOf(req, TotalDim, fleet), InFlight: level}
 	}
 	return out
 }

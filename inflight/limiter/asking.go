@@ -809,7 +809,7 @@ func (z *Zone) fileRefusal(f *flow, w *waiter, o Outcome, d int) {
 		if z.short == nil {
 			z.short = map[*waiter]int64{}
 		}
-		if w.req.fair == nil { // else set as it was charged
+		if w.req.slot.fair == nil { // else set as it was charged
 			w.shortPlace = z.turn(f).tag
 		}
 		w.short, w.shortAt = true, z.releases

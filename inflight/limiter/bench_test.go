@@ -22,10 +22,10 @@ func benchKeys(n int) []string {
 func admitRelease(b *testing.B, z *Zone, r *Request) {
 	b.ReportAllocs()
 	for b.Loop() {
-		if ok, _ := z.TryAcquire(r); !ok {
+		if slot, _ := z.TryAcquire(r); slot == nil {
 			b.Fatal("refused")
 		}
-		z.Release(r)
+		r.slot.Release()
 	}
 }
 
@@ -43,7 +43,7 @@ func BenchmarkRefuse(b *testing.B) {
 	z.TryAcquire(r)
 	b.ReportAllocs()
 	for b.Loop() {
-		if ok, _ := z.TryAcquire(r); ok {
+		if slot, _ := z.TryAcquire(r); slot != nil {
 			b.Fatal("admitted")
 		}
 	}
@@ -62,7 +62,7 @@ func BenchmarkAcquireWaitMode(b *testing.B) {
 		if res := z.Acquire(ctx, r, opt); res.Outcome != Admitted {
 			b.Fatal("refused")
 		}
-		z.Release(r)
+		r.slot.Release()
 	}
 }
 
@@ -90,7 +90,7 @@ func BenchmarkParallelKeys(b *testing.B) {
 			i++
 			r.Keys[0] = keys[i%len(keys)]
 			z.TryAcquire(r)
-			z.Release(r)
+			r.slot.Release()
 		}
 	})
 }
@@ -113,7 +113,7 @@ func BenchmarkBesideWaiters(b *testing.B) {
 					done <- struct{}{}
 				}()
 			}
-			for z.Waiting() < int64(waiters) {
+			for waitingIn(z) < int64(waiters) {
 				time.Sleep(time.Millisecond)
 			}
 			admitRelease(b, z, &Request{Keys: []string{"198.51.100.7"}, Max: []int64{0}, Limits: lim})

@@ -33,21 +33,21 @@ func TestCostMixedSharesCap(t *testing.T) {
 			for range 3000 {
 				key := []string{"a", "b"}[rng.IntN(2)]
 				r := costly(lim, 1+rng.Int64N(40), key)
-				if ok, _ := z.TryAcquire(r); !ok {
+				if slot, _ := z.TryAcquire(r); slot == nil {
 					continue
 				}
-				if r.Units() != r.Cost {
-					t.Errorf("cost %d took %d units", r.Cost, r.Units())
+				if r.slot.Units() != r.Cost {
+					t.Errorf("cost %d took %d units", r.Cost, r.slot.Units())
 				}
 				if key == "a" {
-					notePeak(&peak[0], held[0].Add(r.Units()))
+					notePeak(&peak[0], held[0].Add(r.slot.Units()))
 				}
-				notePeak(&peak[1], held[1].Add(r.Units()))
+				notePeak(&peak[1], held[1].Add(r.slot.Units()))
 				if key == "a" {
-					held[0].Add(-r.Units())
+					held[0].Add(-r.slot.Units())
 				}
-				held[1].Add(-r.Units())
-				z.Release(r)
+				held[1].Add(-r.slot.Units())
+				r.slot.Release()
 			}
 		})
 	}
@@ -56,7 +56,7 @@ func TestCostMixedSharesCap(t *testing.T) {
 		t.Fatalf("peak units: key %d (cap 100), total %d (cap 150)", peak[0].Load(), peak[1].Load())
 	}
 	for _, d := range []int{0, TotalDim} {
-		if u, n := z.Load(d); u != 0 || n != 0 {
+		if u, n := countIn(z, d); u != 0 || n != 0 {
 			t.Fatalf("dimension %d: %d units, %d requests left", d, u, n)
 		}
 	}
@@ -73,29 +73,29 @@ func TestCostAboveCapAdmittedAlone(t *testing.T) {
 	mustAdmit(t, z, small)
 	big := costly(lim, 1_000_000, "a")
 	mustRefuse(t, z, big, 0)
-	z.Release(small)
+	small.slot.Release()
 	mustAdmit(t, z, big)
-	if big.Units() != 10 {
-		t.Fatalf("cost 1e6 under a cap of 10 took %d units, want 10", big.Units())
+	if big.slot.Units() != 10 {
+		t.Fatalf("cost 1e6 under a cap of 10 took %d units, want 10", big.slot.Units())
 	}
-	if u, n := z.Load(TotalDim); u != 10 || n != 1 {
+	if u, n := countIn(z, TotalDim); u != 10 || n != 1 {
 		t.Fatalf("total holds %d units of %d requests, want 10 of 1", u, n)
 	}
 	lower := &Limits{Max: []int64{4}, Total: 100}
 	z.Adopt(lower)
 	z.Retire(lim)
-	z.Release(big)
+	big.slot.Release()
 	for _, d := range []int{0, TotalDim} {
-		if u, n := z.Load(d); u != 0 || n != 0 {
+		if u, n := countIn(z, d); u != 0 || n != 0 {
 			t.Fatalf("after release across a reload, dimension %d: %d units, %d requests", d, u, n)
 		}
 	}
 	huge := costly(lower, math.MaxInt64, "b")
 	mustAdmit(t, z, huge)
-	if huge.Units() != 4 {
-		t.Fatalf("cost MaxInt64 took %d units, want the cap 4", huge.Units())
+	if huge.slot.Units() != 4 {
+		t.Fatalf("cost MaxInt64 took %d units, want the cap 4", huge.slot.Units())
 	}
-	z.Release(huge)
+	huge.slot.Release()
 }
 
 // store is what the tests below drive: a zone, or a shared queue over a
@@ -107,7 +107,7 @@ type store struct {
 
 func zoneStore() store {
 	z := NewZone(1, true, nil)
-	return store{acquire: z.Acquire, release: z.Release}
+	return store{acquire: z.Acquire, release: func(r *Request) { r.slot.Release() }}
 }
 
 // bigWaiterWait runs a steady stream of requests of cost 1 (20 clients,
@@ -168,7 +168,7 @@ func TestBigWaiterHoldsOnlyItsConstraint(t *testing.T) {
 	bigA := enqueue(t, ctx, z, "bigA", costly(lim, 10, "a"), opt)
 	mustRefuse(t, z, costly(lim, 1, "a"), 0) // a's room is held for bigA
 	mustAdmit(t, z, costly(lim, 9, "b"))     // b's is not
-	z.Release(holdA)
+	holdA.slot.Release()
 	if r := <-bigA.res; r.Outcome != Admitted {
 		t.Fatalf("bigA outcome %d, want admitted", r.Outcome)
 	}
@@ -200,7 +200,7 @@ func unitSecondShares(t *testing.T, s store) float64 {
 					}
 					time.Sleep(time.Second)
 					mu.Lock()
-					unitSeconds[i] += float64(r.Units())
+					unitSeconds[i] += float64(r.slot.Units())
 					mu.Unlock()
 					s.release(r)
 				}
@@ -231,14 +231,14 @@ func TestUnlimitedPlaceholderMaxAdmits(t *testing.T) {
 		z := NewZone(1, false, nil)
 		lim := &Limits{Max: []int64{0}, Divisor: div}
 		r := &Request{Keys: []string{"tenant"}, Max: []int64{math.MaxInt64}, Limits: lim, Cost: 7}
-		if ok, d := z.TryAcquire(r); !ok {
+		if slot, d := z.TryAcquire(r); slot == nil {
 			t.Errorf("replicas %d: refused by dimension %d in an empty zone, want admitted", div, d)
 			continue
 		}
-		if r.Units() != 7 {
-			t.Errorf("replicas %d: took %d units, want its cost 7", div, r.Units())
+		if r.slot.Units() != 7 {
+			t.Errorf("replicas %d: took %d units, want its cost 7", div, r.slot.Units())
 		}
-		z.Release(r)
+		r.slot.Release()
 	}
 }
 
@@ -265,19 +265,19 @@ func TestTotalAboveUnitRangeNeverOverflows(t *testing.T) {
 	var admitted []*Request
 	for i := range 3 {
 		r := &Request{Keys: []string{fmt.Sprint("key", i)}, Max: []int64{math.MaxInt64}, Limits: lim, Cost: MaxCost}
-		if ok, _ := z.TryAcquire(r); ok {
+		if slot, _ := z.TryAcquire(r); slot != nil {
 			admitted = append(admitted, r)
 		}
 	}
-	units, requests := z.Load(TotalDim)
+	units, requests := countIn(z, TotalDim)
 	if len(admitted) != 1 || units != MaxCost || requests != 1 {
 		t.Errorf("three requests of MaxCost under a total of 2^41: %d admitted, total holds %d units in %d requests; want 1 admitted holding %d units",
 			len(admitted), units, requests, int64(MaxCost))
 	}
 	for _, r := range admitted {
-		z.Release(r)
+		r.slot.Release()
 	}
-	if units, requests := z.Load(TotalDim); units != 0 || requests != 0 {
+	if units, requests := countIn(z, TotalDim); units != 0 || requests != 0 {
 		t.Errorf("after every release: %d units in %d requests, want 0", units, requests)
 	}
 }

@@ -57,8 +57,8 @@ func (z *Zone) dispatch() reservation {
 			f.tried = z.epoch
 			z.file(f, o, d)
 		case o == short: // its turn, but for this instance's allowance: its flow's next waiter is tried in its place
-			w.shortPlace = z.turn(f).tag     // where it stood at its turn, before its charge
-			if f.fair && w.req.fair == nil { // charged at its turn, as admitted
+			w.shortPlace = z.turn(f).tag          // where it stood at its turn, before its charge
+			if f.fair && w.req.slot.fair == nil { // charged at its turn, as admitted
 				z.chargeGrant(w, z.unitsOfWaiter(w))
 				z.vclock.turn(f.fairKey, 1)
 			}
@@ -149,12 +149,12 @@ func (z *Zone) admit(w *waiter, now time.Time) {
 	if w.short {
 		w.flow.turned = time.Time{}
 	}
-	switch c := w.req.fair; {
+	switch c := w.req.slot.fair; {
 	case c != nil: // charged at its turn: held from now
 		c.at = now
 		z.vclock.turn(c.key, -1)
 	case w.flow.fair:
-		z.chargeGrant(w, w.req.taken)
+		z.chargeGrant(w, w.req.slot.taken)
 	}
 	z.grant(w)
 }

@@ -36,7 +36,7 @@ func drain(b *testing.B, keys []string, waiters int, fair bool) {
 	holders := make([]*Request, 10)
 	for i := range holders {
 		holders[i] = &Request{Keys: []string{"holder"}, Max: []int64{0}, Limits: lim}
-		if ok, _ := z.TryAcquire(holders[i]); !ok {
+		if slot, _ := z.TryAcquire(holders[i]); slot == nil {
 			b.Fatal("holder refused")
 		}
 	}
@@ -49,15 +49,15 @@ func drain(b *testing.B, keys []string, waiters int, fair bool) {
 				b.Error("waiter not admitted")
 				return
 			}
-			z.Release(r)
+			r.slot.Release()
 		})
 	}
-	for z.Waiting() < int64(waiters) {
+	for waitingIn(z) < int64(waiters) {
 		time.Sleep(time.Millisecond)
 	}
 	b.StartTimer()
 	for _, r := range holders {
-		z.Release(r)
+		r.slot.Release()
 	}
 	wg.Wait()
 }

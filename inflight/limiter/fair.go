@@ -4,7 +4,7 @@ import "time"
 
 // Fair sharing is start-time fair queuing over the keys of one dimension,
 // in what the backend gives: a grant from the queue charges its key units
-// × hold time / weight (unit-seconds; with Request.Used, the units it was
+// × hold time / weight (unit-seconds; with Slot.Used, the units it was
 // found to use, such as the tokens a model reported, × hold time), so
 // shares are shares of the slots' (or tokens') time, whatever each
 // request's length. A key's tag is the virtual time at which the work it
@@ -66,9 +66,9 @@ const (
 // float64 resolves steps far finer than 1/MaxWeight.
 const rebaseAt = 1 << 20
 
-// ClampWeight returns w within MinWeight to MaxWeight, and 0 (the class
+// clampWeight returns w within MinWeight to MaxWeight, and 0 (the class
 // weight) for a weight that is not a positive number.
-func ClampWeight(w float64) float64 {
+func clampWeight(w float64) float64 {
 	if !(w > 0) {
 		return 0
 	}
@@ -98,7 +98,7 @@ type virtualClock struct {
 	// grant's estimate (see estimate).
 	holdTimes map[uint64]float64
 	holdTime  float64
-	// rates is each key's recent units used per unit taken (Request.Used
+	// rates is each key's recent units used per unit taken (Slot.Used
 	// over its units; 1 where none was reported): what a unit-second it
 	// holds is charged, by which the fleet's targets weigh it (see
 	// Zone.entries). Kept, as holdTimes, only for keys with a tag.
@@ -337,9 +337,9 @@ func (q *queue) chargeGrant(w *waiter, units int64) {
 // uncharge takes back the charge of w, a waiter charged at its turn whose
 // turn passed without its grant (see chargeGrant).
 func (q *queue) uncharge(w *waiter) {
-	if c := w.req.fair; c != nil {
+	if c := w.req.slot.fair; c != nil {
 		q.vclock.turn(c.key, -1)
-		w.req.fair = nil
+		w.req.slot.fair = nil
 		q.vclock.uncharge(c.key, c.added, c.base)
 		q.moveBack(c.key) // its tag fell
 	}
@@ -348,7 +348,7 @@ func (q *queue) uncharge(w *waiter) {
 // charged records what req's grant charged, for its Release to correct.
 func (q *queue) charged(req *Request, c *fairCharge) {
 	c.q, c.at = q, q.clock.Now()
-	req.fair = c
+	req.slot.fair = c
 }
 
 // fairCharge is what a grant under fair charged its request's key, for
@@ -374,16 +374,16 @@ func (c *fairCharge) delta(units int64, charged float64) float64 {
 // settle corrects the charge of req's grant to what it was found to use,
 // as its units are given back, on the clocks it was charged on, and
 // learns it in any case: seconds per unit it took, its hold time scaled by
-// the units it used (Request.Used) over those it took, within minHold to
+// the units it used (Slot.Used) over those it took, within minHold to
 // maxHold. A key whose requests use a fifth of what they take is so
 // charged a fifth, at the grant too once learnt: its corrections are not
 // lost to a tag falling below vtime.
 func (q *queue) settle(req *Request) {
-	c := req.fair
-	req.fair = nil
-	rate := float64(req.UsedUnits()) / float64(req.taken)
+	c := req.slot.fair
+	req.slot.fair = nil
+	rate := float64(req.slot.UsedUnits()) / float64(req.slot.taken)
 	charged := min(max(q.clock.Now().Sub(c.at).Seconds()*rate, minHold), maxHold)
-	delta := c.delta(req.taken, charged)
+	delta := c.delta(req.slot.taken, charged)
 	q.mu.Lock()
 	if q.vclock.correct(c.key, delta, charged, rate) {
 		q.moveBack(c.key)

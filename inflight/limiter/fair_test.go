@@ -56,14 +56,14 @@ func sharesIn(t *testing.T, z *Zone, lim *Limits, fair bool, loads []tenantLoad,
 					mu.Lock()
 					busy[i] += service
 					mu.Unlock()
-					z.Release(r)
+					r.slot.Release()
 				}
 			})
 		}
 	}
 	wg.Wait()
-	if z.Waiting() != 0 || z.InFlight(0) != 0 || z.InFlight(TotalDim) != 0 {
-		t.Fatalf("left behind: waiting %d held %d total %d", z.Waiting(), z.InFlight(0), z.InFlight(TotalDim))
+	if waitingIn(z) != 0 || unitsIn(z, 0) != 0 || unitsIn(z, TotalDim) != 0 {
+		t.Fatalf("left behind: waiting %d held %d total %d", waitingIn(z), unitsIn(z, 0), unitsIn(z, TotalDim))
 	}
 	var sum time.Duration
 	for _, b := range busy {
@@ -99,13 +99,13 @@ func TestFairLightTenantOvertakesFlood(t *testing.T) {
 						r := req(lim, "flood")
 						if res := z.Acquire(context.Background(), r, opt); res.Outcome == Admitted {
 							time.Sleep(time.Second)
-							z.Release(r)
+							r.slot.Release()
 						}
 					})
 				}
 				synctest.Wait()
-				if z.Waiting() != 500 {
-					t.Fatalf("%d waiting, want 500", z.Waiting())
+				if waitingIn(z) != 500 {
+					t.Fatalf("%d waiting, want 500", waitingIn(z))
 				}
 				time.Sleep(500 * time.Millisecond)
 				r := req(lim, "light")
@@ -114,7 +114,7 @@ func TestFairLightTenantOvertakesFlood(t *testing.T) {
 					t.Fatalf("light tenant: outcome %d after %s, want admitted after %s to %s", res.Outcome, res.Waited, tc.min, tc.max)
 				}
 				t.Logf("light tenant waited %s behind 500 queued requests", res.Waited)
-				z.Release(r)
+				r.slot.Release()
 				wg.Wait()
 			})
 		})
@@ -239,7 +239,7 @@ func TestFairClassIsWeight(t *testing.T) {
 						mu.Lock()
 						busy[c] += time.Second
 						mu.Unlock()
-						z.Release(r)
+						r.slot.Release()
 					}
 				})
 			}
@@ -262,11 +262,11 @@ func TestFairNoHeadOfLineBlocking(t *testing.T) {
 	opt := WaitOptions{Wait: time.Hour, Fair: true}
 	waitA := enqueue(t, context.Background(), z, "a", req(lim, "a"), opt)
 	waitB := enqueue(t, context.Background(), z, "b", req(lim, "b"), opt)
-	z.Release(holdB)
+	holdB.slot.Release()
 	if r := <-waitB.res; r.Outcome != Admitted {
 		t.Fatalf("b outcome %d, want admitted", r.Outcome)
 	}
-	z.Release(holdA)
+	holdA.slot.Release()
 	if r := <-waitA.res; r.Outcome != Admitted {
 		t.Fatalf("a outcome %d, want admitted", r.Outcome)
 	}
@@ -288,14 +288,14 @@ func TestMaxWaitingPerKey(t *testing.T) {
 	}
 	enqueue(t, ctx, z, "y", req(lim, "c4", "y"), opt)
 	got := map[string]int64{}
-	for _, kw := range z.WaitingKeys(1) {
+	for _, kw := range z.State(Look{WaitingKeys: true}).Dims[1].Waiting {
 		got[kw.Key] = kw.Waiting
 	}
 	if fmt.Sprint(got) != "map[x:2 y:1]" {
 		t.Fatalf("waiting keys %v, want x 2 and y 1", got)
 	}
 	cancel()
-	waitFor(t, func() bool { return z.Waiting() == 0 })
+	waitFor(t, func() bool { return waitingIn(z) == 0 })
 	z.mu.Lock()
 	defer z.mu.Unlock()
 	if len(z.perKey) != 0 || len(z.byID) != 0 || len(z.blocked) != 0 || z.onTotal != nil {
@@ -336,7 +336,7 @@ func TestFairTimeoutAbortReload(t *testing.T) {
 	}
 	z.mu.Lock()
 	defer z.mu.Unlock()
-	if z.Waiting() != 0 || z.pending.Load() != 0 || len(z.byID) != 0 {
-		t.Fatalf("left behind: waiting %d pending %d flows %d", z.Waiting(), z.pending.Load(), len(z.byID))
+	if waitingIn(z) != 0 || z.pending.Load() != 0 || len(z.byID) != 0 {
+		t.Fatalf("left behind: waiting %d pending %d flows %d", waitingIn(z), z.pending.Load(), len(z.byID))
 	}
 }

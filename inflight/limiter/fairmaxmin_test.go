@@ -168,9 +168,9 @@ func maxMinRun(t *testing.T, total int64, weights, caps []float64, costs []int64
 					time.Sleep(500*time.Millisecond + time.Duration(rng.IntN(1000))*time.Millisecond)
 					overlap := minTime(time.Now(), to).Sub(maxTime(began, from)).Seconds()
 					mu.Lock()
-					held[i] += max(overlap, 0) * float64(r.Units())
+					held[i] += max(overlap, 0) * float64(r.slot.Units())
 					mu.Unlock()
-					z.Release(r)
+					r.slot.Release()
 				}
 			})
 		}

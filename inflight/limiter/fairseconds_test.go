@@ -24,7 +24,7 @@ type tenantRun struct {
 	hold func(rng *rand.Rand, since time.Duration) time.Duration
 	cost func(rng *rand.Rand) int64 // nil: 1
 	// used is the units a request reports it used once it ends, given
-	// its units (Request.Used); nil: its units.
+	// its units (Slot.Used); nil: its units.
 	used func(rng *rand.Rand, units int64) int64
 	// key is the key of a request; nil: the tenant's name.
 	key func(c, n int) string
@@ -81,10 +81,10 @@ func unitSeconds(t *testing.T, s store, total int64, tenants []tenantRun, durati
 					if to.After(end) {
 						to = end
 					}
-					used := r.Units()
+					used := r.slot.Units()
 					if tn.used != nil {
 						used = tn.used(rng, used)
-						r.Used = used
+						r.slot.Used = used
 					}
 					mu.Lock()
 					held[i] += float64(used) * max(0, to.Sub(from).Seconds())
@@ -323,27 +323,27 @@ func TestFairRefundMovesTheKeyForward(t *testing.T) {
 		}
 		b1, b1Done := wait("b")
 		a1, a1Done := wait("a")
-		z.Release(x) // b1 first: the same tag, the earlier arrival
+		x.slot.Release() // b1 first: the same tag, the earlier arrival
 		<-b1Done
 		b2, b2Done := wait("b")
 		time.Sleep(time.Second)
-		z.Release(b1) // held 1 s as charged; a1 is next
+		b1.slot.Release() // held 1 s as charged; a1 is next
 		<-a1Done
 		a2, a2Done := wait("a") // listed after b2, at a's tag: past b's
 		time.Sleep(10 * time.Millisecond)
-		z.Release(a1) // charged 1 s, held 10 ms
+		a1.slot.Release() // charged 1 s, held 10 ms
 		synctest.Wait()
 		select {
 		case <-a2Done:
 		case <-b2Done:
 			t.Error("b's waiter was granted after a's request gave back 990 ms of its charge; want a's, whose key was given 10 ms against b's 1 s")
-			z.Release(b2)
+			b2.slot.Release()
 			<-a2Done
-			z.Release(a2)
+			a2.slot.Release()
 			return
 		}
-		z.Release(a2)
+		a2.slot.Release()
 		<-a2Done
-		z.Release(b2)
+		b2.slot.Release()
 	})
 }

@@ -15,7 +15,7 @@ func sharedStore(t *testing.T) store {
 	z := NewZone(1, true, nil)
 	z.SetLedger(fleetref.NewFleet().Join())
 	t.Cleanup(func() { closeZone(t, z) })
-	return store{acquire: z.Acquire, release: z.Release}
+	return store{acquire: z.Acquire, release: func(r *Request) { r.slot.Release() }}
 }
 
 // closeZone closes z and waits for its asker to end (its calls under way,
@@ -30,7 +30,7 @@ func closeZone(t testing.TB, z *Zone) {
 		z.mu.Lock()
 		running := z.asks.running
 		if running && !time.Now().Before(deadline) {
-			t.Errorf("a minute after Close the zone still holds allowance: key units %d, total %d in flight", z.InFlight(0), z.InFlight(TotalDim))
+			t.Errorf("a minute after Close the zone still holds allowance: key units %d, total %d in flight", unitsIn(z, 0), unitsIn(z, TotalDim))
 			z.forgetAllowances()
 			deadline = deadline.Add(time.Hour)
 		}
@@ -82,10 +82,10 @@ func TestWaiterFullInItsShareWhileTheLedgerFails(t *testing.T) {
 			t.Fatalf("a waiter over its share while the ledger fails: outcome %d, want timed out (%d)", res.Outcome, Timeout)
 		}
 		fl.Recover() // so that the asker can give back what it holds, and end
-		z.Release(first)
-		z.Release(second)
-		if got := z.InFlight(0); got != 0 || z.Waiting() != 0 {
-			t.Fatalf("afterwards %d units held, %d waiting; want none", got, z.Waiting())
+		first.slot.Release()
+		second.slot.Release()
+		if got := unitsIn(z, 0); got != 0 || waitingIn(z) != 0 {
+			t.Fatalf("afterwards %d units held, %d waiting; want none", got, waitingIn(z))
 		}
 	})
 }
@@ -101,7 +101,7 @@ func TestEarlyRefusalWithALedger(t *testing.T) {
 		lim := &Limits{Max: []int64{1}}
 		holder := req(lim, "k")
 		mustAdmit(t, zones[0], holder)
-		defer zones[0].Release(holder)
+		defer holder.slot.Release()
 		for i, z := range zones {
 			asked := false
 			opt := WaitOptions{Wait: 10 * time.Second, Refuse: func(int64) bool { asked = true; return true }}
@@ -135,7 +135,7 @@ func TestAllowancesLapseWithoutAnAnswer(t *testing.T) {
 			held = append(held, r)
 		}
 		for _, r := range held {
-			z.Release(r)
+			r.slot.Release()
 		}
 		synctest.Wait()
 		if z.stateOf(Set{Dim: 0, Hash: z.hash(req(lim, "k"), 0)}).idle() == 0 {
@@ -149,7 +149,7 @@ func TestAllowancesLapseWithoutAnAnswer(t *testing.T) {
 			r := req(lim, "k")
 			res := z.Acquire(context.Background(), r, WaitOptions{})
 			if res.Outcome == Admitted {
-				z.Release(r)
+				r.slot.Release()
 			}
 			if time.Since(failed) < lease/3 && res.Outcome != Admitted {
 				t.Fatalf("within the idle allowance, %v after the ledger failed: outcome %d, want admitted", time.Since(failed), res.Outcome)

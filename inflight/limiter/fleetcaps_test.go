@@ -33,7 +33,6 @@ func TestFleetHeldRequestsMeetEachCapExactly(t *testing.T) {
 				f := fleetref.NewFleet()
 				zones := fleetZones(t, f, 2, 2, true)
 				var held []*Request
-				var at []*Zone
 				for i := range 12 {
 					z := zones[i%2]
 					r := req(c.lim, "c", "t")
@@ -44,18 +43,18 @@ func TestFleetHeldRequestsMeetEachCapExactly(t *testing.T) {
 						}
 						continue
 					}
-					held, at = append(held, r), append(at, z)
+					held = append(held, r)
 				}
 				if n := int64(len(held)); n != c.want {
 					t.Fatalf("%d of 12 held at once over the fleet, want exactly %d", n, c.want)
 				}
 				for _, d := range []int{0, 1, TotalDim} {
-					if got := zones[0].InFlight(d) + zones[1].InFlight(d); got != c.want {
+					if got := unitsIn(zones[0], d) + unitsIn(zones[1], d); got != c.want {
 						t.Errorf("dimension %d holds %d units over the fleet, want %d", d, got, c.want)
 					}
 				}
-				for i, r := range held {
-					at[i].Release(r)
+				for _, r := range held {
+					r.slot.Release()
 				}
 				time.Sleep(keepUnused + 2*linger) // idle allowance goes back
 				for _, name := range []string{setName(0, "c"), setName(1, "t"), totalSet} {
@@ -78,7 +77,7 @@ func spareAtOne(t *testing.T) (f *fleetref.Fleet, zones []*Zone, lim *Limits) {
 	for range 2 {
 		r := req(lim, "k")
 		mustAdmit(t, zones[0], r)
-		t.Cleanup(func() { zones[0].Release(r) })
+		t.Cleanup(func() { r.slot.Release() })
 	}
 	time.Sleep(2 * linger) // what it keeps idle is what it keeps
 	if n := f.Level(setName(0, "k")); n != 3 {
@@ -100,7 +99,7 @@ func TestFleetSpareStaysWithinTheReserve(t *testing.T) {
 		if res.Outcome != Admitted {
 			t.Fatalf("cost 7 at the second instance, 2 in flight of 10: outcome %d, want admitted (the idle unit is the reserve)", res.Outcome)
 		}
-		defer zones[1].Release(seven)
+		defer seven.slot.Release()
 		if l, ok := res.Levels.Of(0); !ok || l.InFlight != 9 || l.Cap != 10 {
 			t.Fatalf("its levels: %+v (known %v), want 9 held of 10: the units in flight, not the idle one", l, ok)
 		}
@@ -127,9 +126,9 @@ func TestFleetIdleGoesBackWhenAnotherWaits(t *testing.T) {
 		default:
 			zones[0].Close() // its idle unit goes back, so that the waiter ends
 			<-done
-			zones[1].Release(big)
+			big.slot.Release()
 			t.Fatal("cost 8 with 2 of 10 in flight elsewhere still waits: the other instance kept its idle unit")
 		}
-		zones[1].Release(big)
+		big.slot.Release()
 	})
 }

@@ -52,10 +52,10 @@ func TestFleetFairCyclingCosts(t *testing.T) {
 						time.Sleep(200 * time.Millisecond)
 						if a, b := maxTime(got, from), minTime(time.Now(), end); b.After(a) {
 							mu.Lock()
-							unitSecs[i] += float64(r.Units()) * b.Sub(a).Seconds()
+							unitSecs[i] += float64(r.slot.Units()) * b.Sub(a).Seconds()
 							mu.Unlock()
 						}
-						zones[at].Release(r)
+						r.slot.Release()
 					}
 				})
 			}

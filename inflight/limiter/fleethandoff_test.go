@@ -34,7 +34,7 @@ func TestFleetReleaseHandsOffWithNoCall(t *testing.T) {
 		done := waitInBackground(z, waiter)
 		time.Sleep(time.Second) // the fleet refused it; its calls are over
 		released := time.Now()
-		z.Release(holder)
+		holder.slot.Release()
 		res := <-done
 		if res.Outcome != Admitted {
 			t.Fatalf("waiter: outcome %d, want admitted", res.Outcome)
@@ -42,7 +42,7 @@ func TestFleetReleaseHandsOffWithNoCall(t *testing.T) {
 		if took := time.Since(released); took != 0 {
 			t.Fatalf("the waiter was admitted %v after the release at its own instance, want at once (no call)", took)
 		}
-		z.Release(waiter)
+		waiter.slot.Release()
 	})
 }
 
@@ -60,7 +60,7 @@ func TestFleetWaiterWokenByAnotherInstancesRelease(t *testing.T) {
 		done := waitInBackground(zones[1], waiter)
 		time.Sleep(time.Second / 10)
 		released := time.Now()
-		zones[0].Release(holder)
+		holder.slot.Release()
 		res := <-done
 		if res.Outcome != Admitted {
 			t.Fatalf("waiter: outcome %d, want admitted", res.Outcome)
@@ -68,7 +68,7 @@ func TestFleetWaiterWokenByAnotherInstancesRelease(t *testing.T) {
 		if took := time.Since(released); took != 0 {
 			t.Fatalf("the waiter was admitted %v after the release at the other instance, want at once (a poll is %v)", took, fleetPoll)
 		}
-		zones[1].Release(waiter)
+		waiter.slot.Release()
 	})
 }
 
@@ -101,18 +101,18 @@ func TestFleetSecondReleasePanicsAndGivesNothingBack(t *testing.T) {
 		for _, r := range []*Request{a, b} {
 			mustAdmit(t, z, r)
 		}
-		z.Release(a)
-		if !panics(func() { z.Release(a) }) {
+		a.slot.Release()
+		if !panics(func() { a.slot.Release() }) {
 			t.Error("a second Release returned quietly, want a panic")
 		}
 		time.Sleep(3 * linger)
-		if key, total := z.KeyUnits(0, "k"), z.InFlight(TotalDim); key != 2 || total != 2 {
+		if key, total := unitsOfKey(z, 0, "k"), unitsIn(z, TotalDim); key != 2 || total != 2 {
 			t.Errorf("after a second Release: key holds %d units, total %d; want 2 and 2 (b's)", key, total)
 		}
 		if key, total := f.Level(setName(0, "k")), f.Level(totalSet); key < 2 || total < 2 {
 			t.Errorf("after a second Release: the fleet counts %d units of the key, %d of the total; want at least b's 2", key, total)
 		}
-		z.Release(b)
+		b.slot.Release()
 	})
 }
 
@@ -162,31 +162,31 @@ func roomGoesToTheWaiter(t *testing.T, idle int) {
 	waiting := waitInBackground(there, big)
 	time.Sleep(time.Second) // refused, it reports; the first instance hears it
 	for _, r := range mine {
-		there.Release(r) // kept idle for big, which lacks 2 now
+		r.slot.Release() // kept idle for big, which lacks 2 now
 	}
 	time.Sleep(time.Second) // its report says so
 	o := req(lim, "o")
 	other := make(chan Result, 1)
 	go func() { other <- here.Acquire(context.Background(), o, WaitOptions{}) }()
 	synctest.Wait() // a call is under way
-	here.Release(held[0])
-	here.Release(held[1])
+	held[0].slot.Release()
+	held[1].slot.Release()
 	late := req(lim, "k")
 	newcomer := make(chan Result, 1)
 	go func() { newcomer <- here.Acquire(context.Background(), late, WaitOptions{}) }()
 	if res := <-newcomer; res.Outcome == Admitted {
-		here.Release(late)
+		late.slot.Release()
 		t.Error("a newcomer at the instance that wrote back 2 units was admitted, before the request waiting for them elsewhere")
 	}
 	if res := <-waiting; res.Outcome != Admitted {
 		t.Fatalf("the waiter of cost %d: outcome %d, want admitted", 2+idle, res.Outcome)
 	}
-	there.Release(big)
+	big.slot.Release()
 	for _, r := range held[2:] {
-		here.Release(r)
+		r.slot.Release()
 	}
 	if res := <-other; res.Outcome != Admitted {
 		t.Fatalf("the request of key o: outcome %d, want admitted", res.Outcome)
 	}
-	here.Release(o)
+	o.slot.Release()
 }

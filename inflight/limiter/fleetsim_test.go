@@ -27,7 +27,7 @@ type fleetTenant struct {
 	home    int // the instance that gets homeShare of its requests; -1: client c's is c mod the instances
 	hold    func(rng *rand.Rand) time.Duration
 	cost    int64 // units a request (0: 1)
-	used    int64 // units a request reports it used (Request.Used; 0: its units), in which shares are counted
+	used    int64 // units a request reports it used (Request.slot.Used; 0: its units), in which shares are counted
 }
 
 // fleetRun is the outcome of a fleet run: each tenant's share of the
@@ -74,10 +74,10 @@ func runFleet(t *testing.T, zones []*Zone, lim *Limits, fair bool, homeShare flo
 						t.Errorf("tenant %d at instance %d: outcome %d", i, at, res.Outcome)
 						return
 					}
-					units := r.Units()
+					units := r.slot.Units()
 					charged := units
 					if tn.used > 0 {
-						r.Used, charged = tn.used, tn.used
+						r.slot.Used, charged = tn.used, tn.used
 					}
 					if n := held.Add(units); n > peak.Load() {
 						peak.Store(n)
@@ -100,7 +100,7 @@ func runFleet(t *testing.T, zones []*Zone, lim *Limits, fair bool, homeShare flo
 						area += float64(units) * b.Sub(a).Seconds()
 						mu.Unlock()
 					}
-					zones[at].Release(r)
+					r.slot.Release()
 				}
 			})
 		}

@@ -180,7 +180,7 @@ func classWeight(c Class) float64 { return weight[c] }
 // Share is a waiter's share under fair: its weight w within the bounds,
 // or its class c's weight.
 func Share(w float64, c Class) float64 {
-	if w = ClampWeight(w); w > 0 {
+	if w = clampWeight(w); w > 0 {
 		return w
 	}
 	return classWeight(c)
@@ -406,28 +406,6 @@ func (q *queue) keyOf(req *Request, d int) uint64 {
 		return 0
 	}
 	return keyBlocker(d, maphash.String(q.seed, req.Keys[d])).key | 1
-}
-
-// KeyWaiting is a key, its hash (as KeyCount has it) and its requests
-// waiting.
-type KeyWaiting struct {
-	Key     string
-	Hash    uint64
-	Waiting int64
-}
-
-// WaitingKeys returns the keys of dimension d with requests waiting, and
-// how many wait for each. It walks the flows, not the waiters.
-func (q *queue) WaitingKeys(d int) []KeyWaiting {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	t := q.keyTally()
-	for _, f := range q.byID {
-		for ; f != nil; f = f.collide {
-			t.add(f.head.req, d, int64(f.n))
-		}
-	}
-	return t.out
 }
 
 // keyTally counts requests by key, in the order the keys first appear.

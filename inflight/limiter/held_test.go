@@ -86,8 +86,9 @@ func TestWaiterNeedingTwoCapsIsNotPassedForEver(t *testing.T) {
 	clock := newFakeClock()
 	z := NewZone(2, false, clock)
 	s := newTwoCaps()
-	s.try = func(r *Request) bool { ok, _ := z.TryAcquire(r); return ok }
-	s.release, s.waiting = z.Release, z.Waiting
+	s.try = func(r *Request) bool { slot, _ := z.TryAcquire(r); return slot != nil }
+	s.release = func(r *Request) { r.slot.Release() }
+	s.waiting = func() int64 { return waitingIn(z) }
 	s.pass = func() { clock.Advance(service) }
 	s.fill()
 	big := costly(s.lim, 10, "T", "C")
@@ -98,15 +99,15 @@ func TestWaiterNeedingTwoCapsIsNotPassedForEver(t *testing.T) {
 	admittedIn := s.roundsUntilAdmitted(rounds)
 	if admittedIn < 0 {
 		t.Fatalf("cost-10 request needing T and C still waits after %d service times (T holds %d, C holds %d units)",
-			rounds, z.KeyUnits(0, "T"), z.KeyUnits(1, "C"))
+			rounds, unitsOfKey(z, 0, "T"), unitsOfKey(z, 1, "C"))
 	}
 	res := <-w.res
 	if res.Outcome != Admitted || admittedIn > 3 || res.Waited > 3*service {
 		t.Fatalf("cost-10 request: outcome %d after %d rounds (%s), want admitted within 3 service times", res.Outcome, admittedIn, res.Waited)
 	}
 	t.Logf("cost-10 request needing two caps admitted after %d service times", admittedIn)
-	if z.KeyUnits(0, "T") != 10 || z.KeyUnits(1, "C") != 10 {
-		t.Fatalf("with it admitted: T holds %d, C %d units; want 10 and 10 (it alone)", z.KeyUnits(0, "T"), z.KeyUnits(1, "C"))
+	if unitsOfKey(z, 0, "T") != 10 || unitsOfKey(z, 1, "C") != 10 {
+		t.Fatalf("with it admitted: T holds %d, C %d units; want 10 and 10 (it alone)", unitsOfKey(z, 0, "T"), unitsOfKey(z, 1, "C"))
 	}
 }
 
@@ -126,8 +127,8 @@ func TestFleetWaiterNeedingTwoCapsIsNotPassedForEver(t *testing.T) {
 		s.try = func(r *Request) bool {
 			return there.Acquire(context.Background(), r, WaitOptions{}).Outcome == Admitted
 		}
-		s.release = func(r *Request) { there.Release(r); synctest.Wait() }
-		s.waiting = func() int64 { synctest.Wait(); return here.Waiting() }
+		s.release = func(r *Request) { r.slot.Release(); synctest.Wait() }
+		s.waiting = func() int64 { synctest.Wait(); return waitingIn(here) }
 		s.pass = func() { time.Sleep(service) }
 		s.fill()
 		ctx, cancel := context.WithCancel(context.Background())
@@ -146,10 +147,10 @@ func TestFleetWaiterNeedingTwoCapsIsNotPassedForEver(t *testing.T) {
 			t.Fatalf("cost-10 request: outcome %d after %d rounds, want admitted within 3 service times", res.Outcome, admittedIn)
 		}
 		t.Logf("cost-10 request needing two caps admitted across the fleet after %d service times", admittedIn)
-		here.Release(big)
+		big.slot.Release()
 		for _, r := range append(s.onT, s.onC...) {
 			if r != nil {
-				there.Release(r)
+				r.slot.Release()
 			}
 		}
 		time.Sleep(keepUnused + 2*linger) // idle allowance goes back
@@ -178,21 +179,21 @@ func TestHeldRoomGoesToWhoeverBecameBest(t *testing.T) {
 	defer cancel()
 	opt := WaitOptions{Wait: time.Hour, Class: Normal}
 	f := enqueue(t, ctx, z, "F", req(lim, "x", "y"), opt) // refused by x
-	z.Release(onX)                                        // F is refused by y now, and holds x
+	onX.slot.Release()                                    // F is refused by y now, and holds x
 	clock.Advance(60 * time.Second)
 	opt.Class = High
 	g := enqueue(t, ctx, z, "G", req(lim, "x", "c1"), opt) // refused by x's hold: F is better
 	clock.Advance(40 * time.Second)                        // G has overtaken F
-	z.Release(onY)                                         // serves y, then x: a release grants synchronously
-	if n := z.Waiting(); n != 1 {
+	onY.slot.Release()                                     // serves y, then x: a release grants synchronously
+	if n := waitingIn(z); n != 1 {
 		t.Fatalf("after y freed, with x empty: %d waiting, want 1 (G admitted): F and G wait for each other's hold", n)
 	}
 	if res := <-g.res; res.Outcome != Admitted {
 		t.Fatalf("G: outcome %d, want admitted", res.Outcome)
 	}
-	z.Release(g.req)
+	g.req.slot.Release()
 	if res := <-f.res; res.Outcome != Admitted {
 		t.Fatalf("F: outcome %d, want admitted once G left x", res.Outcome)
 	}
-	z.Release(f.req)
+	f.req.slot.Release()
 }

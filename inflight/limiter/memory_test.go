@@ -30,7 +30,7 @@ func TestMillionKeysComeAndGo(t *testing.T) {
 	z := NewZone(1, false, nil)
 	before := liveHeap()
 	for i := range reqs {
-		if ok, _ := z.TryAcquire(&reqs[i]); !ok {
+		if slot, _ := z.TryAcquire(&reqs[i]); slot == nil {
 			t.Fatalf("key %d refused", i)
 		}
 	}
@@ -41,12 +41,12 @@ func TestMillionKeysComeAndGo(t *testing.T) {
 		t.Errorf("an active key costs %.1f bytes, want at most 128", perKey)
 	}
 	for i := range reqs {
-		z.Release(&reqs[i])
+		reqs[i].slot.Release()
 	}
 	after := liveHeap()
 	t.Logf("after release: heap %+.1f KiB from the start", float64(after-before)/1024)
-	if z.Keys(0) != 0 || z.InFlight(0) != 0 {
-		t.Fatalf("after release: %d keys, %d held", z.Keys(0), z.InFlight(0))
+	if keysIn(z, 0) != 0 || unitsIn(z, 0) != 0 {
+		t.Fatalf("after release: %d keys, %d held", keysIn(z, 0), unitsIn(z, 0))
 	}
 	if after-before > 1<<20 {
 		t.Errorf("live heap %d bytes above the start after every key left, want within 1 MiB", after-before)
@@ -68,20 +68,20 @@ func TestMemoryComesBackWhileKeysStay(t *testing.T) {
 	z := NewZone(1, false, nil)
 	before := liveHeap()
 	for i := range reqs {
-		if ok, _ := z.TryAcquire(&reqs[i]); !ok {
+		if slot, _ := z.TryAcquire(&reqs[i]); slot == nil {
 			t.Fatalf("key %d refused", i)
 		}
 	}
 	during := liveHeap()
 	for i := range reqs { // the ones that stay came mid-burst, into overflow maps
 		if i%(n/stay) != n/stay/2 {
-			z.Release(&reqs[i])
+			reqs[i].slot.Release()
 		}
 	}
 	after := liveHeap()
 	t.Logf("burst: +%.1f MiB; after it left with %d keys staying: %+.1f KiB", float64(during-before)/(1<<20), stay, float64(after-before)/1024)
-	if z.Keys(0) != stay {
-		t.Fatalf("%d keys in flight, want %d", z.Keys(0), stay)
+	if keysIn(z, 0) != stay {
+		t.Fatalf("%d keys in flight, want %d", keysIn(z, 0), stay)
 	}
 	if after-before > 1<<20 {
 		t.Errorf("live heap %.1f MiB above the start with %d keys staying, want within 1 MiB", float64(after-before)/(1<<20), stay)

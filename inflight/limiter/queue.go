@@ -67,8 +67,11 @@ const (
 // the total) when Outcome is not Admitted; Waited is the time spent queued.
 type Result struct {
 	Outcome Outcome
-	Dim     int
-	Waited  time.Duration
+	// Slot is what an admitted request holds, to release once it ended;
+	// nil unless Outcome is Admitted.
+	Slot   *Slot
+	Dim    int
+	Waited time.Duration
 	// Levels, if not nil, is the fleet's level of the request's dimensions
 	// as a Ledger answered the call that decided it (see Levels); nil
 	// when no ledger answered for it (a zone without one, an admission
@@ -238,13 +241,17 @@ func (q *queue) await(ctx context.Context, w *waiter, wait time.Duration) Outcom
 	}
 }
 
-// Waiting returns how many requests are queued now.
-func (q *queue) Waiting() int64 { return q.queued.Load() }
-
-// Acquire admits req, waiting up to opt.Wait for room. A request that waits
-// uses no goroutine of its own beyond the caller's: a Release hands it the
-// slot directly and wakes it.
+// Acquire admits req, waiting up to opt.Wait for room; admitted, its
+// Result's Slot holds req's units until it is released. A request that
+// waits uses no goroutine of its own beyond the caller's: a release hands
+// it the room directly and wakes it.
 func (z *Zone) Acquire(ctx context.Context, req *Request, opt WaitOptions) Result {
+	res := z.acquire(ctx, req, opt)
+	res.Slot = slotOf(req, res.Outcome)
+	return res
+}
+
+func (z *Zone) acquire(ctx context.Context, req *Request, opt WaitOptions) Result {
 	if opt.Wait <= 0 {
 		return z.acquireNow(req)
 	}
@@ -315,7 +322,7 @@ func (z *Zone) Acquire(ctx context.Context, req *Request, opt WaitOptions) Resul
 	case w.granted: // a slot came as the wait ended
 		z.mu.Unlock()
 		if outcome == Aborted {
-			z.Release(req)
+			z.release(req)
 			return Result{Outcome: Aborted, Waited: waited}
 		}
 		return Result{Outcome: Admitted, Waited: waited, Levels: w.levels, Alone: w.alone}

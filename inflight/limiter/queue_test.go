@@ -19,9 +19,9 @@ type arrival struct {
 func enqueue(t *testing.T, ctx context.Context, z *Zone, name string, r *Request, opt WaitOptions) *arrival {
 	t.Helper()
 	a := &arrival{name: name, req: r, res: make(chan Result, 1)}
-	before := z.Waiting()
+	before := waitingIn(z)
 	go func() { a.res <- z.Acquire(ctx, r, opt) }()
-	waitFor(t, func() bool { return z.Waiting() == before+1 })
+	waitFor(t, func() bool { return waitingIn(z) == before+1 })
 	return a
 }
 
@@ -40,7 +40,7 @@ func waitFor(t *testing.T, cond func() bool) {
 // returning the names in the order they were admitted.
 func admissionOrder(t *testing.T, z *Zone, holder *Request, as []*arrival) []string {
 	t.Helper()
-	z.Release(holder)
+	holder.slot.Release()
 	var order []string
 	pending := append([]*arrival(nil), as...)
 	for len(pending) > 0 {
@@ -64,7 +64,7 @@ func admissionOrder(t *testing.T, z *Zone, holder *Request, as []*arrival) []str
 			}
 		}
 		order = append(order, next.name)
-		z.Release(next.req)
+		next.req.slot.Release()
 	}
 	return order
 }
@@ -136,14 +136,14 @@ func TestNoHeadOfLineBlockingAcrossKeys(t *testing.T) {
 	highA := enqueue(t, context.Background(), z, "highA", req(lim, "a"), WaitOptions{Wait: time.Hour, Class: High})
 	lowB := enqueue(t, context.Background(), z, "lowB", req(lim, "b"), WaitOptions{Wait: time.Hour, Class: Low})
 	// b frees: a is still full, so lowB must go although highA ranks higher.
-	z.Release(holdB)
+	holdB.slot.Release()
 	if r := <-lowB.res; r.Outcome != Admitted {
 		t.Fatalf("lowB outcome %d, want admitted", r.Outcome)
 	}
-	if z.Waiting() != 1 {
-		t.Fatalf("waiting %d, want 1 (highA)", z.Waiting())
+	if waitingIn(z) != 1 {
+		t.Fatalf("waiting %d, want 1 (highA)", waitingIn(z))
 	}
-	z.Release(holdA)
+	holdA.slot.Release()
 	if r := <-highA.res; r.Outcome != Admitted {
 		t.Fatalf("highA outcome %d, want admitted", r.Outcome)
 	}
@@ -164,8 +164,8 @@ func TestTimeout(t *testing.T) {
 	if r.Outcome != Timeout || r.Dim != 0 || r.Waited != 10*time.Second {
 		t.Fatalf("result %+v, want timeout on dim 0 after exactly 10s", r)
 	}
-	if z.Waiting() != 0 || z.InFlight(0) != 1 {
-		t.Fatalf("waiting %d held %d, want 0, 1", z.Waiting(), z.InFlight(0))
+	if waitingIn(z) != 0 || unitsIn(z, 0) != 1 {
+		t.Fatalf("waiting %d held %d, want 0, 1", waitingIn(z), unitsIn(z, 0))
 	}
 }
 
@@ -179,12 +179,12 @@ func TestAbortLeavesQueueAndTakesNothing(t *testing.T) {
 	if r := <-a.res; r.Outcome != Aborted {
 		t.Fatalf("outcome %d, want aborted", r.Outcome)
 	}
-	if z.Waiting() != 0 {
-		t.Fatalf("waiting %d after abort", z.Waiting())
+	if waitingIn(z) != 0 {
+		t.Fatalf("waiting %d after abort", waitingIn(z))
 	}
-	z.Release(holder)
-	if z.InFlight(0) != 0 || z.Keys(0) != 0 {
-		t.Fatalf("held %d keys %d, want 0", z.InFlight(0), z.Keys(0))
+	holder.slot.Release()
+	if unitsIn(z, 0) != 0 || keysIn(z, 0) != 0 {
+		t.Fatalf("held %d keys %d, want 0", unitsIn(z, 0), keysIn(z, 0))
 	}
 }
 
@@ -246,7 +246,7 @@ func TestManyConcurrentWaiters(t *testing.T) {
 				peak = max(peak, cur)
 				cur--
 				mu.Unlock()
-				z.Release(r)
+				r.slot.Release()
 			}
 		}()
 	}
@@ -257,8 +257,8 @@ func TestManyConcurrentWaiters(t *testing.T) {
 	if admitted < workers*rounds/2 {
 		t.Errorf("only %d of %d admitted", admitted, workers*rounds)
 	}
-	if z.Waiting() != 0 || z.pending.Load() != 0 || z.InFlight(0) != 0 || z.Keys(0) != 0 {
-		t.Errorf("left behind: waiting %d pending %d held %d keys %d", z.Waiting(), z.pending.Load(), z.InFlight(0), z.Keys(0))
+	if waitingIn(z) != 0 || z.pending.Load() != 0 || unitsIn(z, 0) != 0 || keysIn(z, 0) != 0 {
+		t.Errorf("left behind: waiting %d pending %d held %d keys %d", waitingIn(z), z.pending.Load(), unitsIn(z, 0), keysIn(z, 0))
 	}
 }
 
@@ -276,7 +276,7 @@ func TestQueuedHook(t *testing.T) {
 	if r := z.Acquire(context.Background(), req(lim, "k"), opt); r.Outcome != QueueFull {
 		t.Fatalf("over max_waiting: outcome %d, want queue full", r.Outcome)
 	}
-	z.Release(holder)
+	holder.slot.Release()
 	if r := <-w.res; r.Outcome != Admitted || calls != 1 {
 		t.Fatalf("waiter: outcome %d, hook ran %d times, want admitted and 1", r.Outcome, calls)
 	}
@@ -307,17 +307,17 @@ func abortedAsGranted(t *testing.T, z *Zone, lim *Limits) {
 		waiter := req(lim, "k")
 		// Runs once the waiter is queued, before it waits: the release grants
 		// it the slot and its context ends, both before it looks.
-		opt := WaitOptions{Wait: time.Hour, Queued: func() { z.Release(holder); cancel() }}
+		opt := WaitOptions{Wait: time.Hour, Queued: func() { holder.slot.Release(); cancel() }}
 		switch res := z.Acquire(ctx, waiter, opt); res.Outcome {
 		case Aborted:
 			aborted++
 		case Admitted:
-			z.Release(waiter)
+			waiter.slot.Release()
 		default:
 			t.Fatalf("round %d: outcome %d, want aborted or admitted", round, res.Outcome)
 		}
-		if z.InFlight(0) != 0 || z.Keys(0) != 0 || z.Waiting() != 0 {
-			t.Fatalf("round %d: held %d, keys %d, waiting %d after the waiter ended; want 0, 0, 0 (a slot leaked)", round, z.InFlight(0), z.Keys(0), z.Waiting())
+		if unitsIn(z, 0) != 0 || keysIn(z, 0) != 0 || waitingIn(z) != 0 {
+			t.Fatalf("round %d: held %d, keys %d, waiting %d after the waiter ended; want 0, 0, 0 (a slot leaked)", round, unitsIn(z, 0), keysIn(z, 0), waitingIn(z))
 		}
 	}
 	if aborted == 0 {

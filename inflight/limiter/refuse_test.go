@@ -41,8 +41,8 @@ func TestRefuseHook(t *testing.T) {
 			}()
 			synctest.Wait()
 		}
-		if z.Waiting() != 2 {
-			t.Fatalf("%d waiting, want 2", z.Waiting())
+		if waitingIn(z) != 2 {
+			t.Fatalf("%d waiting, want 2", waitingIn(z))
 		}
 		// The third is refused at once.
 		res := z.Acquire(context.Background(), req(lim), opt)
@@ -52,15 +52,15 @@ func TestRefuseHook(t *testing.T) {
 		if want := []int64{0, 1, 2}; len(asked) != 3 || asked[0] != want[0] || asked[1] != want[1] || asked[2] != want[2] {
 			t.Fatalf("Refuse asked with %v, want %v", asked, want)
 		}
-		if z.Waiting() != 2 || z.pending.Load() != 2 {
-			t.Fatalf("waiting %d, pending %d after the early refusal, want 2 and 2", z.Waiting(), z.pending.Load())
+		if waitingIn(z) != 2 || z.pending.Load() != 2 {
+			t.Fatalf("waiting %d, pending %d after the early refusal, want 2 and 2", waitingIn(z), z.pending.Load())
 		}
 		// The waiters are still served in turn, and the counts end at zero.
-		z.Release(held)
-		z.Release(<-done)
-		z.Release(<-done)
-		if z.InFlight(TotalDim) != 0 || z.Waiting() != 0 || z.pending.Load() != 0 {
-			t.Fatalf("held %d, waiting %d, pending %d, want 0", z.InFlight(TotalDim), z.Waiting(), z.pending.Load())
+		held.slot.Release()
+		(<-done).slot.Release()
+		(<-done).slot.Release()
+		if unitsIn(z, TotalDim) != 0 || waitingIn(z) != 0 || z.pending.Load() != 0 {
+			t.Fatalf("held %d, waiting %d, pending %d, want 0", unitsIn(z, TotalDim), waitingIn(z), z.pending.Load())
 		}
 	})
 }
@@ -79,7 +79,7 @@ func TestBoundedWaitNotAdmittedLate(t *testing.T) {
 		done := make(chan Result, 1)
 		go func() { done <- z.Acquire(context.Background(), req(lim), WaitOptions{Wait: bound}) }()
 		time.Sleep(bound + time.Millisecond) // the slot frees just after the bound
-		z.Release(held)
+		held.slot.Release()
 		res := <-done
 		if res.Outcome != Timeout || res.Waited != bound {
 			t.Fatalf("%+v, want a timeout after exactly %s", res, bound)
@@ -87,8 +87,8 @@ func TestBoundedWaitNotAdmittedLate(t *testing.T) {
 		if el := time.Since(start); el < bound {
 			t.Fatalf("ended after %s", el)
 		}
-		if z.InFlight(TotalDim) != 0 || z.Waiting() != 0 {
-			t.Fatalf("held %d, waiting %d, want 0 and 0", z.InFlight(TotalDim), z.Waiting())
+		if unitsIn(z, TotalDim) != 0 || waitingIn(z) != 0 {
+			t.Fatalf("held %d, waiting %d, want 0 and 0", unitsIn(z, TotalDim), waitingIn(z))
 		}
 	})
 }

@@ -106,7 +106,7 @@ func TestReportCarriesFairWeights(t *testing.T) {
 		lim := &Limits{Max: []int64{2}}
 		there, holder := req(lim, "x"), req(lim, "x")
 		mustAdmit(t, other, there)
-		defer other.Release(there)
+		defer there.slot.Release()
 		mustAdmit(t, z, holder)
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan Result, 1)
@@ -116,7 +116,7 @@ func TestReportCarriesFairWeights(t *testing.T) {
 		synctest.Wait()
 		cancel()
 		<-done
-		z.Release(holder)
+		holder.slot.Release()
 		rec.mu.Lock()
 		defer rec.mu.Unlock()
 		var entries []string

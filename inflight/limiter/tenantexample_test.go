@@ -65,15 +65,15 @@ func (x tenantExample) run(t *testing.T) (held float64, share map[string]float64
 					mu.Lock()
 					seconds[tenant] += max(overlap, 0)
 					mu.Unlock()
-					z.Release(r)
+					r.slot.Release()
 				}
 			})
 		}
 	}
 	wg.Wait()
 	for _, z := range zones {
-		if z.Waiting() != 0 || z.InFlight(TotalDim) != 0 {
-			t.Fatalf("left behind: %d waiting, %d held", z.Waiting(), z.InFlight(TotalDim))
+		if waitingIn(z) != 0 || unitsIn(z, TotalDim) != 0 {
+			t.Fatalf("left behind: %d waiting, %d held", waitingIn(z), unitsIn(z, TotalDim))
 		}
 	}
 	var sum float64

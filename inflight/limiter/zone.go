@@ -60,9 +60,7 @@
 package limiter
 
 import (
-	"cmp"
 	"hash/maphash"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -118,8 +116,8 @@ type Limits struct {
 	retired atomic.Bool
 }
 
-// Request is one admission. Keys, Max and Cost must stay unchanged from
-// Acquire until Release.
+// Request is what a caller asks a zone to admit. Keys, Max and Cost must
+// stay unchanged from Acquire until its Slot is released.
 type Request struct {
 	// Keys holds one key per dimension; "" means the dimension does not
 	// apply to this request (it is neither checked nor counted).
@@ -131,14 +129,24 @@ type Request struct {
 	Cost int64
 	// Limits are the caps of the handler that admits the request.
 	Limits *Limits
+
+	// slot is where admission records what the request holds: kept in the
+	// request, so that admitting allocates nothing.
+	slot Slot
+}
+
+// A Slot is what an admitted request holds, from admission to Release:
+// its units in every dimension, its keys' hashes (Release need not hash
+// again) and what fair sharing charged it.
+type Slot struct {
 	// Used, if positive, is how many units the request was found to use
 	// once it ended (the tokens a model reported), set before Release:
 	// fair sharing then charges its key Used units for the time it held,
 	// not the units it took. 0 charges what it took.
 	Used int64
 
-	// hashes keep the keys' hashes from admission to release, which then
-	// need not hash again; valid while held is set.
+	zone   *Zone
+	req    *Request
 	hashes [inlineDims]uint64
 	held   bool
 	// taken is the units the request holds, set at admission.
@@ -148,16 +156,36 @@ type Request struct {
 	fair *fairCharge
 }
 
-// Units returns the units req holds while admitted: its cost, clamped.
-func (req *Request) Units() int64 { return req.taken }
+// Units returns the units the slot holds: its request's cost, clamped.
+func (s *Slot) Units() int64 { return s.taken }
 
-// UsedUnits returns the units req's key is charged for, once it ended:
-// Used if it is set (clamped as costs are), else its units.
-func (req *Request) UsedUnits() int64 {
-	if req.Used > 0 {
-		return ClampCost(req.Used)
+// UsedUnits returns the units the slot's key is charged for, once it
+// ended: Used if it is set (clamped as costs are), else its units.
+func (s *Slot) UsedUnits() int64 {
+	if s.Used > 0 {
+		return ClampCost(s.Used)
 	}
-	return req.taken
+	return s.taken
+}
+
+// Release gives back the units s holds and hands them to waiters that now
+// fit. It is safe after the zone is no longer used by any handler. A slot
+// that holds nothing (released already) makes it panic, as
+// semaphore.Weighted does: giving its units back again would let more in
+// than the caps allow.
+func (s *Slot) Release() {
+	if !s.held {
+		panic("limiter: Release of a slot that holds no units (released twice)")
+	}
+	s.zone.release(s.req)
+}
+
+// slotOf returns req's slot, or nil if the outcome refused it.
+func slotOf(req *Request, o Outcome) *Slot {
+	if o != Admitted {
+		return nil
+	}
+	return &req.slot
 }
 
 // cost is req's cost within 1 to MaxCost.
@@ -166,8 +194,8 @@ func (req *Request) cost() int64 { return ClampCost(req.Cost) }
 // hash returns the hash of req's key in dimension d, from admission if it
 // kept it.
 func (z *Zone) hash(req *Request, d int) uint64 {
-	if req.held && d < inlineDims {
-		return req.hashes[d]
+	if req.slot.held && d < inlineDims {
+		return req.slot.hashes[d]
 	}
 	return maphash.String(z.seed, req.Keys[d])
 }
@@ -175,7 +203,7 @@ func (z *Zone) hash(req *Request, d int) uint64 {
 // keep records the hash of dimension d's key for Release.
 func (req *Request) keep(d int, h uint64) {
 	if d < inlineDims {
-		req.hashes[d] = h
+		req.slot.hashes[d] = h
 	}
 }
 
@@ -244,9 +272,6 @@ func NewZone(dims int, hasTotal bool, clock Clock) *Zone {
 // (a grant rate, retry hints).
 func (z *Zone) Clock() Clock { return z.clock }
 
-// HasTotal reports whether the zone counts a zone-wide total.
-func (z *Zone) HasTotal() bool { return z.hasTotal }
-
 // Adopt makes l the limits that waiters with retired limits use, and admits
 // any waiter that l now lets in (a raised max admits at once).
 func (z *Zone) Adopt(l *Limits) {
@@ -283,12 +308,12 @@ func (z *Zone) retry(keys bool) {
 	z.mu.Unlock()
 }
 
-// TryAcquire admits req if every dimension has room, without waiting. On
-// refusal it returns false and the refusing dimension (TotalDim for the
-// total).
-func (z *Zone) TryAcquire(req *Request) (bool, int) {
+// TryAcquire admits req if every dimension has room, without waiting, and
+// returns its slot. On refusal it returns nil and the refusing dimension
+// (TotalDim for the total).
+func (z *Zone) TryAcquire(req *Request) (*Slot, int) {
 	o, d := z.tryNow(req)
-	return o == Admitted, d
+	return slotOf(req, o), d
 }
 
 // tryNow admits req if it fits now, after any waiter that fits.
@@ -309,17 +334,11 @@ func (z *Zone) tryNewcomer(req *Request) (Outcome, int) {
 	return z.tryAcquire(req, r.against(z, nil, z.clock.Now()))
 }
 
-// Release gives back the slots req holds and hands them to waiters that
-// now fit. It is safe after the zone is no longer used by any handler. A
-// request that holds nothing (released already, or never admitted) makes
-// it panic, as semaphore.Weighted does: giving its units back again would
-// let more in than the caps allow.
-func (z *Zone) Release(req *Request) {
-	if !req.held {
-		panic("limiter: Release of a request that holds no units (released twice, or never admitted)")
-	}
-	if req.fair != nil {
-		req.fair.q.settle(req)
+// release gives back the units req holds and hands them to waiters that
+// now fit.
+func (z *Zone) release(req *Request) {
+	if req.slot.fair != nil {
+		req.slot.fair.q.settle(req)
 	}
 	var sets []Set // with a ledger: where idle allowance may go back
 	if z.ledger != nil {
@@ -355,7 +374,7 @@ func (z *Zone) Release(req *Request) {
 // giveBack takes req's units off the counts and, if collect is set (mu
 // held), records the blockers they free for dispatch.
 func (z *Zone) giveBack(req *Request, collect bool) {
-	units := req.taken
+	units := req.slot.taken
 	var now int64
 	if z.ledger != nil {
 		now = z.clock.Now().UnixNano()
@@ -382,7 +401,7 @@ func (z *Zone) giveBack(req *Request, collect bool) {
 			}
 		}
 	}
-	req.held = false
+	req.slot.held = false
 	if z.hasTotal {
 		z.total.Add(-(units + oneReq))
 		if collect {
@@ -407,56 +426,6 @@ func (z *Zone) candidatesFor(req *Request) {
 	}
 }
 
-// InFlight returns the units in flight in dimension d (TotalDim: the
-// total).
-func (z *Zone) InFlight(d int) int64 {
-	units, _ := z.Load(d)
-	return units
-}
-
-// Load returns the units held in dimension d (TotalDim: the total), and the
-// requests holding them.
-func (z *Zone) Load(d int) (units, requests int64) {
-	if d == TotalDim {
-		w := z.total.Load()
-		return w & MaxCost, w >> unitBits
-	}
-	for i := range numShards {
-		s := &z.shards[d*numShards+i]
-		s.mu.Lock()
-		units += s.inFlight
-		requests += s.requests
-		s.mu.Unlock()
-	}
-	return units, requests
-}
-
-// KeyUnits returns the units key holds in dimension d.
-func (z *Zone) KeyUnits(d int, key string) int64 {
-	s, h := z.shardFor(d, key)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.count(h)
-}
-
-// Keys returns how many keys of dimension d have requests in flight. Once
-// the zone counts keys (MaxKeys was used) it is the count admissions check,
-// exact at one instant; before, the shards are read one after another, so
-// keys that come and go meanwhile can be counted both.
-func (z *Zone) Keys(d int) int {
-	if z.counting.Load() {
-		return int(z.keys[d].n.Load())
-	}
-	n := 0
-	for i := range numShards {
-		s := &z.shards[d*numShards+i]
-		s.mu.Lock()
-		n += s.keys()
-		s.mu.Unlock()
-	}
-	return n
-}
-
 // tryAcquire checks every dimension of req under its shard lock and, if all
 // fit, takes req's units in each. It returns Admitted, or Full, KeysFull or
 // short with the refusing dimension: the caps first (each key's, in
@@ -475,13 +444,13 @@ func (z *Zone) tryAcquire(req *Request, r *reservation) (Outcome, int) {
 	if lim.MaxKeys > 0 && !z.counting.Load() {
 		z.startCounting()
 	}
-	var buf [inlineDims]slot
+	var buf [inlineDims]keyCheck
 	locked := buf[:0]
 	if len(req.Keys) > inlineDims {
-		locked = make([]slot, 0, len(req.Keys))
+		locked = make([]keyCheck, 0, len(req.Keys))
 	}
 	for d, key := range req.Keys { // dimension order: the lock order
-		var sl slot
+		var sl keyCheck
 		if key != "" {
 			sl.shard, sl.hash = z.shardFor(d, key)
 			sl.shard.mu.Lock()
@@ -571,7 +540,8 @@ func (z *Zone) tryAcquire(req *Request, r *reservation) (Outcome, int) {
 		z.newKeys.Unlock()
 	}
 	if admit {
-		req.held, req.taken = true, units
+		sl := &req.slot // its hashes and any fair charge are set already
+		sl.zone, sl.req, sl.held, sl.taken, sl.Used = z, req, true, units, 0
 	}
 	return outcome, refusedBy
 }
@@ -645,9 +615,9 @@ func (z *Zone) capFor(lim *Limits, req *Request, d int) int64 {
 	return lim.capOf(req, d, z.ledger != nil)
 }
 
-// slot is a key's shard, hash and units in flight, and what the
+// keyCheck is a key's shard, hash and units in flight, and what the
 // admission needs there (those, its own, those held), for one admission.
-type slot struct {
+type keyCheck struct {
 	shard *shard
 	hash  uint64
 	count int64
@@ -665,24 +635,4 @@ func (z *Zone) shardFor(d int, key string) (*shard, uint64) {
 
 func (z *Zone) shardOf(d int, h uint64) *shard {
 	return &z.shards[d*numShards+int(h>>32)&(numShards-1)]
-}
-
-// KeyCount is a key's hash and its units in flight.
-type KeyCount struct {
-	Hash  uint64
-	Count int64
-}
-
-// TopKeys returns up to n keys of dimension d with the most units in
-// flight, most first.
-func (z *Zone) TopKeys(d, n int) []KeyCount {
-	var all []KeyCount
-	for i := range numShards {
-		s := &z.shards[d*numShards+i]
-		s.mu.Lock()
-		all = s.appendCounts(all)
-		s.mu.Unlock()
-	}
-	slices.SortFunc(all, func(a, b KeyCount) int { return cmp.Compare(b.Count, a.Count) })
-	return all[:min(n, len(all))]
 }

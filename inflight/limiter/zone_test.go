@@ -32,8 +32,8 @@ func mustAdmit(t *testing.T, z *Zone, r *Request) {
 
 func mustRefuse(t *testing.T, z *Zone, r *Request, wantDim int) {
 	t.Helper()
-	if ok, d := z.TryAcquire(r); ok || d != wantDim {
-		t.Fatalf("TryAcquire = %v, dim %d; want refused by dim %d", ok, d, wantDim)
+	if slot, d := z.TryAcquire(r); slot != nil || d != wantDim {
+		t.Fatalf("TryAcquire = %v, dim %d; want refused by dim %d", slot, d, wantDim)
 	}
 }
 
@@ -45,13 +45,13 @@ func TestCapPerKeyAndIsolation(t *testing.T) {
 	mustAdmit(t, z, a2)
 	mustRefuse(t, z, a3, 0)
 	mustAdmit(t, z, b) // another key is not affected
-	z.Release(a1)
+	a1.slot.Release()
 	mustAdmit(t, z, a3) // a freed slot admits the next
 	for _, r := range []*Request{a2, a3, b} {
-		z.Release(r)
+		r.slot.Release()
 	}
-	if z.InFlight(0) != 0 || z.Keys(0) != 0 {
-		t.Fatalf("after release: held %d, keys %d; want 0, 0", z.InFlight(0), z.Keys(0))
+	if unitsIn(z, 0) != 0 || keysIn(z, 0) != 0 {
+		t.Fatalf("after release: held %d, keys %d; want 0, 0", unitsIn(z, 0), keysIn(z, 0))
 	}
 }
 
@@ -63,14 +63,14 @@ func TestAllOrNothing(t *testing.T) {
 	// The tenant dimension is full: the client dimension and the total must
 	// stay as they were.
 	mustRefuse(t, z, req(lim, "client", "tenant"), 1)
-	if got := z.InFlight(0); got != 1 {
+	if got := unitsIn(z, 0); got != 1 {
 		t.Fatalf("client held %d after a refusal, want 1", got)
 	}
-	if got := z.InFlight(TotalDim); got != 1 {
+	if got := unitsIn(z, TotalDim); got != 1 {
 		t.Fatalf("total %d after a refusal, want 1", got)
 	}
-	z.Release(holder)
-	if z.InFlight(0)+z.InFlight(1)+z.InFlight(TotalDim) != 0 || z.Keys(0)+z.Keys(1) != 0 {
+	holder.slot.Release()
+	if unitsIn(z, 0)+unitsIn(z, 1)+unitsIn(z, TotalDim) != 0 || keysIn(z, 0)+keysIn(z, 1) != 0 {
 		t.Fatal("counts not back at zero")
 	}
 }
@@ -81,7 +81,7 @@ func TestTotalCapsAcrossKeys(t *testing.T) {
 	mustAdmit(t, z, req(lim, "a"))
 	mustAdmit(t, z, req(lim, "b"))
 	mustRefuse(t, z, req(lim, "c"), TotalDim)
-	if got := z.Keys(0); got != 2 {
+	if got := keysIn(z, 0); got != 2 {
 		t.Fatalf("keys %d after total refusal, want 2", got)
 	}
 }
@@ -92,7 +92,7 @@ func TestEmptyKeyIsNotLimited(t *testing.T) {
 	for i := range 5 {
 		mustAdmit(t, z, req(lim, "", fmt.Sprint(i)))
 	}
-	if z.Keys(0) != 0 {
+	if keysIn(z, 0) != 0 {
 		t.Fatal("an empty key was counted")
 	}
 }
@@ -120,9 +120,9 @@ func TestReloadCarriesCountsAndLowersCap(t *testing.T) {
 	z.Adopt(lowered)
 	z.Retire(old)
 	mustRefuse(t, z, req(lowered, "k"), 0)
-	z.Release(inflight[0])
+	inflight[0].slot.Release()
 	mustRefuse(t, z, req(lowered, "k"), 0) // 2 still in flight: at the cap
-	z.Release(inflight[1])
+	inflight[1].slot.Release()
 	mustAdmit(t, z, req(lowered, "k"))
 }
 
@@ -153,7 +153,7 @@ func TestConcurrentNeverExceedsMax(t *testing.T) {
 					c := (w + i) % len(clients)
 					tn := c % len(tenants)
 					r := req(lim, fmt.Sprint("c", c), fmt.Sprint("t", tn))
-					if ok, _ := z.TryAcquire(r); !ok {
+					if slot, _ := z.TryAcquire(r); slot == nil {
 						refused.Add(1)
 						time.Sleep(time.Millisecond)
 						continue
@@ -166,7 +166,7 @@ func TestConcurrentNeverExceedsMax(t *testing.T) {
 					clients[c].Add(-1)
 					tenants[tn].Add(-1)
 					all.Add(-1)
-					z.Release(r)
+					r.slot.Release()
 				}
 			})
 		}
@@ -179,7 +179,7 @@ func TestConcurrentNeverExceedsMax(t *testing.T) {
 		if admitted.Load()+refused.Load() != workers*rounds {
 			t.Errorf("admitted %d + refused %d != %d", admitted.Load(), refused.Load(), workers*rounds)
 		}
-		if z.InFlight(0)+z.InFlight(1)+z.InFlight(TotalDim) != 0 || z.Keys(0)+z.Keys(1) != 0 {
+		if unitsIn(z, 0)+unitsIn(z, 1)+unitsIn(z, TotalDim) != 0 || keysIn(z, 0)+keysIn(z, 1) != 0 {
 			t.Error("counts not back at zero")
 		}
 	})
@@ -195,28 +195,15 @@ func TestEmptiedMapsAreReplaced(t *testing.T) {
 		held = append(held, r)
 	}
 	for _, r := range held {
-		z.Release(r)
+		r.slot.Release()
 	}
 	for i := range z.shards {
 		if s := &z.shards[i]; s.more != nil || s.peak >= shrinkAt {
 			t.Fatalf("shard %d kept its overflow map (peak %d) after every key left", i, s.peak)
 		}
 	}
-	if z.Keys(0) != 0 {
+	if keysIn(z, 0) != 0 {
 		t.Fatal("keys left")
-	}
-}
-
-// Releasing a request that was never admitted panics and changes no
-// count.
-func TestReleaseOfRequestNeverAdmittedPanics(t *testing.T) {
-	z := NewZone(1, false, nil)
-	lim := &Limits{Max: []int64{1}}
-	if !panics(func() { z.Release(req(lim, "never")) }) {
-		t.Error("Release of a request never admitted returned quietly, want a panic")
-	}
-	if z.InFlight(0) != 0 {
-		t.Fatalf("held %d", z.InFlight(0))
 	}
 }
 
@@ -240,7 +227,7 @@ func TestMaxKeysBoundsKeysNotRequests(t *testing.T) {
 			t.Fatalf("key %s: outcome %d, want admitted or keys full", k, res.Outcome)
 		}
 	}
-	if n := z.Keys(0); n != len(admitted) || n != numShards {
+	if n := keysIn(z, 0); n != len(admitted) || n != numShards {
 		t.Fatalf("%d keys held (%d admitted), want exactly %d", n, len(admitted), numShards)
 	}
 	for k := range admitted { // a key already in flight is not a new key
@@ -278,16 +265,16 @@ func TestMaxKeysIsExact(t *testing.T) {
 			mustAdmit(t, z, r)
 			held = append(held, r)
 		}
-		if ok, d := z.TryAcquire(two("one more")); ok || d != 0 {
-			t.Fatalf("max_keys %d: key %d admitted=%v (dim %d), want refused by dimension 0", max, max+1, ok, d)
+		if slot, d := z.TryAcquire(two("one more")); slot != nil || d != 0 {
+			t.Fatalf("max_keys %d: key %d admitted=%v (dim %d), want refused by dimension 0", max, max+1, slot != nil, d)
 		}
 		if res := z.Acquire(context.Background(), two("one more"), WaitOptions{}); res.Outcome != KeysFull {
 			t.Fatalf("max_keys %d: outcome %d, want KeysFull", max, res.Outcome)
 		}
 		again := two("k0")
 		mustAdmit(t, z, again) // a key in flight is not new
-		z.Release(held[0])
-		z.Release(again)
+		held[0].slot.Release()
+		again.slot.Release()
 		mustAdmit(t, z, two("one more")) // a key left: room for one
 	}
 }
@@ -307,14 +294,14 @@ func TestMaxKeysHoldsUnderConcurrency(t *testing.T) {
 			defer wg.Done()
 			for i := range rounds {
 				r := req(lim, fmt.Sprint(w, "/", i))
-				if ok, _ := z.TryAcquire(r); !ok {
+				if slot, _ := z.TryAcquire(r); slot == nil {
 					continue
 				}
 				n := inFlight.Add(1)
 				notePeak(&peak, n)
 				runtime.Gosched() // hold the key a moment
 				inFlight.Add(-1)
-				z.Release(r)
+				r.slot.Release()
 			}
 		}()
 	}
@@ -322,8 +309,8 @@ func TestMaxKeysHoldsUnderConcurrency(t *testing.T) {
 	if p := peak.Load(); p > max {
 		t.Fatalf("%d keys in flight at once, want at most %d", p, max)
 	}
-	if n := z.keys[0].n.Load(); n != 0 || z.Keys(0) != 0 {
-		t.Fatalf("after every request ended: %d keys counted, %d in tables, want 0", n, z.Keys(0))
+	if n := z.keys[0].n.Load(); n != 0 || keysIn(z, 0) != 0 {
+		t.Fatalf("after every request ended: %d keys counted, %d in tables, want 0", n, keysIn(z, 0))
 	}
 	for i := range max { // the whole bound is free again
 		mustAdmit(t, z, req(lim, fmt.Sprint("after", i)))
@@ -341,13 +328,13 @@ func TestMaxKeysCountsKeysAlreadyInFlight(t *testing.T) {
 	bounded := &Limits{Max: []int64{5}, MaxKeys: 4}
 	k3 := req(bounded, "k3")
 	mustAdmit(t, z, k3)
-	if ok, _ := z.TryAcquire(req(bounded, "k4")); ok {
+	if slot, _ := z.TryAcquire(req(bounded, "k4")); slot != nil {
 		t.Fatal("fifth key admitted under max_keys 4 with 4 in flight")
 	}
 	k4 := req(free, "k4")
 	mustAdmit(t, z, k4) // a config without the bound still admits
-	z.Release(k4)
-	z.Release(k3)
+	k4.slot.Release()
+	k3.slot.Release()
 	mustAdmit(t, z, req(bounded, "k5"))
 }
 
@@ -368,7 +355,7 @@ func TestMaxKeysRefusalIsNotSeen(t *testing.T) {
 				switch res := z.Acquire(context.Background(), r, WaitOptions{}); res.Outcome {
 				case Admitted:
 					runtime.Gosched() // others meet the total full
-					z.Release(r)
+					r.slot.Release()
 				case KeysFull:
 					keysFull.Add(1)
 				}
@@ -379,8 +366,8 @@ func TestMaxKeysRefusalIsNotSeen(t *testing.T) {
 	if n := keysFull.Load(); n > 0 {
 		t.Fatalf("%d of %d refused for max_keys 2 with at most one key in flight", n, workers*rounds)
 	}
-	if z.InFlight(TotalDim) != 0 || z.Keys(0) != 0 || z.keys[0].n.Load() != 0 {
-		t.Fatalf("left behind: total %d keys %d counted %d", z.InFlight(TotalDim), z.Keys(0), z.keys[0].n.Load())
+	if unitsIn(z, TotalDim) != 0 || keysIn(z, 0) != 0 || z.keys[0].n.Load() != 0 {
+		t.Fatalf("left behind: total %d keys %d counted %d", unitsIn(z, TotalDim), keysIn(z, 0), z.keys[0].n.Load())
 	}
 }
 
@@ -410,8 +397,8 @@ func TestMaxKeysWaiterNotLeftBehind(t *testing.T) {
 						return
 					default:
 					}
-					if ok, d := z.TryAcquire(req(lim, fmt.Sprint("new", n, "/", i))); ok || d != TotalDim && d != 0 {
-						t.Errorf("newcomer: admitted %v, dimension %d; want refused by the total or the key bound", ok, d)
+					if slot, d := z.TryAcquire(req(lim, fmt.Sprint("new", n, "/", i))); slot != nil || d != TotalDim && d != 0 {
+						t.Errorf("newcomer: admitted %v, dimension %d; want refused by the total or the key bound", slot != nil, d)
 						return
 					}
 				}
@@ -420,16 +407,16 @@ func TestMaxKeysWaiterNotLeftBehind(t *testing.T) {
 		w := enqueue(t, context.Background(), z, "waiter", req(lim, fmt.Sprint("w", round)), WaitOptions{Wait: time.Hour})
 		close(stop)
 		wg.Wait()
-		z.Release(second)
+		second.slot.Release()
 		select {
 		case r := <-w.res:
 			if r.Outcome != Admitted {
 				t.Fatalf("round %d: waiter %+v, want admitted", round, r)
 			}
 		case <-time.After(5 * time.Second):
-			t.Fatalf("round %d: the waiter still waits with a slot free (held %d of 2, keys %d of 2)", round, z.InFlight(TotalDim), z.Keys(0))
+			t.Fatalf("round %d: the waiter still waits with a slot free (held %d of 2, keys %d of 2)", round, unitsIn(z, TotalDim), keysIn(z, 0))
 		}
-		z.Release(w.req)
+		w.req.slot.Release()
 	}
 }
 
@@ -443,14 +430,14 @@ func TestSecondReleasePanicsAndGivesNothingBack(t *testing.T) {
 	a.Cost, b.Cost = 3, 2
 	mustAdmit(t, z, a)
 	mustAdmit(t, z, b)
-	z.Release(a)
-	if !panics(func() { z.Release(a) }) {
+	a.slot.Release()
+	if !panics(func() { a.slot.Release() }) {
 		t.Error("a second Release returned quietly, want a panic")
 	}
-	if got, gotTotal := z.KeyUnits(0, "k"), z.InFlight(TotalDim); got != 2 || gotTotal != 2 {
+	if got, gotTotal := unitsOfKey(z, 0, "k"), unitsIn(z, TotalDim); got != 2 || gotTotal != 2 {
 		t.Errorf("after a second Release: key holds %d units, total %d; want 2 and 2 (b's)", got, gotTotal)
 	}
-	z.Release(b)
+	b.slot.Release()
 }
 
 // TestHeldRequestsMeetEachCapExactly: requests that stay admitted fill each
@@ -483,8 +470,8 @@ func TestHeldRequestsMeetEachCapExactly(t *testing.T) {
 					r := req(lim, "", "")
 					r.Keys[0], r.Keys[1] = c.keys(i)
 					<-start
-					ok, d := z.TryAcquire(r)
-					if !ok {
+					slot, d := z.TryAcquire(r)
+					if slot == nil {
 						if d != c.dim {
 							t.Errorf("refused by dimension %d, want %d", d, c.dim)
 						}
@@ -501,14 +488,14 @@ func TestHeldRequestsMeetEachCapExactly(t *testing.T) {
 				t.Fatalf("%d of %d held at once, want exactly %d", n, burst, c.want)
 			}
 			for _, d := range []int{0, 1, TotalDim} {
-				if got := z.InFlight(d); got != c.want {
+				if got := unitsIn(z, d); got != c.want {
 					t.Errorf("dimension %d holds %d units, want %d", d, got, c.want)
 				}
 			}
 			for _, r := range held {
-				z.Release(r)
+				r.slot.Release()
 			}
-			if z.InFlight(0)+z.InFlight(1)+z.InFlight(TotalDim) != 0 || z.Keys(0)+z.Keys(1) != 0 {
+			if unitsIn(z, 0)+unitsIn(z, 1)+unitsIn(z, TotalDim) != 0 || keysIn(z, 0)+keysIn(z, 1) != 0 {
 				t.Error("counts not back at zero")
 			}
 		})

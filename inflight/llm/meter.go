@@ -67,7 +67,9 @@ func (m *Meter) outputEstimate(model string, ceiling int64) (estimate, learned i
 // bounded below the estimate's ceiling.
 func (m *Meter) Report(t *core.Ticket, model string, u TokenUsage, e Estimate) {
 	total := u.Total()
-	t.Req.Used = total
+	if t.Slot != nil { // nil: let through by dry_run, holding nothing
+		t.Slot.Used = total
+	}
 	m.metrics.input.Add(float64(u.Input))
 	m.metrics.cached.Add(float64(u.Cached))
 	m.metrics.output.Add(float64(u.Output))

@@ -24,12 +24,11 @@ func TestEveryFailedOperationIsExplained(t *testing.T) {
 	limits := &limiter.Limits{Max: []int64{5}}
 	z := zoneOf(t, s, "billing/0123abcd", limits)
 	warmUp(t, z, limits, cli)
-	held := request(limits, "k")
-	mustAdmit(t, z, held, "acquire")
+	held := mustAdmit(t, z, request(limits, "k"), "acquire")
 
 	p.setDown(true)
 	z.Acquire(context.Background(), request(limits, "k"), limiter.WaitOptions{}) // the outage starts: logged
-	z.Release(held)                                                              // its Redis side fails too
+	held.Release()                                                               // its Redis side fails too
 	eventually(t, "the failed release logged", func() bool {
 		return logs.FilterMessage("redis store operation failed").FilterField(zap.String("op", "release")).Len() == 1
 	})

@@ -32,10 +32,9 @@ func TestRejoinsWhenRedisAnswers(t *testing.T) {
 	limits := &limiter.Limits{Max: []int64{10}}
 	z := zoneOf(t, s, "rejoin", limits)
 	admit := func() limiter.Outcome {
-		req := request(limits, "k")
-		res := z.Acquire(context.Background(), req, limiter.WaitOptions{})
+		res := z.Acquire(context.Background(), request(limits, "k"), limiter.WaitOptions{})
 		if res.Outcome == limiter.Admitted {
-			z.Release(req)
+			res.Slot.Release()
 		}
 		return res.Outcome
 	}

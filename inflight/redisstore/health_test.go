@@ -27,9 +27,8 @@ func TestHealth(t *testing.T) {
 		return s.book.ledgers[s.book.prefix+":"+keySchema+":{health}"].Health()
 	}
 	admit := func() {
-		req := request(limits, "k")
-		if res := z.Acquire(context.Background(), req, limiter.WaitOptions{}); res.Outcome == limiter.Admitted {
-			z.Release(req)
+		if res := z.Acquire(context.Background(), request(limits, "k"), limiter.WaitOptions{}); res.Outcome == limiter.Admitted {
+			res.Slot.Release()
 		}
 	}
 

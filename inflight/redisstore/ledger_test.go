@@ -44,22 +44,30 @@ func observeLogs(b *book) *observer.ObservedLogs {
 	return logs
 }
 
-func mustAdmit(t testing.TB, z *limiter.Zone, req *limiter.Request, what string) {
+func mustAdmit(t testing.TB, z *limiter.Zone, req *limiter.Request, what string) *limiter.Slot {
 	t.Helper()
-	if res := z.Acquire(context.Background(), req, limiter.WaitOptions{}); res.Outcome != limiter.Admitted {
+	res := z.Acquire(context.Background(), req, limiter.WaitOptions{})
+	if res.Outcome != limiter.Admitted {
 		t.Fatalf("%s: %v, want admitted", what, res.Outcome)
 	}
+	return res.Slot
+}
+
+// admitsNow reports whether z admits req now, and keeps its slot in slot.
+func admitsNow(z *limiter.Zone, req *limiter.Request, slot **limiter.Slot) bool {
+	*slot = z.Acquire(context.Background(), req, limiter.WaitOptions{}).Slot
+	return *slot != nil
 }
 
 // warmUp admits and releases one request, so the zone knows Redis's
 // clock, and waits until Redis counts nothing.
 func warmUp(t testing.TB, z *limiter.Zone, limits *limiter.Limits, cli *redis.Client) {
 	t.Helper()
-	warm := request(limits, "warm")
+	var warm *limiter.Slot
 	eventually(t, "the warm-up admitted", func() bool { // a first call may outlast a short timeout
-		return z.Acquire(context.Background(), warm, limiter.WaitOptions{}).Outcome == limiter.Admitted
+		return admitsNow(z, request(limits, "warm"), &warm)
 	})
-	z.Release(warm)
+	warm.Release()
 	eventually(t, "warm-up given back", func() bool { return allowances(t, cli, "t") == 0 })
 	// The call that gave it back may still wait for its reply: a test
 	// that holds Redis's replies back now would hold the next call behind.
@@ -100,7 +108,8 @@ func TestFleetCapsAreExact(t *testing.T) {
 				if rng.IntN(2) == 0 {
 					opt.Wait = time.Duration(rng.IntN(50)) * time.Millisecond
 				}
-				if z.Acquire(context.Background(), req, opt).Outcome != limiter.Admitted {
+				res := z.Acquire(context.Background(), req, opt)
+				if res.Outcome != limiter.Admitted {
 					continue
 				}
 				admitted.Add(1)
@@ -113,7 +122,7 @@ func TestFleetCapsAreExact(t *testing.T) {
 				time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
 				total.Add(-1)
 				byKey[k].Add(-1)
-				z.Release(req)
+				res.Slot.Release()
 			}
 		})
 	}
@@ -134,16 +143,15 @@ func TestWaiterWokenByAnotherInstancesRelease(t *testing.T) {
 	addr, _ := startRedis(t)
 	limits := &limiter.Limits{Max: []int64{1}}
 	a, b := zoneOf(t, instance(t, store(addr, nil), 0), "wake", limits), zoneOf(t, instance(t, store(addr, nil), 1), "wake", limits)
-	held := request(limits, "k")
-	mustAdmit(t, a, held, "at A")
+	held := mustAdmit(t, a, request(limits, "k"), "at A")
 	done := make(chan limiter.Result, 1)
 	go func() {
 		done <- b.Acquire(context.Background(), request(limits, "k"), limiter.WaitOptions{Wait: time.Minute})
 	}()
-	eventually(t, "B's request waits", func() bool { return b.Waiting() == 1 })
+	eventually(t, "B's request waits", func() bool { return b.State(limiter.Look{}).Waiting == 1 })
 	time.Sleep(50 * time.Millisecond)
 	start := time.Now()
-	a.Release(held)
+	held.Release()
 	res := <-done
 	if res.Outcome != limiter.Admitted {
 		t.Fatalf("B's waiter: %v, want admitted", res.Outcome)
@@ -164,9 +172,7 @@ func TestAdmissionsBelowTheCapMakeNoCalls(t *testing.T) {
 	warmUp(t, z, limits, cli)
 	before := scriptCalls(t, cli)
 	for range 200 {
-		req := request(limits, "k")
-		mustAdmit(t, z, req, "below the cap")
-		z.Release(req)
+		mustAdmit(t, z, request(limits, "k"), "below the cap").Release()
 	}
 	calls := scriptCalls(t, cli) - before
 	t.Logf("200 admissions of one key, far from its cap: %d scripts", calls)
@@ -189,27 +195,21 @@ func TestCostsShareOneCapAcrossInstances(t *testing.T) {
 		r.Cost = cost
 		return r
 	}
-	three, two := costly(3), costly(2)
-	mustAdmit(t, a, three, "cost 3 at A")
-	mustAdmit(t, b, two, "cost 2 at B")
+	three := mustAdmit(t, a, costly(3), "cost 3 at A")
+	two := mustAdmit(t, b, costly(2), "cost 2 at B")
 	if res := b.Acquire(context.Background(), costly(1), limiter.WaitOptions{}); res.Outcome != limiter.Full {
 		t.Fatalf("cost 1 with 5 of 5 held: %v, want full", res.Outcome)
 	}
-	a.Release(three)
-	one := costly(1)
-	eventually(t, "cost 1 admitted once cost 3 ended", func() bool {
-		return b.Acquire(context.Background(), one, limiter.WaitOptions{}).Outcome == limiter.Admitted
-	})
-	b.Release(one)
-	b.Release(two)
-	big := costly(9)
-	eventually(t, "cost 9 admitted alone on a cap of 5", func() bool {
-		return a.Acquire(context.Background(), big, limiter.WaitOptions{}).Outcome == limiter.Admitted
-	})
+	three.Release()
+	var one, big *limiter.Slot
+	eventually(t, "cost 1 admitted once cost 3 ended", func() bool { return admitsNow(b, costly(1), &one) })
+	one.Release()
+	two.Release()
+	eventually(t, "cost 9 admitted alone on a cap of 5", func() bool { return admitsNow(a, costly(9), &big) })
 	if big.Units() != 5 {
 		t.Fatalf("cost 9 on a cap of 5 holds %d units, want 5", big.Units())
 	}
-	a.Release(big)
+	big.Release()
 	a.Close()
 	b.Close()
 	eventually(t, "nothing counted once all ended", func() bool { return allowances(t, cli, "t") == 0 })

@@ -57,11 +57,12 @@ func buildOurs(next http.Handler) func() http.Handler {
 		s.req = limiter.Request{Keys: s.keys[:], Max: s.max[:], Limits: lim}
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			s.keys[0] = keyOf(r)
-			if ok, _ := z.TryAcquire(&s.req); !ok {
+			slot, _ := z.TryAcquire(&s.req)
+			if slot == nil {
 				w.WriteHeader(http.StatusTooManyRequests)
 				return
 			}
-			defer z.Release(&s.req)
+			defer slot.Release()
 			next.ServeHTTP(w, r)
 		})
 	}
