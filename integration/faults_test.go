@@ -66,6 +66,7 @@ type faultEnv struct {
 	proxies []*faultProxy
 	rec     *recorder
 	caps    caps
+	onError string
 	maxCost int  // 1: every request costs 1
 	fair    bool // the busy tenants share the total fairly
 	fleet   []*fleetMember
@@ -93,7 +94,7 @@ func newFaultEnv(t *testing.T, site faultSite, c caps) *faultEnv {
 // with the suite's lease and timeout.
 func startFaultFleet(t *testing.T, site faultSite, c caps, addrs ...string) *faultEnv {
 	t.Helper()
-	e := &faultEnv{t: t, timing: timings(), rec: newRecorder(t), caps: c, maxCost: 1, fair: site.fair}
+	e := &faultEnv{t: t, timing: timings(), rec: newRecorder(t), caps: c, onError: site.onError, maxCost: 1, fair: site.fair}
 	if site.cost {
 		e.maxCost = maxCost
 	}
@@ -275,6 +276,12 @@ func (e *faultEnv) checkCycles(name string, cycles []cycle, bound time.Duration,
 	if w.capacityLost > bound {
 		t.Errorf("capacity was lost (refusals with the backend below the caps) for %v after the fault, want at most %v", w.capacityLost, bound)
 	}
+	if most := e.mostAfterAFault(e.caps.tenant); w.peakTenant > most {
+		t.Errorf("a tenant had %d units at the backend, want at most %d of its cap %d (fleet-guarantees.md, when Redis loses its data)", w.peakTenant, most, e.caps.tenant)
+	}
+	if most := e.mostAfterAFault(e.caps.total); e.caps.total > 0 && w.peakTotal > most {
+		t.Errorf("the backend held %d units in all, want at most %d of the total %d (fleet-guarantees.md, when Redis loses its data)", w.peakTotal, most, e.caps.total)
+	}
 	for i, m := range e.fleet {
 		down, up := m.outageLines()
 		switch {
@@ -286,6 +293,20 @@ func (e *faultEnv) checkCycles(name string, cycles []cycle, bound time.Duration,
 		}
 	}
 	return w
+}
+
+// mostAfterAFault is the most units a fault may let a cap of capacity have
+// at the backend, as fleet-guarantees.md states it: the units Redis
+// counted, as many again that it lost and granted anew, and with on_error
+// open what each instance admitted alone, within its share, while Redis
+// was down.
+func (e *faultEnv) mostAfterAFault(capacity int) int {
+	most := 2 * capacity
+	if e.onError == "open" {
+		n := len(e.fleet)
+		most += n * ((capacity + n - 1) / n)
+	}
+	return most
 }
 
 // wantOutages asserts that every instance logged each of n outages, once

@@ -21,9 +21,9 @@ func costly(limits *limiter.Limits, key string, cost int64) *limiter.Request {
 }
 
 // TestRejoinsWhenRedisAnswers: with on_error closed, once Redis answers
-// again the store is reachable without any request trying it (the
-// prober's PING ends the back-off), and the next request is admitted, not
-// refused for the rest of a one-second back-off.
+// again the store is reachable without any request trying it, within half
+// the one-second back-off (the prober's PING ends it), and the next
+// request is admitted, not refused for the rest of the back-off.
 func TestRejoinsWhenRedisAnswers(t *testing.T) {
 	addr, _ := startRedis(t)
 	proxy := newFaultProxy(t, addr)
@@ -44,7 +44,11 @@ func TestRejoinsWhenRedisAnswers(t *testing.T) {
 	back := time.Now()
 	proxy.setDown(false)
 	eventually(t, "the store reachable again with no request trying", func() bool { return !s.book.outage.Load() })
-	t.Logf("reachable %v after Redis accepted again (the back-off is 1 s)", time.Since(back).Round(time.Millisecond))
+	took := time.Since(back)
+	t.Logf("reachable %v after Redis accepted again (the back-off is %v)", took.Round(time.Millisecond), backOff)
+	if took >= backOff/2 {
+		t.Errorf("reachable %v after Redis accepted again, want well within the %v back-off: the prober's PING, every %v, ends it", took.Round(time.Millisecond), backOff, probeEvery)
+	}
 	if got := admit(); got != limiter.Admitted {
 		t.Fatalf("once the store is reachable again: outcome %v, want admitted", got)
 	}
