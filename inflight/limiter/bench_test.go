@@ -22,10 +22,11 @@ func benchKeys(n int) []string {
 func admitRelease(b *testing.B, z *Zone, r *Request) {
 	b.ReportAllocs()
 	for b.Loop() {
-		if slot, _ := z.TryAcquire(r); slot == nil {
+		slot, _ := z.TryAcquire(r)
+		if slot == nil {
 			b.Fatal("refused")
 		}
-		r.slot.Release()
+		slot.Release()
 	}
 }
 

@@ -247,7 +247,9 @@ func (q *queue) await(ctx context.Context, w *waiter, wait time.Duration) Outcom
 // it the room directly and wakes it.
 func (z *Zone) Acquire(ctx context.Context, req *Request, opt WaitOptions) Result {
 	res := z.acquire(ctx, req, opt)
-	res.Slot = slotOf(req, res.Outcome)
+	if res.Outcome == Admitted {
+		res.Slot = &req.slot
+	}
 	return res
 }
 

@@ -180,14 +180,6 @@ func (s *Slot) Release() {
 	s.zone.release(s.req)
 }
 
-// slotOf returns req's slot, or nil if the outcome refused it.
-func slotOf(req *Request, o Outcome) *Slot {
-	if o != Admitted {
-		return nil
-	}
-	return &req.slot
-}
-
 // cost is req's cost within 1 to MaxCost.
 func (req *Request) cost() int64 { return ClampCost(req.Cost) }
 
@@ -312,8 +304,10 @@ func (z *Zone) retry(keys bool) {
 // returns its slot. On refusal it returns nil and the refusing dimension
 // (TotalDim for the total).
 func (z *Zone) TryAcquire(req *Request) (*Slot, int) {
-	o, d := z.tryNow(req)
-	return slotOf(req, o), d
+	if o, d := z.tryNow(req); o != Admitted {
+		return nil, d
+	}
+	return &req.slot, 0
 }
 
 // tryNow admits req if it fits now, after any waiter that fits.
