@@ -77,7 +77,7 @@ func (z *Zone) State(look Look) State {
 	for d := range st.Dims {
 		st.Dims[d] = z.dimState(d, look.Top)
 	}
-	if look.WaitingKeys {
+	if look.WaitingKeys && st.Waiting > 0 {
 		z.waitingKeys(st.Dims)
 	}
 	return st
