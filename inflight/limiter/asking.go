@@ -294,9 +294,15 @@ func (z *Zone) nextCall() (*fleet.Call, *sent) {
 	}
 	// Every waiter that needs the fleet counts on the idle units in the
 	// queue order, asked for or not: a waiter does not ask for what a
-	// better one takes. The room the holders hold is taken from what the
-	// waiters after them count on, but for the short waiters': those count
-	// as admitted at their turns (see reservation.pending).
+	// better one takes. The short waiters take the short waiters' places
+	// in it in their one order, the order admitShort admits them in: in
+	// the queue order's, one that admitShort puts first could find the
+	// idle units counted for those after it, ask the fleet for units it
+	// cannot get, and hold its room against them, and the zone then sat
+	// on idle allowance while they waited, for minutes. The room the
+	// holders hold is taken from what the waiters after them count on,
+	// but for the short waiters': those count as admitted at their turns
+	// (see reservation.pending).
 	idle := idleUnits{left: map[Set]int64{}, held: map[Set]int64{}}
 	ask := func(w *waiter) {
 		want, a := z.wantOf(w.req, true, w.flow, &idle, w.short)
@@ -307,10 +313,12 @@ func (z *Zone) nextCall() (*fleet.Call, *sent) {
 		c.Wants = append(c.Wants, want)
 		st.asked = append(st.asked, a)
 	}
+	shorts := z.shortsInOrder(now)
 	for _, w := range order {
 		switch f := w.flow; {
 		case w.short:
-			ask(w)
+			ask(shorts[0])
+			shorts = shorts[1:]
 		case w != f.holder():
 		case !f.asks: // refused by a cap: it takes only the room it holds
 			z.takeHeld(f, &idle)

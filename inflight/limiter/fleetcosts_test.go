@@ -15,13 +15,17 @@ import (
 // TestFairFleetCostsThroughCaddy in virtual time: three instances, a
 // total of 6 units, weights 2 : 1 : 1, each tenant's 8 clients sending 80
 // % of their requests to an instance of their own, requests of 200 ms
-// whose costs cycle 1, 2, 3 units, a ledger 1 ms away. Over 100 s after a
+// whose costs cycle 1, 2, 3 units, a ledger 1 ms away. Over 200 s after a
 // 5 s warm-up each tenant's share of the unit-seconds is its weight's
 // within 0.03, and the fleet holds at least 0.85 of the total (one zone,
 // the same clients: 0.89–0.92, what a 3-unit head waiting with room held
 // for it costs). Shares over 20 s vary by about 0.01 (one standard
 // deviation) from run to run, so 20 s would fail the bound by chance about
-// once in 30 runs; over 100 s they vary by 0.004.
+// once in 30 runs; over 100 s they vary by 0.004. 200 s, not 100: the
+// zones once asked the fleet for their short waiters in another order
+// than they admitted them in, and sat on idle allowance for minutes, in
+// one 200 s run of 60 or so (a stall held 1.3-2.9 of the 6 on average);
+// over 100 s a stall shows less often, and less.
 func TestFleetFairCyclingCosts(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := fleetref.NewFleet()
@@ -32,7 +36,7 @@ func TestFleetFairCyclingCosts(t *testing.T) {
 		var mu sync.Mutex
 		unitSecs := make([]float64, len(weights))
 		start := time.Now()
-		from, end := start.Add(5*time.Second), start.Add(105*time.Second)
+		from, end := start.Add(5*time.Second), start.Add(205*time.Second)
 		var wg sync.WaitGroup
 		for i, w := range weights {
 			for c := range 8 {
