@@ -95,11 +95,12 @@ func (h *Handler) sendLevels(w http.ResponseWriter, a *admission, res limiter.Re
 		return
 	}
 	levels, local := res.Levels, !h.shared || res.Alone
+	var buf [4]limiter.Level // room for most handlers' limits and the total, on the stack
 	switch {
 	case local:
-		levels = h.gate.Levels(&a.ticket, false)
+		levels = h.gate.Levels(&a.ticket, false, buf[:])
 	case levels == nil && res.Outcome == limiter.Admitted: // within this instance's allowance
-		levels = h.gate.Levels(&a.ticket, true)
+		levels = h.gate.Levels(&a.ticket, true, buf[:])
 	}
 	if levels == nil {
 		return

@@ -8,5 +8,7 @@ import "github.com/caddy-inflight/caddy-inflight/inflight/limiter"
 // total's limit), and the units the key holds here. With fleet, the
 // fleet's as this instance's latest calls to its ledger read them: what a
 // request admitted within this instance's allowance knows of the fleet;
-// nil without a ledger.
-func (g *Gate) Levels(t *Ticket, fleet bool) limiter.Levels { return g.zone.Levels(&t.Req, fleet) }
+// nil without a ledger. They are written into buf when it has room.
+func (g *Gate) Levels(t *Ticket, fleet bool, buf limiter.Levels) limiter.Levels {
+	return g.zone.Levels(&t.Req, fleet, buf)
+}

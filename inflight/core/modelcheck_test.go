@@ -549,7 +549,7 @@ func (r *mRun) keyUnits(d int, k string) int64 {
 	n := r.m.cfg.Dims
 	req := limiter.Request{Keys: make([]string, n), Max: make([]int64, n), Limits: r.gate.limits}
 	req.Keys[d] = k
-	return r.gate.zone.Levels(&req, false)[d].InFlight
+	return r.gate.zone.Levels(&req, false, nil)[d].InFlight
 }
 
 // closeLedger closes a zone in a fleet and lets its asker give back what

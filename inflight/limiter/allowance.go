@@ -149,13 +149,20 @@ func (z *Zone) seen(set Set, level int64) {
 // key holds here. With fleet, the fleet's as this instance's latest call
 // for its set read it, or the units this instance holds there if more:
 // what a request admitted within this instance's allowance knows of the
-// fleet; nil without a ledger.
-func (z *Zone) Levels(req *Request, fleet bool) Levels {
+// fleet; nil without a ledger. The levels are written into buf when it
+// has room, so a caller that keeps one reads them without allocating.
+func (z *Zone) Levels(req *Request, fleet bool, buf Levels) Levels {
 	if fleet && z.ledger == nil {
 		return nil
 	}
 	lim := z.limitsFor(req)
-	out := make(Levels, len(req.Keys)+1)
+	out := buf[:0]
+	if n := len(req.Keys) + 1; cap(out) >= n {
+		out = out[:n]
+		clear(out)
+	} else {
+		out = make(Levels, n)
+	}
 	for d, key := range req.Keys {
 		if key == "" {
 			continue

@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 )
@@ -77,5 +78,31 @@ func TestStateReadsOneZone(t *testing.T) {
 		if w := st.Dims[d].Waiting; len(w) != 1 || w[0].Key != want || w[0].Waiting != 2 {
 			t.Errorf("dimension %d's waiting keys: %+v, want %s with 2", d, w, want)
 		}
+	}
+}
+
+// TestLevelsReadAKeysUnitsHere: a request's levels are each dimension's cap
+// and the units its key holds here (the total last), an empty key's left
+// unknown, the same whether or not the caller gives a slice with room;
+// given one, reading them allocates nothing (the RateLimit fields read
+// them per response).
+func TestLevelsReadAKeysUnitsHere(t *testing.T) {
+	z := NewZone(2, true, nil)
+	lim := &Limits{Max: []int64{3, 10}, Total: 100}
+	mustAdmit(t, z, &Request{Keys: []string{"a", "x"}, Cost: 2, Limits: lim})
+	mustAdmit(t, z, &Request{Keys: []string{"b", "x"}, Limits: lim})
+	req := &Request{Keys: []string{"a", ""}, Limits: lim}
+	want := Levels{{Cap: 3, InFlight: 2}, {}, {Cap: 100, InFlight: 3}}
+	buf := [4]Level{{9, 9}, {9, 9}, {9, 9}, {9, 9}} // what a slice kept by the caller held before
+	for _, into := range []Levels{nil, buf[:1], buf[:]} {
+		if got := z.Levels(req, false, into); !slices.Equal(got, want) {
+			t.Errorf("Levels with a slice of room %d = %v, want %v", cap(into), got, want)
+		}
+	}
+	if got := z.Levels(req, true, buf[:]); got != nil {
+		t.Errorf("the fleet's levels without a ledger = %v, want none", got)
+	}
+	if allocs := testing.AllocsPerRun(100, func() { z.Levels(req, false, buf[:]) }); allocs != 0 {
+		t.Errorf("Levels into a slice with room allocated %v times, want 0", allocs)
 	}
 }
