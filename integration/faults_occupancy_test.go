@@ -14,18 +14,20 @@ const occupancyHold = 200 * time.Millisecond
 
 // TestFleetOccupancyUnderLatency measures how much of a tenant's cap the
 // backend holds while its requests queue, with Redis a round trip L away
-// (L/2 each way, through a fault proxy per instance). A slot a request
-// frees goes to a waiter of its instance with no round trip, and to one
-// of another instance in the two instances' calls (docs/fleet-guarantees.md,
-// "Hand-offs"); the test wants at least 90% (for the machine) of
-// hold/(hold+L) of the cap, what one round trip per hand-off would leave.
-// Two cases:
-//   - busy: three instances, 4 clients each without pause under a cap of 6:
-//     releases mostly meet a call under way for the clients' next requests;
+// (L/2 each way, through a fault proxy per instance), over 4 s after 3 s
+// of warm-up. A slot a request frees goes to a waiter of its instance
+// with no round trip (docs/fleet-guarantees.md, "Hand-offs"); the test
+// wants at least 0.9 of the cap. Three cases:
+//   - busy: three instances, 4 clients each without pause under a cap of
+//     6: each instance's share is 2, and 2 more of its requests wait;
+//   - one more than its share: the same with 3 clients each, so an
+//     instance often has all its requests in flight, and a client's next
+//     request comes after its instance gave the unit back (another
+//     waits). Asked for as a newcomer, not queued, it was not demand in
+//     the fleet's targets, and such an instance went on asking per
+//     request: at L = 100 ms the backend held 0.70-0.72 of the cap;
 //   - quiet: one instance, 2 clients under a cap of 1, each pausing 100 ms
-//     after an answer: each release finds no call under way, and the
-//     hand-off is a call of its own (before, a release, its notice, then an
-//     admission: about 2.5 L).
+//     after an answer: each release finds no call under way.
 func TestFleetOccupancyUnderLatency(t *testing.T) {
 	cases := []struct {
 		name              string
@@ -33,6 +35,7 @@ func TestFleetOccupancyUnderLatency(t *testing.T) {
 		think             time.Duration
 	}{
 		{"busy", 3, 6, 4, 0},
+		{"one more than its share", 3, 6, 3, 0},
 		{"quiet", 1, 1, 2, 100 * time.Millisecond},
 	}
 	for _, c := range cases {
@@ -58,7 +61,7 @@ func TestFleetOccupancyUnderLatency(t *testing.T) {
 						}()
 					}
 				}
-				time.Sleep(time.Second) // every client queued
+				time.Sleep(3 * time.Second) // every client queued, the targets settled
 				from := time.Now()
 				time.Sleep(4 * time.Second)
 				to := time.Now()
@@ -66,11 +69,9 @@ func TestFleetOccupancyUnderLatency(t *testing.T) {
 				wg.Wait()
 				mean := e.rec.meanHeld("a", from, to)
 				got := mean / float64(c.cap)
-				ideal := float64(occupancyHold) / float64(occupancyHold+l)
-				t.Logf("%s, L=%s: the backend held %.2f of %d on average: %.2f of the cap (one round trip per hand-off: %.2f)",
-					c.name, l, mean, c.cap, got, ideal)
-				if got < 0.9*ideal {
-					t.Errorf("%s, L=%s: the backend held %.2f of the cap on average, want at least %.2f", c.name, l, got, 0.9*ideal)
+				t.Logf("%s, L=%s: the backend held %.2f of %d on average: %.2f of the cap", c.name, l, mean, c.cap, got)
+				if got < 0.9 {
+					t.Errorf("%s, L=%s: the backend held %.2f of the cap on average, want at least 0.9", c.name, l, got)
 				}
 			})
 		}

@@ -552,6 +552,24 @@ func (z *Zone) turnedDown(f *flow, sets []Set, now time.Time) bool {
 	return slices.Contains(sets, *f.fleetSet)
 }
 
+// othersWaitFor reports whether another instance waits for one of req's
+// sets. Short of allowance there, req then waits here from the start,
+// reported, and not as a newcomer: a newcomer is not demand in the
+// tables, so an instance whose requests came back as newcomers, each
+// after the release before it gave its unit back, was given no target,
+// its newcomers took the units the others' reports could not hold, and
+// each unit stood idle a round trip or two per request (three instances
+// on a ledger 100 ms away, 3 clients each, held 4.2 of a cap of 6: see
+// TestFleetOccupancyUnderLatency). mu must be held.
+func (z *Zone) othersWaitFor(req *Request) bool {
+	for d, key := range req.Keys {
+		if key != "" && z.ledger.Tight(z.nameOf(req, d)) {
+			return true
+		}
+	}
+	return z.hasTotal && z.ledger.Tight(totalSet)
+}
+
 // nameOf names req's set of dimension d in the ledger.
 func (z *Zone) nameOf(req *Request, d int) string {
 	if d == TotalDim {

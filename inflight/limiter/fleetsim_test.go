@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -32,12 +33,19 @@ type fleetTenant struct {
 
 // fleetRun is the outcome of a fleet run: each tenant's share of the
 // unit-seconds held after the warm-up, the fleet's mean units held over
-// the same time, and the most units ever held at once.
+// the same time and over its least busy fleetWindow of it, and the most
+// units ever held at once.
 type fleetRun struct {
 	shares []float64
 	mean   float64
+	least  float64
 	peak   int64
 }
+
+// fleetWindow is the span a fleet run's least busy stretch is measured
+// over: a backend left idle for seconds at a time shows there, where a
+// mean over minutes hides it.
+const fleetWindow = 4 * time.Second
 
 // runFleet runs tenants against zones (one per instance) under lim, fair
 // among tenants if fair, for warm + measured virtual time.
@@ -52,6 +60,7 @@ func runFleet(t *testing.T, zones []*Zone, lim *Limits, fair bool, homeShare flo
 		perZone[i] = make([]float64, len(tenants))
 	}
 	var area float64 // units × seconds over the measured time
+	windows := make([]float64, max(1, int(measured/fleetWindow)))
 	start := time.Now()
 	from, end := start.Add(warm), start.Add(warm+measured)
 	var wg sync.WaitGroup
@@ -98,6 +107,13 @@ func runFleet(t *testing.T, zones []*Zone, lim *Limits, fair bool, homeShare flo
 						unitSecs[i] += float64(charged) * b.Sub(a).Seconds()
 						perZone[at][i] += float64(charged) * b.Sub(a).Seconds() / measured.Seconds()
 						area += float64(units) * b.Sub(a).Seconds()
+						for k := range windows {
+							ws := from.Add(time.Duration(k) * fleetWindow)
+							lo, hi := max(a.Sub(ws), 0), min(b.Sub(ws), fleetWindow)
+							if hi > lo {
+								windows[k] += float64(units) * (hi - lo).Seconds() / fleetWindow.Seconds()
+							}
+						}
 						mu.Unlock()
 					}
 					r.slot.Release()
@@ -111,7 +127,7 @@ func runFleet(t *testing.T, zones []*Zone, lim *Limits, fair bool, homeShare flo
 	for _, u := range unitSecs {
 		sum += u
 	}
-	out := fleetRun{shares: make([]float64, len(tenants)), mean: area / measured.Seconds(), peak: peak.Load()}
+	out := fleetRun{shares: make([]float64, len(tenants)), mean: area / measured.Seconds(), least: slices.Min(windows), peak: peak.Load()}
 	for i, u := range unitSecs {
 		out.shares[i] = u / sum
 	}
@@ -189,29 +205,50 @@ func TestFleetFairWeightsAcrossInstances(t *testing.T) {
 	}
 }
 
-// Busy across the fleet with a slow ledger: three instances, three
-// tenants capped at 6 each (no total, not fair), requests of 50–300 ms,
-// each tenant's 12 clients spread over the instances (each client keeps
-// to one, as over a kept-alive connection), and every call to the ledger
-// taking 100 ms. The backend holds at least 0.9 of the caps: a release
-// goes to a waiter of the same instance with no call.
+// Busy across the fleet with a slow ledger: three instances, every call
+// to the ledger taking 100 ms, tenants capped at 6 each (no total, not
+// fair), each tenant's clients spread over the instances (each client
+// keeps to one, as over a kept-alive connection). The backend holds at
+// least 0.9 of the caps on average and in every fleetWindow: a release
+// goes to a waiter of the same instance with no call. Two cases:
+//   - three tenants of 12 clients, requests of 50–300 ms;
+//   - one tenant of 9 clients, requests of 200–215 ms: an instance often
+//     has all its clients' requests in flight, and a client's next
+//     request comes after its unit went back. As a newcomer (not queued,
+//     so not reported), it asked for a unit again: such an instance went
+//     on so, its demand unseen by the fleet's targets, a unit idle a
+//     round trip or two per request: the fleet held 4.15-4.19 of 6 on
+//     average, 3.94-4.05 in its least busy 4 s.
 func TestFleetOccupancyUnderLatency(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		f := fleetref.NewFleet()
-		f.Latency = 100 * time.Millisecond
-		zones := fleetZones(t, f, 3, 1, false)
-		lim := &Limits{Max: []int64{6}}
-		var tenants []fleetTenant
-		for range 3 {
-			tenants = append(tenants, fleetTenant{weight: 1, clients: 12, home: -1, hold: between(50*time.Millisecond, 300*time.Millisecond)})
-		}
-		run := runFleet(t, zones, lim, false, 1, tenants, 10*time.Second, 120*time.Second)
-		t.Logf("the fleet held %.2f of 18 on average, %d at most", run.mean, run.peak)
-		if run.mean < 0.9*18 {
-			t.Errorf("the fleet held %.2f of 18 on average, want at least %.1f", run.mean, 0.9*18)
-		}
-		if math.Abs(run.shares[0]-1.0/3) > 0.05 {
-			t.Errorf("tenant shares %.3f, want a third each", run.shares)
-		}
-	})
+	cases := []struct {
+		name             string
+		tenants, clients int
+		hold             func(*rand.Rand) time.Duration
+	}{
+		{"three tenants", 3, 12, between(50*time.Millisecond, 300*time.Millisecond)},
+		{"one tenant, requests of 200-215 ms", 1, 9, between(200*time.Millisecond, 215*time.Millisecond)},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := fleetref.NewFleet()
+				f.Latency = 100 * time.Millisecond
+				zones := fleetZones(t, f, 3, 1, false)
+				lim := &Limits{Max: []int64{6}}
+				var tenants []fleetTenant
+				for range c.tenants {
+					tenants = append(tenants, fleetTenant{weight: 1, clients: c.clients, home: -1, hold: c.hold})
+				}
+				run := runFleet(t, zones, lim, false, 1, tenants, 10*time.Second, 120*time.Second)
+				caps := 6 * float64(c.tenants)
+				t.Logf("the fleet held %.2f of %g on average, %.2f in its least busy %s, %d at most", run.mean, caps, run.least, fleetWindow, run.peak)
+				if run.mean < 0.9*caps || run.least < 0.9*caps {
+					t.Errorf("the fleet held %.2f of %g on average and %.2f in its least busy %s, want at least %.1f", run.mean, caps, run.least, fleetWindow, 0.9*caps)
+				}
+				if math.Abs(run.shares[0]-1/float64(c.tenants)) > 0.05 {
+					t.Errorf("tenant shares %.3f, want one each of %d", run.shares, c.tenants)
+				}
+			})
+		})
+	}
 }

@@ -266,7 +266,10 @@ func (z *Zone) acquire(ctx context.Context, req *Request, opt WaitOptions) Resul
 	z.mu.Lock()
 	z.pending.Add(1)
 	o, d := z.tryNewcomer(req)
-	if o == short && !z.wanting() { // the fleet decides first: admitted, or it waits here (behind any waiter asking)
+	// Short of allowance, the fleet decides first: admitted, or it waits
+	// here. Behind a waiter asking, or where another instance waits for
+	// one of its sets, it waits here from the start (see othersWaitFor).
+	if o == short && !z.wanting() && !z.othersWaitFor(req) {
 		z.pending.Add(-1)
 		res := z.askFor(req, true)
 		if res.Outcome != Full {
