@@ -7,7 +7,7 @@
 # One Caddy, a `respond` route behind `inflight 1000000` (one key: wrk's
 # address; then with `fair client` too), then behind a limit on a header
 # that wrk sets to one of 64, then 1,000 keys, request by request
-# (keys.lua; the only limit), a
+# (keys.lua: each wrk thread its own part of them; the only limit), a
 # loopback redis-server on a port of its own, and wrk -c16 (and -c1 for
 # the latency of one connection; DURATION, default 5s). Everything listens on 127.0.0.1 and is stopped on
 # exit. KEY_COUNTS="64 1000" sets the numbers of keys, KEYED_ONLY=1 runs
@@ -92,7 +92,7 @@ CADDY
 	((each < 2)) && threads=1
 	cpu0=$(redis_cpu)
 	for ((i = 0; i < n; i++)); do
-		"${on_caddy[@]}" wrk -t$threads -c"$each" -d"$duration" --latency "${script[@]}" "http://127.0.0.1:$((http_port + i))/" >"$tmp/wrk$i" &
+		THREADS=$threads "${on_caddy[@]}" wrk -t$threads -c"$each" -d"$duration" --latency "${script[@]}" "http://127.0.0.1:$((http_port + i))/" >"$tmp/wrk$i" &
 		wrks+=($!)
 	done
 	wait "${wrks[@]}"
