@@ -55,6 +55,7 @@ type asking struct {
 	epoch  uint64 // the ledger's epoch when the zone last wrote all it holds
 	// reports are the sets the zone reports on (see report.go).
 	reports map[Set]*reported
+	swept   int64 // when sweep last ran, on the zone's clock (unix nanoseconds)
 	// targets are its targets where other instances wait too (target.go),
 	// and demand its keys' demand in the sets it reports on, smoothed.
 	targets map[Set]*target
@@ -197,15 +198,23 @@ func (z *Zone) pollEvery(now time.Time) time.Duration {
 func (z *Zone) waitForWork(poll time.Duration) {
 	timer, stop := z.clock.After(poll)
 	defer stop()
+	changed := false
 	select {
 	case <-z.asks.wake:
 		return
 	case <-z.ledger.Changed():
+		changed = true
 	case <-timer:
 	}
 	z.mu.Lock()
 	z.asks.changed = true
-	z.sweep(z.clock.Now().UnixNano())
+	// A sweep walks every allowance the zone holds: one a second for each
+	// key used in the last keepUnused. Write-backs come due every round
+	// trip, so a poll sweeps at most every linger; an announcement, at
+	// once (another instance may wait for idle units).
+	if now := z.clock.Now().UnixNano(); changed || now-z.asks.swept >= int64(linger) {
+		z.sweep(now)
+	}
 	z.mu.Unlock()
 }
 
@@ -443,7 +452,7 @@ func (z *Zone) lapse() {
 // included (with a nil allowance). mu must be held; fn must not lock a
 // shard.
 func (z *Zone) eachAllowance(fn func(Set, *allowance)) {
-	if z.hasTotal && (z.totalAllow.units.Load() > 0 || z.totalAllow.spare.Load() > 0) {
+	if z.holdsTotal() {
 		fn(Set{Dim: TotalDim}, &allowance{name: totalSet, units: z.totalAllow.units.Load(), spare: z.totalAllow.spare.Load()})
 	}
 	for d := range len(z.shards) / numShards {
@@ -758,6 +767,7 @@ func firstDim(sets []Set) int {
 // flight or waits; it forgets the keys' entries that hold nothing. mu
 // must be held.
 func (z *Zone) sweep(now int64) {
+	z.asks.swept = now
 	old := now - int64(keepUnused)
 	var sets []Set
 	z.eachAllowance(func(set Set, _ *allowance) { sets = append(sets, set) })
@@ -776,12 +786,28 @@ func (z *Zone) sweep(now int64) {
 	}
 }
 
-// holdsAllowance reports whether the zone holds any allowance. mu must be
-// held.
+// holdsAllowance reports whether the zone holds any allowance, without
+// walking the keys': the asker asks it each time it runs out of calls.
+// mu must be held.
 func (z *Zone) holdsAllowance() bool {
-	held := false
-	z.eachAllowance(func(Set, *allowance) { held = true })
-	return held
+	if z.holdsTotal() {
+		return true
+	}
+	for i := range z.shards {
+		s := &z.shards[i]
+		s.mu.Lock()
+		n := len(s.allow)
+		s.mu.Unlock()
+		if n > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// holdsTotal reports whether the zone holds allowance in the total.
+func (z *Zone) holdsTotal() bool {
+	return z.hasTotal && (z.totalAllow.units.Load() > 0 || z.totalAllow.spare.Load() > 0)
 }
 
 // refuseWaiter takes w out of the queue with outcome o by dimension d, and

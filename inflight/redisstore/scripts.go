@@ -253,15 +253,27 @@ for j = 1, wants do
 	end
 end
 
+-- What a call writes expires at now + lease, at this version. A set left
+-- with no field goes with the others of the call in one DEL: a key used
+-- once costs a call less.
+local tail, ttl, gone = ' ' .. (now + lease) .. ' ' .. ARGV[5], tostring(2 * lease), {}
 for i in pairs(dirty) do
-	local a = sets[i].allow[me]
+	local s = sets[i]
+	local a = s.allow[me]
 	if a then
-		call('HSET', KEYS[i], me, a.units .. ' ' .. a.spare .. ' ' .. a.expiry .. ' ' .. a.version)
-		call('PEXPIRE', KEYS[i], 2 * lease)
+		call('HSET', KEYS[i], me, a.units .. ' ' .. a.spare .. tail)
+		call('PEXPIRE', KEYS[i], ttl)
+	elseif next(s.allow) == nil and next(s.reports) == nil then
+		gone[#gone + 1] = KEYS[i]
+		if #gone == 512 then -- unpack is bounded by Lua's stack
+			call('DEL', unpack(gone))
+			gone = {}
+		end
 	else
 		call('HDEL', KEYS[i], me)
 	end
 end
+if #gone > 0 then call('DEL', unpack(gone)) end
 for _, n in ipairs(notices) do call('PUBLISH', channel, n) end
 
 out[#out + 1] = #tables
