@@ -769,8 +769,25 @@ func firstDim(sets []Set) int {
 func (z *Zone) sweep(now int64) {
 	z.asks.swept = now
 	old := now - int64(keepUnused)
+	closed := z.asks.closed.Load()
 	var sets []Set
-	z.eachAllowance(func(set Set, _ *allowance) { sets = append(sets, set) })
+	if z.holdsTotal() {
+		sets = append(sets, Set{Dim: TotalDim})
+	}
+	for d := range len(z.shards) / numShards {
+		z.eachKeyAllowance(d, func(s *shard, h uint64, a *allowance) {
+			set := Set{Dim: d, Hash: h}
+			if a.units > 0 || a.spare != 0 {
+				sets = append(sets, set)
+				return
+			}
+			// Most entries hold nothing (a key used once keeps its entry
+			// for keepUnused): forgotten here, with no second lookup.
+			if _, dirty := z.asks.dirty[set]; (a.used < old || closed) && !dirty && s.count(h) == 0 {
+				delete(s.allow, h)
+			}
+		})
+	}
 	for _, set := range sets {
 		a := z.stateOf(set)
 		keep := z.keep(set, a)
@@ -780,7 +797,7 @@ func (z *Zone) sweep(now int64) {
 		if a.idle() > keep {
 			z.giveBackLater(set, a.idle()-keep, min(a.spare, keep))
 		}
-		if _, dirty := z.asks.dirty[set]; (a.used < old || z.asks.closed.Load()) && !dirty {
+		if _, dirty := z.asks.dirty[set]; (a.used < old || closed) && !dirty {
 			z.forget(set)
 		}
 	}

@@ -132,3 +132,36 @@ func TestFleetIdleGoesBackWhenAnotherWaits(t *testing.T) {
 		big.slot.Release()
 	})
 }
+
+// TestKeyUsedLatelyAsksAhead: a key that comes back within keepUnused,
+// after its units went back, asks for room ahead and is admitted from it
+// from then on; the entry that says it was used lately is kept that long,
+// though it holds nothing. 20 requests of 10 ms, 300 ms apart, under a cap
+// of 1,000 make at most 6 calls (a request each once the entry is
+// forgotten: 40), and the fleet counts nothing once the key is unused.
+func TestKeyUsedLatelyAsksAhead(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := fleetref.NewFleet()
+		m := f.Join()
+		z := NewZone(1, false, nil)
+		z.SetLedger(m)
+		t.Cleanup(func() { closeZone(t, z) })
+		lim := &Limits{Max: []int64{1000}}
+		for range 20 {
+			r := req(lim, "k")
+			mustAdmit(t, z, r)
+			time.Sleep(10 * time.Millisecond)
+			r.slot.Release()
+			time.Sleep(290 * time.Millisecond)
+		}
+		calls := m.Calls()
+		t.Logf("20 requests, 300 ms apart: %d calls", calls)
+		if calls > 6 {
+			t.Errorf("20 requests of one key 300 ms apart made %d calls, want at most 6", calls)
+		}
+		time.Sleep(keepUnused + 2*linger)
+		if n := f.Level(setName(0, "k")); n != 0 {
+			t.Errorf("once the key is unused the fleet counts %d units of it, want 0", n)
+		}
+	})
+}
