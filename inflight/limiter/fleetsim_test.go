@@ -64,6 +64,7 @@ func runFleet(t *testing.T, zones []*Zone, lim *Limits, fair bool, homeShare flo
 	start := time.Now()
 	from, end := start.Add(warm), start.Add(warm+measured)
 	var wg sync.WaitGroup
+	wg.Go(func() { checkShortIndexes(t, zones, end) })
 	for i, tn := range tenants {
 		for c := range tn.clients {
 			wg.Go(func() {

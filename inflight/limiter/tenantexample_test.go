@@ -45,6 +45,9 @@ func (x tenantExample) run(t *testing.T) (held float64, share map[string]float64
 	var mu sync.Mutex
 	seconds := map[string]float64{}
 	var wg sync.WaitGroup
+	if x.instances > 0 {
+		wg.Go(func() { checkShortIndexes(t, zones, to) })
+	}
 	for tenant, clients := range map[string]int{"acme": 80, "globex": 80, "anonymous": 10} {
 		opt := WaitOptions{Wait: 30 * time.Second, Fair: x.fair, Class: Normal}
 		if c, ok := x.priority[tenant]; ok {
