@@ -1,48 +1,15 @@
 package bench
 
 import (
-	"context"
 	"encoding/json"
-	"fmt"
-	"io"
 	"math"
-	"net/http"
 	"net/http/httptest"
 	"os"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/caddy-inflight/caddy-inflight/integration/internal/tenants"
 )
-
-// tenantBackend holds each request 500 ms and adds up, per tenant, the
-// request-seconds it held within a window.
-type tenantBackend struct {
-	mu       sync.Mutex
-	from, to time.Time
-	seconds  map[string]float64
-}
-
-func (b *tenantBackend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	began := time.Now()
-	time.Sleep(500 * time.Millisecond)
-	ended := time.Now()
-	tenant := map[string]string{"key-acme-123": "acme", "key-globex-456": "globex"}[r.Header.Get("X-Api-Key")]
-	if tenant == "" {
-		tenant = "anonymous"
-	}
-	b.mu.Lock()
-	if ended.After(b.to) {
-		ended = b.to
-	}
-	if began.Before(b.from) {
-		began = b.from
-	}
-	if s := ended.Sub(began).Seconds(); s > 0 && !b.from.IsZero() {
-		b.seconds[tenant] += s
-	}
-	b.mu.Unlock()
-	io.WriteString(w, "ok")
-}
 
 // TestTenantExampleThroughCaddy runs the README's tenant example in a
 // built Caddy (INFLIGHT_CADDY): acme capped at 30, globex at 20, requests
@@ -69,64 +36,12 @@ func TestTenantExampleThroughCaddy(t *testing.T) {
 		}
 		warmUp = min(warmUp, window)
 	}
-	backend := &tenantBackend{seconds: map[string]float64{}}
+	backend := tenants.NewBackend()
 	srv := httptest.NewServer(backend)
 	defer srv.Close()
-	addr := startCaddy(t, bin, fmt.Sprintf(`map {header.X-Api-Key} {tenant} {tenant_max} {
-		key-acme-123 acme 30
-		key-globex-456 globex 20
-		default anonymous 5
-	}
-	inflight {
-		limit tenant {tenant} {tenant_max}
-		total 40
-		wait 30s
-		fair tenant
-	}
-	reverse_proxy %s`, srv.Listener.Addr()))
-
-	start := time.Now()
-	backend.mu.Lock()
-	backend.from, backend.to = start.Add(warmUp), start.Add(warmUp+window)
-	backend.mu.Unlock()
-	ctx, cancel := context.WithDeadline(context.Background(), backend.to)
-	defer cancel()
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 200}}
-	var wg sync.WaitGroup
-	statuses := map[int]int{}
-	var mu sync.Mutex
-	for key, clients := range map[string]int{"key-acme-123": 80, "key-globex-456": 80, "": 10} {
-		for range clients {
-			wg.Go(func() {
-				for ctx.Err() == nil {
-					req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+addr+"/", nil)
-					if key != "" {
-						req.Header.Set("X-Api-Key", key)
-					}
-					res, err := client.Do(req)
-					if err != nil {
-						continue
-					}
-					io.Copy(io.Discard, res.Body)
-					res.Body.Close()
-					mu.Lock()
-					statuses[res.StatusCode]++
-					mu.Unlock()
-				}
-			})
-		}
-	}
-	wg.Wait()
-	backend.mu.Lock()
-	defer backend.mu.Unlock()
-	var sum float64
-	for _, s := range backend.seconds {
-		sum += s
-	}
-	held, share := sum/window.Seconds(), map[string]float64{}
-	for tenant, s := range backend.seconds {
-		share[tenant] = s / sum
-	}
+	addr := startCaddy(t, bin, tenants.Site("")+srv.Listener.Addr().String())
+	statuses := backend.Drive([]string{"http://" + addr + "/"}, warmUp, window)
+	held, _, share := backend.Figures()
 	figures, _ := json.Marshal(map[string]any{"seconds": window.Seconds(), "backend_held": math.Round(held*100) / 100,
 		"acme": math.Round(share["acme"]*1000) / 1000, "globex": math.Round(share["globex"]*1000) / 1000,
 		"anonymous": math.Round(share["anonymous"]*1000) / 1000, "statuses": statuses})
