@@ -147,6 +147,7 @@ func (z *Zone) asker() {
 		select {
 		case <-z.ledger.Changed(): // announced while a call was under way
 			z.asks.changed = true
+			z.asks.swept = 0 // the next wait sweeps, whenever the last one was
 		default:
 		}
 		c, st := z.nextCall()
@@ -208,10 +209,10 @@ func (z *Zone) waitForWork(poll time.Duration) {
 	}
 	z.mu.Lock()
 	z.asks.changed = true
-	// A sweep walks every allowance the zone holds: one a second for each
-	// key used in the last keepUnused. Write-backs come due every round
-	// trip, so a poll sweeps at most every linger; an announcement, at
-	// once (another instance may wait for idle units).
+	// A sweep walks every allowance the zone holds, an entry for each key
+	// used in the last keepUnused. Write-backs come due every round trip,
+	// so a poll sweeps at most every linger; an announcement, at once
+	// (another instance may wait for idle units).
 	if now := z.clock.Now().UnixNano(); changed || now-z.asks.swept >= int64(linger) {
 		z.sweep(now)
 	}
