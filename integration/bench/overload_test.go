@@ -55,13 +55,7 @@ func (b *countingBackend) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 // checks that the backend saw exactly 50 at most and every request was
 // either admitted or refused.
 func TestOverload(t *testing.T) {
-	bin := os.Getenv("INFLIGHT_CADDY")
-	if bin == "" {
-		if os.Getenv("CI") != "" {
-			t.Fatal("INFLIGHT_CADDY is not set: the path of a Caddy built with the module (run.sh sets it; .ci/run runs run.sh)")
-		}
-		t.Skip("INFLIGHT_CADDY is not set: the path of a Caddy built with the module (run.sh sets it): skipped here, a failure in CI")
-	}
+	bin := builtCaddy(t)
 	duration := 10 * time.Second
 	if s := os.Getenv("INFLIGHT_OVERLOAD_DURATION"); s != "" {
 		var err error
@@ -105,6 +99,21 @@ func TestOverload(t *testing.T) {
 	if refused == 0 {
 		t.Error("nothing was refused: the load did not exceed the limit")
 	}
+}
+
+// builtCaddy returns the path of the Caddy built with the module that
+// run.sh passes in INFLIGHT_CADDY; without it the test is skipped, but in
+// CI, where it fails.
+func builtCaddy(t *testing.T) string {
+	t.Helper()
+	bin := os.Getenv("INFLIGHT_CADDY")
+	if bin == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatal("INFLIGHT_CADDY is not set: the path of a Caddy built with the module (run.sh sets it; .ci/run runs run.sh)")
+		}
+		t.Skip("INFLIGHT_CADDY is not set: the path of a Caddy built with the module (run.sh sets it): skipped here, a failure in CI")
+	}
+	return bin
 }
 
 // startCaddy runs bin with one site on a free loopback port whose routes are

@@ -24,31 +24,13 @@ import (
 // tenant's share. In a full run (not QUICK) the backend holds at least
 // 38 of 40, acme and globex at least 0.40 each, anonymous 5/40 ± 0.02.
 func TestTenantExampleThroughCaddy(t *testing.T) {
-	bin := os.Getenv("INFLIGHT_CADDY")
-	if bin == "" {
-		if os.Getenv("CI") != "" {
-			t.Fatal("INFLIGHT_CADDY is not set: the path of a Caddy built with the module (run.sh sets it; .ci/run runs run.sh)")
-		}
-		t.Skip("INFLIGHT_CADDY is not set: the path of a Caddy built with the module (run.sh sets it): skipped here, a failure in CI")
-	}
-	window, warmUp := 10*time.Second, 3*time.Second
-	if s := os.Getenv("INFLIGHT_TENANTS_DURATION"); s != "" {
-		var err error
-		if window, err = time.ParseDuration(s); err != nil {
-			t.Fatalf("INFLIGHT_TENANTS_DURATION: %v", err)
-		}
-		warmUp = min(warmUp, window)
-	}
+	bin, warmUp, window := builtCaddy(t), tenantsWarmUp(t), tenantsWindow(t)
 	backend := tenants.NewBackend()
 	srv := httptest.NewServer(backend)
 	defer srv.Close()
 	addr := startCaddy(t, bin, tenants.Site("")+srv.Listener.Addr().String())
 	statuses := backend.Drive([]string{"http://" + addr + "/"}, warmUp, window)
-	held, _, share := backend.Figures()
-	figures, _ := json.Marshal(map[string]any{"seconds": window.Seconds(), "backend_held": math.Round(held*100) / 100,
-		"acme": math.Round(share["acme"]*1000) / 1000, "globex": math.Round(share["globex"]*1000) / 1000,
-		"anonymous": math.Round(share["anonymous"]*1000) / 1000, "statuses": statuses})
-	t.Logf("tenants %s", figures)
+	held, _, share := logFigures(t, "tenants", backend, statuses, window)
 	if os.Getenv("QUICK") != "" {
 		return // too short to judge
 	}
@@ -76,21 +58,7 @@ func TestTenantExampleThroughCaddy(t *testing.T) {
 // (acme and globex 0.2625 of their 0.4375, anonymous 0.075 of its cap's
 // 0.125), anonymous at most 0.145.
 func TestTenantExampleFleetThroughCaddy(t *testing.T) {
-	bin := os.Getenv("INFLIGHT_CADDY")
-	if bin == "" {
-		if os.Getenv("CI") != "" {
-			t.Fatal("INFLIGHT_CADDY is not set: the path of a Caddy built with the module (run.sh sets it; .ci/run runs run.sh)")
-		}
-		t.Skip("INFLIGHT_CADDY is not set: the path of a Caddy built with the module (run.sh sets it): skipped here, a failure in CI")
-	}
-	window, warmUp := 10*time.Second, 3*time.Second
-	if s := os.Getenv("INFLIGHT_TENANTS_DURATION"); s != "" {
-		var err error
-		if window, err = time.ParseDuration(s); err != nil {
-			t.Fatalf("INFLIGHT_TENANTS_DURATION: %v", err)
-		}
-		warmUp = min(warmUp, window)
-	}
+	bin, warmUp, window := builtCaddy(t), tenantsWarmUp(t), tenantsWindow(t)
 	redisAddr := startRedis(t)
 	backend := tenants.NewBackend()
 	srv := httptest.NewServer(backend)
@@ -101,11 +69,7 @@ func TestTenantExampleFleetThroughCaddy(t *testing.T) {
 		urls = append(urls, "http://"+addr+"/")
 	}
 	statuses := backend.Drive(urls, warmUp, window)
-	held, most, share := backend.Figures()
-	figures, _ := json.Marshal(map[string]any{"seconds": window.Seconds(), "backend_held": math.Round(held*100) / 100, "backend_most": most,
-		"acme": math.Round(share["acme"]*1000) / 1000, "globex": math.Round(share["globex"]*1000) / 1000,
-		"anonymous": math.Round(share["anonymous"]*1000) / 1000, "statuses": statuses})
-	t.Logf("fleet %s", figures)
+	held, most, share := logFigures(t, "fleet", backend, statuses, window)
 	if os.Getenv("QUICK") != "" {
 		return // too short to judge
 	}
@@ -123,6 +87,35 @@ func TestTenantExampleFleetThroughCaddy(t *testing.T) {
 	if s := share["anonymous"]; s < 0.6*0.125 || s > 0.145 {
 		t.Errorf("anonymous: %.3f of the request-seconds, want 0.075 (0.6 of 0.125) to 0.145", s)
 	}
+}
+
+// tenantsWindow is how long the tenant example is measured:
+// INFLIGHT_TENANTS_DURATION, 10 s by default; tenantsWarmUp how long it
+// runs before, 3 s, or the window if that is shorter.
+func tenantsWindow(t *testing.T) time.Duration {
+	t.Helper()
+	s := os.Getenv("INFLIGHT_TENANTS_DURATION")
+	if s == "" {
+		return 10 * time.Second
+	}
+	window, err := time.ParseDuration(s)
+	if err != nil {
+		t.Fatalf("INFLIGHT_TENANTS_DURATION: %v", err)
+	}
+	return window
+}
+
+func tenantsWarmUp(t *testing.T) time.Duration { return min(3*time.Second, tenantsWindow(t)) }
+
+// logFigures logs the backend's figures as one JSON line after label, for
+// run.sh's tables, and returns them.
+func logFigures(t *testing.T, label string, b *tenants.Backend, statuses map[int]int, window time.Duration) (held float64, most int, share map[string]float64) {
+	held, most, share = b.Figures()
+	figures, _ := json.Marshal(map[string]any{"seconds": window.Seconds(), "backend_held": math.Round(held*100) / 100, "backend_most": most,
+		"acme": math.Round(share["acme"]*1000) / 1000, "globex": math.Round(share["globex"]*1000) / 1000,
+		"anonymous": math.Round(share["anonymous"]*1000) / 1000, "statuses": statuses})
+	t.Logf("%s %s", label, figures)
+	return held, most, share
 }
 
 // startRedis runs a redis-server of the test's own on a free loopback
