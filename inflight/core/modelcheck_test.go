@@ -50,7 +50,9 @@ type mScenario struct {
 	// reference's (internal/fleetref): it admits within allowances, and
 	// must decide as the model does all the same.
 	Ledger bool `json:",omitempty"`
-	Events []mEvent
+	// Instances: a fleet's (modelfleet_test.go); 0: one.
+	Instances int `json:",omitempty"`
+	Events    []mEvent
 }
 
 // mEvent is one event. Pick chooses among the requests it applies to
@@ -66,6 +68,7 @@ type mEvent struct {
 	Used   int64         // release: the units it was found to use (0: its own)
 	D      time.Duration // pass
 	Config *mConfig      `json:",omitempty"` // reload
+	At     int           `json:",omitempty"` // arrive, on a fleet: the instance
 }
 
 func (sc *mScenario) String() string {
@@ -496,7 +499,7 @@ func (r *mRun) compare() string {
 	for d := range m.cfg.Dims {
 		var sum int64
 		for _, k := range r.sc.keys()[1:] {
-			if got, want := r.keyUnits(d, k), m.count[d][k]; got != want {
+			if got, want := keyUnits(r.gate, m.cfg.Dims, d, k), m.count[d][k]; got != want {
 				return fmt.Sprintf("limit %d key %s holds %d units, the model %d", d, k, got, want)
 			}
 			sum += m.count[d][k]
@@ -543,13 +546,12 @@ func (r *mRun) end() string {
 	return ""
 }
 
-// keyUnits is the units key k holds in limit d, as a request's local
-// level reads them.
-func (r *mRun) keyUnits(d int, k string) int64 {
-	n := r.m.cfg.Dims
-	req := limiter.Request{Keys: make([]string, n), Max: make([]int64, n), Limits: r.gate.limits}
+// keyUnits is the units key k holds in limit d of g's n limits, as a
+// request's local level reads them.
+func keyUnits(g *Gate, n, d int, k string) int64 {
+	req := limiter.Request{Keys: make([]string, n), Max: make([]int64, n), Limits: g.limits}
 	req.Keys[d] = k
-	return r.gate.zone.Levels(&req, false, nil)[d].InFlight
+	return g.zone.Levels(&req, false, nil)[d].InFlight
 }
 
 // closeLedger closes a zone in a fleet and lets its asker give back what
@@ -596,15 +598,15 @@ func modelString(req *mRequest) string {
 	return fmt.Sprintf("outcome %d dim %d waited %s", req.outcome, req.dim, req.waited)
 }
 
-// shrink removes events from sc while it still disagrees, and returns the
-// shortest it found and its disagreement.
-func shrink(t *testing.T, sc *mScenario, problem string) (*mScenario, string) {
+// shrink removes events from sc while play still finds a problem, and
+// returns the shortest it found and its problem.
+func shrink(t *testing.T, sc *mScenario, problem string, play func(*testing.T, *mScenario) string) (*mScenario, string) {
 	for changed := true; changed; {
 		changed = false
 		for i := len(sc.Events) - 1; i >= 0; i-- {
 			try := *sc
 			try.Events = slices.Delete(slices.Clone(sc.Events), i, i+1)
-			if p := play(t, &try, nil); p != "" {
+			if p := play(t, &try); p != "" {
 				sc, problem, changed = &try, p, true
 			}
 		}
@@ -617,7 +619,7 @@ func shrink(t *testing.T, sc *mScenario, problem string) (*mScenario, string) {
 func check(t *testing.T, what string, sc *mScenario, tally mTally) {
 	t.Helper()
 	if p := play(t, sc, tally); p != "" {
-		small, p := shrink(t, sc, p)
+		small, p := shrink(t, sc, p, func(t *testing.T, sc *mScenario) string { return play(t, sc, nil) })
 		t.Fatalf("%s: the engine differs from the model %s\nreplay: INFLIGHT_MODEL_CASE='%s' go test -run TestEngineMatchesModel ./inflight/core", what, p, small)
 	}
 }
@@ -657,9 +659,14 @@ func TestEngineMatchesModel(t *testing.T) {
 // TestEngineMatchesModelFoundCases plays the scenarios in testdata/model:
 // each is a disagreement the fuzzer found once, shrunk, and named for it.
 func TestEngineMatchesModelFoundCases(t *testing.T) {
-	files, err := filepath.Glob("testdata/model/*.json")
+	playFound(t, "testdata/model", func(t *testing.T, what string, sc *mScenario) { check(t, what, sc, nil) })
+}
+
+// playFound checks each scenario in dir, a subtest each.
+func playFound(t *testing.T, dir string, check func(t *testing.T, what string, sc *mScenario)) {
+	files, err := filepath.Glob(filepath.Join(dir, "*.json"))
 	if err != nil || len(files) == 0 {
-		t.Fatalf("no scenarios in testdata/model: %v", err)
+		t.Fatalf("no scenarios in %s: %v", dir, err)
 	}
 	for _, name := range files {
 		t.Run(strings.TrimSuffix(filepath.Base(name), ".json"), func(t *testing.T) {
@@ -671,7 +678,7 @@ func TestEngineMatchesModelFoundCases(t *testing.T) {
 			if err := json.Unmarshal(b, &sc); err != nil {
 				t.Fatal(err)
 			}
-			check(t, name, &sc, nil)
+			check(t, name, &sc)
 		})
 	}
 }

@@ -60,6 +60,10 @@ type allowance struct {
 	// however short, whenever the reports are read.
 	heldSecs float64
 	heldAt   int64
+	// drain says the fleet granted these units under caps since changed
+	// (see capsChanged): each goes back as it ends, till a grant under
+	// the new caps.
+	drain bool
 }
 
 // heldSecsAt returns a's unit-seconds held at now, the key holding n
@@ -83,6 +87,7 @@ type totalAllowance struct {
 	spare atomic.Int64
 	used  atomic.Int64
 	level atomic.Int64
+	drain atomic.Bool // as allowance.drain
 }
 
 // totalSet names the total in a ledger.
@@ -122,6 +127,21 @@ func (z *Zone) grow(set Set, name string, units, spare, now int64) {
 	a.units += units
 	a.spare += spare
 	a.used = now
+	s.mu.Unlock()
+}
+
+// undrain ends set's drain: the fleet granted units there under the
+// caps that apply now. mu must be held.
+func (z *Zone) undrain(set Set) {
+	if set.Dim == TotalDim {
+		z.totalAllow.drain.Store(false)
+		return
+	}
+	s := z.shardOf(set.Dim, set.Hash)
+	s.mu.Lock()
+	if a := s.allow[set.Hash]; a != nil {
+		a.drain = false
+	}
 	s.mu.Unlock()
 }
 
@@ -191,7 +211,7 @@ type allowanceState struct {
 	name                         string
 	units, spare, inFlight, used int64
 	level                        int64
-	exists                       bool
+	exists, drain                bool
 }
 
 // idle is the units of the allowance not in flight.
@@ -201,7 +221,8 @@ func (a allowanceState) idle() int64 { return a.units - a.inFlight }
 func (z *Zone) stateOf(set Set) allowanceState {
 	if set.Dim == TotalDim {
 		return allowanceState{name: totalSet, units: z.totalAllow.units.Load(), spare: z.totalAllow.spare.Load(),
-			inFlight: z.total.Load() & MaxCost, used: z.totalAllow.used.Load(), level: z.totalAllow.level.Load(), exists: true}
+			inFlight: z.total.Load() & MaxCost, used: z.totalAllow.used.Load(), level: z.totalAllow.level.Load(), exists: true,
+			drain: z.totalAllow.drain.Load()}
 	}
 	s := z.shardOf(set.Dim, set.Hash)
 	s.mu.Lock()
@@ -210,7 +231,8 @@ func (z *Zone) stateOf(set Set) allowanceState {
 	if a == nil {
 		return allowanceState{inFlight: s.count(set.Hash)}
 	}
-	return allowanceState{name: a.name, units: a.units, spare: a.spare, inFlight: s.count(set.Hash), used: a.used, level: a.level, exists: true}
+	return allowanceState{name: a.name, units: a.units, spare: a.spare, inFlight: s.count(set.Hash), used: a.used, level: a.level, exists: true,
+		drain: a.drain}
 }
 
 // elsewhere returns the units the fleet counts in set at other
@@ -284,14 +306,14 @@ func (z *Zone) excess(sets []Set) bool {
 	return false
 }
 
-// keep is how much idle allowance the zone keeps in set: for waiters here
-// that need it, all of it, or, where another instance is owed units there,
+// keep is how much idle allowance the zone keeps in set: none if it
+// drains; for waiters here that need it, all of it, or, where another instance is owed units there,
 // what brings its units up to its target (nothing if that is too few for
 // the first waiter); else its spare, or nothing where another instance
 // waits or the zone is closed.
 func (z *Zone) keep(set Set, a allowanceState) int64 {
 	switch {
-	case z.asks.closed.Load():
+	case z.asks.closed.Load(), a.drain:
 		return 0
 	case z.filed(set.blocker()):
 		t, ok := z.targetOf(set)
@@ -311,14 +333,15 @@ func (z *Zone) keep(set Set, a allowanceState) int64 {
 
 // trim writes back, in the next call, the idle allowance of sets beyond
 // what the zone keeps there; with overTarget, only where other instances
-// wait and the zone holds more than its target (before a release's
-// dispatch: the zone's own waiters take the rest first). mu must be held.
+// wait and the zone holds more than its target, or the set drains
+// (before a release's dispatch: the zone's own waiters take the rest
+// first). mu must be held.
 func (z *Zone) trim(sets []Set, overTarget bool) {
 	for _, set := range sets {
-		if overTarget && !z.filed(set.blocker()) {
+		a := z.stateOf(set)
+		if overTarget && !a.drain && !z.filed(set.blocker()) {
 			continue
 		}
-		a := z.stateOf(set)
 		if keep := z.keep(set, a); a.idle() > keep {
 			z.giveBackLater(set, a.idle()-keep, min(a.spare, keep))
 		}

@@ -55,7 +55,8 @@ type asking struct {
 	epoch  uint64 // the ledger's epoch when the zone last wrote all it holds
 	// reports are the sets the zone reports on (see report.go).
 	reports map[Set]*reported
-	swept   int64 // when sweep last ran, on the zone's clock (unix nanoseconds)
+	swept   int64  // when sweep last ran, on the zone's clock (unix nanoseconds)
+	capsGen uint64 // counts the changes of caps (see capsChanged)
 	// targets are its targets where other instances wait too (target.go),
 	// and demand its keys' demand in the sets it reports on, smoothed.
 	targets map[Set]*target
@@ -287,7 +288,8 @@ type asked struct {
 type sent struct {
 	asked  []asked
 	named  map[string]namedSet
-	writes []Set // the set of each write
+	writes []Set  // the set of each write
+	gen    uint64 // the zone's capsGen when the call was made
 }
 
 // nextCall returns the call to make now; nil if there is nothing to
@@ -295,7 +297,7 @@ type sent struct {
 func (z *Zone) nextCall() (*fleet.Call, *sent) {
 	now := z.clock.Now()
 	c := &fleet.Call{}
-	st := &sent{named: map[string]namedSet{}}
+	st := &sent{named: map[string]namedSet{}, gen: z.asks.capsGen}
 	st.writes = z.writes(c, now)
 	order := z.order(now)
 	if len(z.asks.rewrite) > 0 { // what it holds is written first, alone
@@ -614,7 +616,7 @@ func (z *Zone) answer(c *fleet.Call, st *sent, err error) {
 	}
 	for i := range c.Wants {
 		want, a := &c.Wants[i], st.asked[i]
-		res := z.verdict(want, a, err, now.UnixNano())
+		res := z.verdict(want, a, err, now.UnixNano(), st.gen == z.asks.capsGen)
 		switch {
 		case a.n != nil:
 			z.decide(a.n, res)
@@ -677,8 +679,9 @@ func (z *Zone) trimTables(c *fleet.Call, st *sent) {
 
 // verdict applies want's answer to the allowances, and returns what its
 // request gets: Admitted (its allowance covers it now), Full by the
-// dimension of the set that refused it, or Unavailable.
-func (z *Zone) verdict(want *fleet.Want, a asked, err error, now int64) Result {
+// dimension of the set that refused it, or Unavailable. A grant under
+// the caps that apply now (fresh) ends its sets' drain.
+func (z *Zone) verdict(want *fleet.Want, a asked, err error, now int64, fresh bool) Result {
 	if err != nil {
 		return z.fallback(want, a, now)
 	}
@@ -691,6 +694,9 @@ func (z *Zone) verdict(want *fleet.Want, a asked, err error, now int64) Result {
 	for k, set := range a.sets {
 		z.grow(set, want.Sets[k], want.Units[k]+want.Granted[k], want.Granted[k], now)
 		z.seen(set, want.Levels[k])
+		if fresh {
+			z.undrain(set)
+		}
 		z.freed = append(z.freed, set.blocker())
 	}
 	return Result{Outcome: Admitted, Levels: z.levelsOf(a, want)}
@@ -858,6 +864,7 @@ func (z *Zone) fileRefusal(f *flow, w *waiter, o Outcome, d int) {
 	if o == short && z.fleetKeyFull(f) { // as refused by that key's cap, asked for again at the fleet's next change
 		z.file(f, Full, f.fleetSet.Dim)
 		z.uncharge(w)
+		f.asks = true // even if a waiter after it was refused by the room it held here
 		return
 	}
 	z.file(f, o, d)

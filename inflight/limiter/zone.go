@@ -268,6 +268,7 @@ func (z *Zone) Clock() Clock { return z.clock }
 // any waiter that l now lets in (a raised max admits at once).
 func (z *Zone) Adopt(l *Limits) {
 	z.latest.Store(l)
+	z.capsChanged()
 	z.retry(true)
 }
 
@@ -280,7 +281,38 @@ func (z *Zone) Kick() { z.retry(false) }
 func (z *Zone) Retire(l *Limits) {
 	l.retired.Store(true)
 	z.latest.CompareAndSwap(l, nil)
+	z.capsChanged()
 	z.retry(true)
+}
+
+// capsChanged has, with a ledger, the allowances the zone holds drain:
+// the fleet granted them under the old caps, so their sum may pass a cap
+// that came down, and this instance would pass it over the fleet if it
+// admitted from them. Their idle units go back now, those in flight as
+// they end, till the ledger grants units there under the new caps.
+func (z *Zone) capsChanged() {
+	if z.ledger == nil {
+		return
+	}
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	z.asks.capsGen++
+	var sets []Set
+	if z.holdsTotal() {
+		z.totalAllow.drain.Store(true)
+		sets = append(sets, Set{Dim: TotalDim})
+	}
+	for d := range len(z.shards) / numShards {
+		z.eachKeyAllowance(d, func(_ *shard, h uint64, a *allowance) {
+			if a.units > 0 {
+				a.drain = true
+				sets = append(sets, Set{Dim: d, Hash: h})
+			}
+		})
+	}
+	for _, set := range sets {
+		z.giveBackLater(set, z.stateOf(set).idle(), 0)
+	}
 }
 
 // retry serves the waiters the total holds back again, and with keys
@@ -290,6 +322,10 @@ func (z *Zone) retry(keys bool) {
 		return
 	}
 	z.mu.Lock()
+	if z.ledger != nil { // the fleet turned its waiters down under the old caps
+		z.asks.changed = true
+		z.startAsking()
+	}
 	z.freed = append(z.freed, blocker{total: true})
 	if keys {
 		for key := range z.blocked {

@@ -84,6 +84,18 @@ func (f *Fleet) Level(name string) int64 {
 	return f.ledger.load(name, time.Now().UnixMilli()).level()
 }
 
+// Held returns the units the fleet counts now, over every set.
+func (f *Fleet) Held() int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	now := time.Now().UnixMilli()
+	var n int64
+	for name := range f.ledger.sets {
+		n += f.ledger.load(name, now).level()
+	}
+	return n
+}
+
 // Calls returns how many calls m made.
 func (m *Member) Calls() int {
 	m.fleet.mu.Lock()
