@@ -157,6 +157,7 @@ func (z *Zone) admit(w *waiter, now time.Time) {
 		z.chargeGrant(w, w.req.slot.taken)
 	}
 	z.grant(w)
+	z.reportsMoved()
 }
 
 // nextToTry returns the first flow in the queue order at now listed under

@@ -61,14 +61,35 @@ func (z *Zone) reportsFor(order []*waiter, now time.Time, anyway bool) []fleet.R
 			out = append(out, fleet.Report{Set: r.name})
 		}
 	}
+	// One report placed anew (a new head, or a set newly reported) places
+	// them all anew, in this call: so wherever two instances both report,
+	// the one that reported first is first in every set. Were it first in
+	// one and second in another, a waiter of each needing both sets was
+	// held out of one by the other's room: with the fleet idle, neither
+	// came in till its wait ran out.
+	renew := false
 	for set, c := range cur {
 		old := z.asks.reports[set]
+		renew = renew || old == nil || old.head != c.head
+	}
+	for set, c := range cur {
 		c.sent = now
-		out = append(out, fleet.Report{Set: c.name, New: old != nil && old.head != c.head, Head: c.head.req.cost(), Need: c.need,
+		out = append(out, fleet.Report{Set: c.name, New: renew, Head: c.head.req.cost(), Need: c.need,
 			Target: c.target, Entries: z.entries(set, order)})
 	}
 	z.asks.reports = cur
 	return out
+}
+
+// reportsMoved wakes the asker, if the zone reports, after a waiter
+// left the queue: it may have been a head, and the room the ledger holds
+// for it is to go to the other instances now, not at the next poll (a
+// request there that does not wait was refused meanwhile, with the fleet
+// below the cap). mu must be held.
+func (z *Zone) reportsMoved() {
+	if len(z.asks.reports) > 0 {
+		z.startAsking()
+	}
 }
 
 // reportedSets returns the sets to report on, each with its head: the

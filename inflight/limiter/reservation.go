@@ -301,6 +301,9 @@ func (z *Zone) firstWithRoom(r *reservation, now time.Time) *flow {
 		if ok {
 			return f
 		}
+		if z.fleetKeyFull(f) { // it waits for the fleet's room, not this instance's: it asks again
+			f.asks = true
+		}
 		z.file(f, Full, d)
 	}
 }
