@@ -61,20 +61,10 @@ func (z *Zone) reportsFor(order []*waiter, now time.Time, anyway bool) []fleet.R
 			out = append(out, fleet.Report{Set: r.name})
 		}
 	}
-	// One report placed anew (a new head, or a set newly reported) places
-	// them all anew, in this call: so wherever two instances both report,
-	// the one that reported first is first in every set. Were it first in
-	// one and second in another, a waiter of each needing both sets was
-	// held out of one by the other's room: with the fleet idle, neither
-	// came in till its wait ran out.
-	renew := false
 	for set, c := range cur {
 		old := z.asks.reports[set]
-		renew = renew || old == nil || old.head != c.head
-	}
-	for set, c := range cur {
 		c.sent = now
-		out = append(out, fleet.Report{Set: c.name, New: renew, Head: c.head.req.cost(), Need: c.need,
+		out = append(out, fleet.Report{Set: c.name, New: old != nil && old.head != c.head, Head: c.head.req.cost(), Need: c.need,
 			Target: c.target, Entries: z.entries(set, order)})
 	}
 	z.asks.reports = cur
@@ -117,11 +107,31 @@ func (z *Zone) reportedSets(order []*waiter) map[Set]*reported {
 		for _, set := range z.setsOf(w.req) {
 			if r := cur[set]; r != nil && r.head == nil {
 				r.head, r.need = w, max(0, w.req.cost()-max(0, z.stateOf(set).idle()))
+				if z.yieldsElsewhere(w, set) {
+					r.need = 0
+				}
 				r.target = z.reportedTarget(set, r)
 			}
 		}
 	}
 	return cur
+}
+
+// yieldsElsewhere reports whether w, a head, was refused by the fleet in
+// another set than set, where this instance is beyond its target with w:
+// it cannot come in before this instance's own units there end, so the
+// ledger holds no room for it in set meanwhile. Held, that room stood
+// idle where another instance's head, itself refused nowhere else but
+// there, yielded to it: two instances each beyond its target in one of
+// two sets their heads both need held each other out, with room in both.
+// mu must be held.
+func (z *Zone) yieldsElsewhere(w *waiter, set Set) bool {
+	f := w.flow
+	if f.fleetSet == nil || *f.fleetSet == set || f.turned.IsZero() {
+		return false
+	}
+	t, ok := z.targetOf(*f.fleetSet)
+	return ok && z.stateOf(*f.fleetSet).units+w.req.cost() > t
 }
 
 // reportedTarget is the target the zone reports on set: the latest it
