@@ -130,35 +130,28 @@ func (z *Zone) grow(set Set, name string, units, spare, now int64) {
 	s.mu.Unlock()
 }
 
-// undrain ends set's drain: the fleet granted units there under the
-// caps that apply now. mu must be held.
-func (z *Zone) undrain(set Set) {
+// seen records the fleet's level of set as a call read it (if it did:
+// level >= 0), and ends set's drain if the call granted units there under
+// the caps that apply now (fresh). mu must be held.
+func (z *Zone) seen(set Set, level int64, fresh bool) {
 	if set.Dim == TotalDim {
-		z.totalAllow.drain.Store(false)
+		if level >= 0 {
+			z.totalAllow.level.Store(level)
+		}
+		if fresh {
+			z.totalAllow.drain.Store(false)
+		}
 		return
 	}
 	s := z.shardOf(set.Dim, set.Hash)
 	s.mu.Lock()
 	if a := s.allow[set.Hash]; a != nil {
-		a.drain = false
-	}
-	s.mu.Unlock()
-}
-
-// seen records the fleet's level of set as a call read it. mu must be
-// held.
-func (z *Zone) seen(set Set, level int64) {
-	if level < 0 {
-		return
-	}
-	if set.Dim == TotalDim {
-		z.totalAllow.level.Store(level)
-		return
-	}
-	s := z.shardOf(set.Dim, set.Hash)
-	s.mu.Lock()
-	if a := s.allow[set.Hash]; a != nil {
-		a.level = level
+		if level >= 0 {
+			a.level = level
+		}
+		if fresh {
+			a.drain = false
+		}
 	}
 	s.mu.Unlock()
 }

@@ -687,16 +687,13 @@ func (z *Zone) verdict(want *fleet.Want, a asked, err error, now int64, fresh bo
 	}
 	if want.Refused > 0 {
 		for k, set := range a.sets {
-			z.seen(set, want.Levels[k])
+			z.seen(set, want.Levels[k], false)
 		}
 		return Result{Outcome: Full, Dim: a.sets[want.Refused-1].Dim, Levels: z.levelsOf(a, want)}
 	}
 	for k, set := range a.sets {
 		z.grow(set, want.Sets[k], want.Units[k]+want.Granted[k], want.Granted[k], now)
-		z.seen(set, want.Levels[k])
-		if fresh {
-			z.undrain(set)
-		}
+		z.seen(set, want.Levels[k], fresh)
 		z.freed = append(z.freed, set.blocker())
 	}
 	return Result{Outcome: Admitted, Levels: z.levelsOf(a, want)}
