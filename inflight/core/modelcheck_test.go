@@ -387,18 +387,20 @@ func (r *mRun) step(e mEvent) {
 			}
 		}
 		if len(released) > 0 {
-			er := released[e.Pick%len(released)]
-			func() {
-				defer func() {
-					if recover() == nil {
-						r.t.Errorf("a second release did not panic")
-					}
-				}()
-				er.gate.Release(er.ticket)
-			}()
+			releaseAgain(r.t, released[e.Pick%len(released)])
 		}
 	}
 	synctest.Wait()
+}
+
+// releaseAgain releases er a second time, which must panic.
+func releaseAgain(t *testing.T, er *eRequest) {
+	defer func() {
+		if recover() == nil {
+			t.Errorf("a second release did not panic")
+		}
+	}()
+	er.gate.Release(er.ticket)
 }
 
 // pass moves time on by d: waits end on the way, each at its time.
@@ -426,40 +428,50 @@ func (r *mRun) pass(d time.Duration) {
 // arrive starts a request's admission on the engine, and plays it on the
 // model.
 func (r *mRun) arrive(e mEvent) {
-	sc, m := r.sc, r.m
-	req := &mRequest{id: len(m.reqs), keys: e.Keys, max: make([]int64, sc.Config.Dims), cost: e.Cost, class: e.Class}
-	class, weight := e.Class, ""
-	if m.cfg.Fair >= 0 {
-		key := e.Keys[m.cfg.Fair]
+	m := r.m
+	er, own, class, weight := r.sc.admitOn(r.gate, &m.cfg, e)
+	req := &mRequest{id: len(m.reqs), keys: e.Keys, max: own, cost: e.Cost, class: class, weight: weight}
+	r.reqs = append(r.reqs, er)
+	synctest.Wait()
+	m.arrive(req, e.Left)
+}
+
+// admitOn starts e's admission on g under cfg, in the background: its
+// caps where a limit takes them per request, its cost, its class and
+// weight (with fair, its fair key's), its deadline. It returns the
+// engine's side, its own cap in each limit (0: the limit's), and the
+// class and weight the model gives it.
+func (sc *mScenario) admitOn(g *Gate, cfg *mConfig, e mEvent) (er *eRequest, own []int64, class limiter.Class, weight float64) {
+	class, w := e.Class, ""
+	if cfg.Fair >= 0 {
+		key := e.Keys[cfg.Fair]
 		class = sc.Classes[key]
-		req.class, req.weight = class, mClassWeight[class]
+		weight = mClassWeight[class]
 		if sc.Weights != nil {
-			req.weight = sc.Weights[key]
-			weight = strconv.FormatFloat(req.weight, 'g', -1, 64)
+			weight = sc.Weights[key]
+			w = strconv.FormatFloat(weight, 'g', -1, 64)
 		}
 	}
-	g := r.gate
-	er := &eRequest{gate: g, done: make(chan Verdict, 1)}
+	er = &eRequest{gate: g, done: make(chan Verdict, 1)}
 	er.ticket = g.newTicket(e.Keys...)
-	for d := range m.cfg.Dims {
-		if m.cfg.OwnMax[d] != nil {
-			req.max[d] = m.cfg.OwnMax[d][e.Keys[d]]
-			er.ticket.Req.Max[d] = req.max[d]
+	own = make([]int64, cfg.Dims)
+	for d := range cfg.Dims {
+		if cfg.OwnMax[d] != nil {
+			own[d] = cfg.OwnMax[d][e.Keys[d]]
+			er.ticket.Req.Max[d] = own[d]
 		}
 	}
 	er.ticket.Req.Cost = e.Cost
 	ctx, cancel := context.WithCancel(context.Background())
 	er.cancel = cancel
-	r.reqs = append(r.reqs, er)
 	go func() {
 		if e.Left > 0 {
-			er.done <- g.AdmitWithin(ctx, er.ticket, class.String(), weight, e.Left)
+			er.done <- g.AdmitWithin(ctx, er.ticket, class.String(), w, e.Left)
 		} else {
-			er.done <- g.Admit(ctx, er.ticket, class.String(), weight)
+			er.done <- g.Admit(ctx, er.ticket, class.String(), w)
 		}
 	}()
-	synctest.Wait()
-	m.arrive(req, e.Left)
+	return er, own, class, weight
 }
 
 // pick returns the Pick-th of the model's requests in state s, and its
@@ -534,14 +546,22 @@ func (r *mRun) end() string {
 	if p := r.compare(); p != "" {
 		return "at the end: " + p
 	}
-	st := r.gate.zone.State(limiter.Look{Dims: true})
+	if p := leftIn(r.gate); p != "" {
+		return "at the end, " + p
+	}
+	return ""
+}
+
+// leftIn returns what g's zone still holds or has waiting, "" if nothing.
+func leftIn(g *Gate) string {
+	st := g.zone.State(limiter.Look{Dims: true})
 	for d, ds := range st.Dims {
 		if ds.Units != 0 || ds.Keys != 0 {
-			return fmt.Sprintf("at the end, limit %d holds %d units of %d keys", d, ds.Units, ds.Keys)
+			return fmt.Sprintf("limit %d holds %d units of %d keys", d, ds.Units, ds.Keys)
 		}
 	}
 	if st.Total.Units != 0 || st.Waiting != 0 {
-		return fmt.Sprintf("at the end, the total holds %d, %d wait", st.Total.Units, st.Waiting)
+		return fmt.Sprintf("the total holds %d, %d wait", st.Total.Units, st.Waiting)
 	}
 	return ""
 }
@@ -568,19 +588,25 @@ func (r *mRun) closeLedger() {
 // admits comes later in it.
 func (r *mRun) endEngine() {
 	for _, er := range r.reqs {
-		er.answer()
-		if er.verdict == nil {
-			er.cancel()
-			synctest.Wait()
-			er.answer()
-		}
-		if er.verdict != nil && er.verdict.Outcome == limiter.Admitted && !er.released {
-			er.gate.Release(er.ticket)
-			er.released = true
-			synctest.Wait()
-		}
-		er.cancel()
+		er.finish()
 	}
+}
+
+// finish lets er go if it waits, and releases it if it was admitted and
+// is not released yet.
+func (er *eRequest) finish() {
+	er.answer()
+	if er.verdict == nil {
+		er.cancel()
+		synctest.Wait()
+		er.answer()
+	}
+	if er.verdict != nil && er.verdict.Outcome == limiter.Admitted && !er.released {
+		er.gate.Release(er.ticket)
+		er.released = true
+		synctest.Wait()
+	}
+	er.cancel()
 }
 
 func sameVerdict(req *mRequest, res limiter.Result) bool {

@@ -300,10 +300,10 @@ func (z *Zone) excess(sets []Set) bool {
 }
 
 // keep is how much idle allowance the zone keeps in set: none if it
-// drains; for waiters here that need it, all of it, or, where another instance is owed units there,
-// what brings its units up to its target (nothing if that is too few for
-// the first waiter); else its spare, or nothing where another instance
-// waits or the zone is closed.
+// drains; for waiters here that need it, all of it, or, where another
+// instance is owed units there, what brings its units up to its target
+// (nothing if that is too few for the first waiter); else its spare, or
+// nothing where another instance waits or the zone is closed.
 func (z *Zone) keep(set Set, a allowanceState) int64 {
 	switch {
 	case z.asks.closed.Load(), a.drain:

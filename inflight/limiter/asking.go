@@ -852,16 +852,25 @@ func (z *Zone) unshort(f *flow) {
 	z.headLeft(f)
 }
 
+// fileFleetFull files f, whose head the fleet refused by one of its keys
+// (fleetKeyFull), as refused by that key's cap: it is asked for again at
+// the fleet's next change, even if a waiter after it was refused here
+// since (by the room it held, or by max_keys), which stopped its flow
+// asking. mu must be held.
+func (z *Zone) fileFleetFull(f *flow) {
+	z.file(f, Full, f.fleetSet.Dim)
+	f.asks = true
+}
+
 // fileRefusal files f under what refused w, its holder (see file) and,
 // with a ledger, notes whether it needs the fleet: short of allowance, w
 // is asked for in the asker's next call, and counts as admitted (see
 // waiter.short); refused by a cap, it waits for this instance's releases
 // alone. mu must be held.
 func (z *Zone) fileRefusal(f *flow, w *waiter, o Outcome, d int) {
-	if o == short && z.fleetKeyFull(f) { // as refused by that key's cap, asked for again at the fleet's next change
-		z.file(f, Full, f.fleetSet.Dim)
+	if o == short && z.fleetKeyFull(f) {
+		z.fileFleetFull(f)
 		z.uncharge(w)
-		f.asks = true // even if a waiter after it was refused by the room it held here
 		return
 	}
 	z.file(f, o, d)

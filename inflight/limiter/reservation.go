@@ -301,8 +301,9 @@ func (z *Zone) firstWithRoom(r *reservation, now time.Time) *flow {
 		if ok {
 			return f
 		}
-		if z.fleetKeyFull(f) { // it waits for the fleet's room, not this instance's: it asks again
-			f.asks = true
+		if z.fleetKeyFull(f) { // it waits for the fleet's room, not this instance's
+			z.fileFleetFull(f)
+			continue
 		}
 		z.file(f, Full, d)
 	}

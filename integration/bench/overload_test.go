@@ -116,17 +116,23 @@ func builtCaddy(t *testing.T) string {
 	return bin
 }
 
-// startCaddy runs bin with one site on a free loopback port whose routes are
-// site, and returns the site's address once Caddy listens. Caddy is killed
-// when the test ends; its output is shown if the test failed.
-func startCaddy(t *testing.T, bin, site string) string {
+// freeAddr returns a loopback address no one listens on now.
+func freeAddr(t *testing.T) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := l.Addr().String()
-	l.Close()
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// startCaddy runs bin with one site on a free loopback port whose routes are
+// site, and returns the site's address once Caddy listens. Caddy is killed
+// when the test ends; its output is shown if the test failed.
+func startCaddy(t *testing.T, bin, site string) string {
+	t.Helper()
+	addr := freeAddr(t)
 
 	dir := t.TempDir()
 	config := filepath.Join(dir, "Caddyfile")
