@@ -165,3 +165,52 @@ func TestKeyUsedLatelyAsksAhead(t *testing.T) {
 		}
 	})
 }
+
+// TestFleetMixedCapsHoldToTheHighest: two handlers of one zone cap one
+// key at 2 and at 4, at two instances. A request capped at 2 waits while
+// the fleet holds 4; when the one request of its instance ends, the
+// release hands it the unit with no call, and it is held to the highest
+// cap the fleet granted the key's units under (4), not to its own: the
+// limit docs/fleet-guarantees.md states. Never beyond the highest.
+func TestFleetMixedCapsHoldToTheHighest(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := fleetref.NewFleet()
+		zones := fleetZones(t, f, 2, 1, false)
+		wide, narrow := &Limits{Max: []int64{4}}, &Limits{Max: []int64{2}}
+		first := req(narrow, "k")
+		mustAdmit(t, zones[1], first)
+		held := []*Request{first}
+		for range 3 {
+			r := req(wide, "k")
+			mustAdmit(t, zones[0], r)
+			held = append(held, r)
+		}
+		mustRefuse(t, zones[0], req(wide, "k"), 0)
+		waiting := req(narrow, "k")
+		done := make(chan Result, 1)
+		go func() { done <- zones[1].Acquire(context.Background(), waiting, WaitOptions{Wait: time.Minute}) }()
+		synctest.Wait()
+		first.slot.Release()
+		held = held[1:]
+		synctest.Wait()
+		inFlight := func() int64 { return unitsIn(zones[0], 0) + unitsIn(zones[1], 0) }
+		select {
+		case res := <-done:
+			if res.Outcome != Admitted {
+				t.Fatalf("the waiter capped at 2: outcome %d, want admitted by the hand-off", res.Outcome)
+			}
+			held = append(held, waiting)
+		default:
+			t.Fatalf("the waiter capped at 2 still waits with %d units in flight: the limit the docs state is gone (update them)", inFlight())
+		}
+		if n := inFlight(); n != 4 {
+			t.Errorf("%d units in flight over the fleet, want 4: the highest cap, met", n)
+		}
+		if res := zones[0].Acquire(context.Background(), req(wide, "k"), WaitOptions{}); res.Outcome != Full {
+			t.Errorf("a request capped at 4 with 4 in flight: outcome %d, want full", res.Outcome)
+		}
+		for _, r := range held {
+			r.slot.Release()
+		}
+	})
+}
