@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -314,10 +315,18 @@ func (z *Zone) nextCall() (*fleet.Call, *sent) {
 	// on idle allowance while they waited, for minutes. The room the
 	// holders hold is taken from what the waiters after them count on,
 	// but for the short waiters': those count as admitted at their turns
-	// (see reservation.pending).
+	// (see reservation.pending). A waiter the fleet refused by a key its
+	// allowance cannot cover (fleetKeyFull) counts on the idle units
+	// without taking them, as it cannot take them here (see keysFit):
+	// taken, they stood idle while another instance's head, first in that
+	// key, waited for them in the call's other sets, the fleet idle.
 	idle := idleUnits{left: map[Set]int64{}, held: map[Set]int64{}}
 	ask := func(w *waiter) {
-		want, a := z.wantOf(w.req, true, w.flow, &idle, w.short)
+		counts := &idle
+		if z.fleetKeyFull(w.flow) {
+			counts = &idleUnits{left: maps.Clone(idle.left), held: idle.held}
+		}
+		want, a := z.wantOf(w.req, true, w.flow, counts, w.short)
 		if len(want.Sets) == 0 || len(c.Writes) == 0 && z.turnedDown(w.flow, a.sets, now) {
 			return
 		}
