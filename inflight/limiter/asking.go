@@ -632,6 +632,8 @@ func (z *Zone) answer(c *fleet.Call, st *sent, err error) {
 		case a.w.left: // it left meanwhile
 		case res.Outcome == Admitted: // what it was granted goes by the queue order
 			a.w.levels, a.w.alone = res.Levels, res.Alone
+			// No longer turned down: refused here, it waits here (see fleetKeyFull).
+			a.w.flow.turned = time.Time{}
 			for _, set := range z.setsOf(a.w.req) { // tried again, even if idle units covered it
 				z.freed = append(z.freed, set.blocker())
 			}
