@@ -98,14 +98,17 @@ local function othersReport(s)
 	end
 	return false
 end
+local function held(s, inst)
+	local r = s.reports[inst]
+	if r == nil or floor(tonumber(r.target)) - units(s, inst) < r.need then return 0 end
+	return r.need
+end
 local function holds(s, want)
 	local mine = s.reports[me]
 	local all = mine == nil or units(s, me) + want > floor(tonumber(mine.target))
 	local n = 0
 	for inst, r in pairs(s.reports) do
-		if inst ~= me and (all or r.seq < mine.seq) and floor(tonumber(r.target)) - units(s, inst) >= r.need then
-			n = n + r.need
-		end
+		if inst ~= me and (all or r.seq < mine.seq) then n = n + held(s, inst) end
 	end
 	return n
 end
@@ -175,10 +178,11 @@ for j = 0, reports - 1 do
 	local p = rpos + 6 * j
 	local i, new, head, need, target, entries = tonumber(ARGV[p]), ARGV[p + 1] == '1', tonumber(ARGV[p + 2]), tonumber(ARGV[p + 3]), ARGV[p + 4], ARGV[p + 5]
 	local s = sets[i]
-	local old = s.reports[me]
+	local old, was = s.reports[me], held(s, me)
 	if head <= 0 then
 		s.reports[me] = nil
 		call('HDEL', KEYS[i], '~r:' .. me)
+		if was > 0 and othersReport(s) then notices[#notices + 1] = 'f ' .. string.sub(KEYS[i], cut) end
 	else
 		local notified = old and old.notified or 0
 		if old == nil or now - notified >= floor(reportLife / 2) then
@@ -190,6 +194,7 @@ for j = 0, reports - 1 do
 		s.reports[me] = {seq = seq, head = head, need = need, target = target, expiry = now + reportLife, notified = notified, entries = entries}
 		call('HSET', KEYS[i], '~r:' .. me, seq .. ' ' .. head .. ' ' .. need .. ' ' .. target .. ' ' .. (now + reportLife) .. ' ' .. notified .. ' ' .. entries)
 		call('PEXPIRE', KEYS[i], 2 * lease)
+		if held(s, me) < was and othersReport(s) then notices[#notices + 1] = 'f ' .. string.sub(KEYS[i], cut) end
 		table1(i)
 	end
 end

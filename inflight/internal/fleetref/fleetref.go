@@ -41,8 +41,10 @@
 //     ("w <set>": the others give back their idle units there, and keep
 //     none for ReportLife), when it is new and again once half of ReportLife
 //     has passed since it last did; and
-//     a write that lowers an allowance where another instance reports
-//     announces room ("f <set>": the reporters ask again).
+//     a write that lowers an allowance, or a report that holds less
+//     room than it did (withdrawn, or needing less), where another
+//     instance reports announces room ("f <set>": the reporters ask
+//     again).
 package fleetref
 
 import (
@@ -150,8 +152,12 @@ func (l *Ledger) Apply(now int64, who Caller, c *fleet.Call) (notices []string, 
 	for _, r := range c.Reports {
 		s := l.sets[r.Set]
 		old := s.reports[me]
+		held := s.held(me)
 		if r.Head <= 0 {
 			delete(s.reports, me)
+			if held > 0 && s.othersReport(me) {
+				notices = append(notices, "f "+r.Set)
+			}
 			continue
 		}
 		notified := int64(0)
@@ -170,6 +176,9 @@ func (l *Ledger) Apply(now int64, who Caller, c *fleet.Call) (notices []string, 
 			seq = l.seq
 		}
 		s.reports[me] = &Report{Seq: seq, Head: r.Head, Need: r.Need, Target: r.Target, Entries: r.Entries, Expiry: now + who.ReportLife, Notified: notified}
+		if s.held(me) < held && s.othersReport(me) {
+			notices = append(notices, "f "+r.Set)
+		}
 		tables = appendOnce(tables, r.Set)
 	}
 	reserved := map[string]bool{}
@@ -275,11 +284,19 @@ func (s *set) holds(me string, units int64) int64 {
 		if inst == me || !all && r.Seq > mine.Seq {
 			continue
 		}
-		if int64(math.Floor(r.Target))-s.units(inst) >= r.Need {
-			n += r.Need
-		}
+		n += s.held(inst)
 	}
 	return n
+}
+
+// held is the room inst's report holds in s: its need, if it is owed
+// room for its head, else none.
+func (s *set) held(inst string) int64 {
+	r := s.reports[inst]
+	if r == nil || int64(math.Floor(r.Target))-s.units(inst) < r.Need {
+		return 0
+	}
+	return r.Need
 }
 
 // units is inst's allowance in s.
