@@ -301,20 +301,28 @@ func (z *Zone) excess(sets []Set) bool {
 
 // keep is how much idle allowance the zone keeps in set: none if it
 // drains; for waiters here that need it, all of it, or, where another
-// instance is owed units there, what brings its units up to its target
-// (nothing if that is too few for the first waiter); else its spare, or
+// instance is owed units there, what brings its units up to its target.
+// It keeps none for a first waiter that yields elsewhere (see
+// yieldsElsewhere), nor when what it would keep falls short of that
+// waiter, or its idle units do while the instance that reported first is
+// owed its own head (the ledger holds the rest for that one): kept, those
+// units stood idle between the heads and the room. Else its spare, or
 // nothing where another instance waits or the zone is closed.
 func (z *Zone) keep(set Set, a allowanceState) int64 {
 	switch {
 	case z.asks.closed.Load(), a.drain:
 		return 0
 	case z.filed(set.blocker()):
+		r := z.asks.reports[set]
+		if r != nil && z.yieldsElsewhere(r.head, set) {
+			return 0
+		}
 		t, ok := z.targetOf(set)
 		if !ok {
 			return a.idle()
 		}
 		keep := max(0, t-a.inFlight)
-		if r := z.asks.reports[set]; r != nil && keep < r.head.req.cost() {
+		if r != nil && (keep < r.head.req.cost() || z.asks.targets[set].yields && a.idle() < r.head.req.cost()) {
 			return 0 // too few for the waiter that needs them here: they serve elsewhere
 		}
 		return keep

@@ -338,7 +338,7 @@ func (z *Zone) acquire(ctx context.Context, req *Request, opt WaitOptions) Resul
 	z.dequeue(w)
 	z.pending.Add(-1)
 	z.dispatch() // if it was the head, the room it held is free
-	z.reportsMoved()
+	z.waiterLeft()
 	z.mu.Unlock()
 	return Result{Outcome: outcome, Dim: d, Waited: waited}
 }

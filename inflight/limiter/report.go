@@ -82,6 +82,18 @@ func (z *Zone) reportsMoved() {
 	}
 }
 
+// waiterLeft is reportsMoved for a waiter that left the queue
+// unadmitted, and asks the fleet again for the waiters it turned down:
+// a waiting want the fleet refused held its sets against its call's
+// later wants, so a waiter after it was turned down by room that is free
+// now, and would not ask again before the next poll. mu must be held.
+func (z *Zone) waiterLeft() {
+	if z.ledger != nil {
+		z.asks.changed = true
+	}
+	z.reportsMoved()
+}
+
 // reportedSets returns the sets to report on, each with its head: the
 // first waiter in order that needs it. mu must be held.
 func (z *Zone) reportedSets(order []*waiter) map[Set]*reported {
@@ -120,7 +132,8 @@ func (z *Zone) reportedSets(order []*waiter) map[Set]*reported {
 // yieldsElsewhere reports whether w, a head, was refused by the fleet in
 // another set than set, where this instance is beyond its target with w:
 // it cannot come in before this instance's own units there end, so the
-// ledger holds no room for it in set meanwhile. Held, that room stood
+// ledger holds no room for it in set meanwhile, and this instance keeps
+// no idle units of set for it (keep). Held, that room stood
 // idle where another instance's head, itself refused nowhere else but
 // there, yielded to it: two instances each beyond its target in one of
 // two sets their heads both need held each other out, with room in both.

@@ -70,6 +70,9 @@ type target struct {
 	// table: only then do this instance's waiters go without units
 	// beyond its own target, so units move only to where they are owed.
 	others bool
+	// yields says that another instance, the first to report, is owed
+	// its head's units beyond its share (see keep).
+	yields bool
 }
 
 // owedFade is how long the unit-seconds a zone is owed (or owes) count.
@@ -120,8 +123,8 @@ func (z *Zone) readTables(tables []fleet.Table, named map[string]namedSet, now t
 		if z.asks.keyOwed[n.set] == nil {
 			z.asks.keyOwed[n.set] = map[string]*keyOwed{}
 		}
-		units, parts, others, shared := targetIn(t, n.cap, z.asks.keyOwed[n.set], now)
-		if !shared {
+		tt := targetIn(t, n.cap, z.asks.keyOwed[n.set], now)
+		if !tt.shared {
 			delete(z.asks.targets, n.set)
 			continue
 		}
@@ -131,10 +134,10 @@ func (z *Zone) readTables(tables []fleet.Table, named map[string]namedSet, now t
 			z.asks.targets[n.set] = t
 		}
 		t.account(now, z.stateOf(n.set).inFlight)
-		t.units, t.read, t.others = units, now, others
+		t.units, t.read, t.others, t.yields = tt.mine, now, tt.owed, tt.yields
 		for _, f := range z.byID {
 			for ; f != nil; f = f.collide {
-				if p, ok := parts[f.fleetKey]; ok && f.fleetKey != "" {
+				if p, ok := tt.parts[f.fleetKey]; ok && f.fleetKey != "" {
 					f.share = p
 				}
 			}
@@ -197,11 +200,19 @@ const (
 	owedGain    = 3
 )
 
-// targetIn returns this instance's target in a table's set of cap c, its
-// part of each of its fair keys' demand, and whether another instance
-// holds less than the target it reported (owed); shared is false if no
-// other instance reports there.
-func targetIn(t fleet.Table, c int64, owedKeys map[string]*keyOwed, now time.Time) (mine float64, parts map[string]float64, owed, shared bool) {
+// tableTarget is what a table tells an instance of its target.
+type tableTarget struct {
+	mine   float64            // its target
+	parts  map[string]float64 // its part of each of its fair keys' demand
+	owed   bool               // another instance holds less than the target it reported
+	shared bool               // another instance reports there
+	yields bool               // another instance reported first, and is owed its head beyond its share
+}
+
+// targetIn returns what a table's set of cap c tells this instance of
+// its target.
+func targetIn(t fleet.Table, c int64, owedKeys map[string]*keyOwed, now time.Time) tableTarget {
+	var tt tableTarget
 	room := float64(c)
 	self, first := -1, -1
 	reach := 1.0 // a request's units: the largest head reported
@@ -216,16 +227,16 @@ func targetIn(t fleet.Table, c int64, owedKeys map[string]*keyOwed, now time.Tim
 		}
 		reach = max(reach, float64(m.Head))
 		if !m.Self {
-			shared = true
-			owed = owed || m.Units < int64(math.Floor(m.Target+1e-9))
+			tt.shared = true
+			tt.owed = tt.owed || m.Units < int64(math.Floor(m.Target+1e-9))
 		}
 		if first < 0 || m.Seq < t.Members[first].Seq {
 			first = i
 		}
 		entries = append(entries, parseEntries(i, m.Entries)...)
 	}
-	if !shared || self < 0 {
-		return 0, nil, false, shared && self >= 0
+	if !tt.shared || self < 0 {
+		return tableTarget{shared: tt.shared && self >= 0}
 	}
 	room = max(0, room)
 	keys := map[string]*fleetKey{}
@@ -253,7 +264,7 @@ func targetIn(t fleet.Table, c int64, owedKeys map[string]*keyOwed, now time.Tim
 	maxMinShares(room, ids, keys)
 	moveShares(ids, keys, entries, owedKeys, reach, now)
 	targets := make([]float64, len(t.Members))
-	parts = map[string]float64{}
+	tt.parts = map[string]float64{}
 	for _, e := range entries {
 		k := keys[e.id]
 		if k.units <= 0 {
@@ -261,7 +272,7 @@ func targetIn(t fleet.Table, c int64, owedKeys map[string]*keyOwed, now time.Tim
 		}
 		targets[e.member] += k.owedShare * e.units / k.units
 		if e.member == self && !strings.HasPrefix(e.id, "-") && k.share > 0 {
-			parts[e.id] = e.units / k.units * k.owedShare / k.share
+			tt.parts[e.id] = e.units / k.units * k.owedShare / k.share
 		}
 	}
 	if head := float64(t.Members[first].Head); targets[first] < head {
@@ -273,8 +284,10 @@ func targetIn(t fleet.Table, c int64, owedKeys map[string]*keyOwed, now time.Tim
 			}
 		}
 		targets[first] = need
+		tt.yields = self != first
 	}
-	return targets[self], parts, owed, true
+	tt.mine = targets[self]
+	return tt
 }
 
 // fleetKey is a key being shared: its weight, its units waiting or in

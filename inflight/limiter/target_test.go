@@ -40,12 +40,30 @@ func TestTargetsShareTheCapByWeightedMaxMin(t *testing.T) {
 			for i, want := range c.want {
 				members := append([]fleet.Member(nil), c.members...)
 				members[i].Self = true
-				got, _, _, shared := targetIn(fleet.Table{Set: "s", Members: members}, c.cap, map[string]*keyOwed{}, time.Now())
+				tt := targetIn(fleet.Table{Set: "s", Members: members}, c.cap, map[string]*keyOwed{}, time.Now())
+				got, shared := tt.mine, tt.shared
 				if !shared || math.Abs(got-want) > 1e-9 {
 					t.Errorf("instance %d's target of %d: %.3f (shared %v), want %.3f", i, c.cap, got, shared, want)
 				}
 			}
 		})
+	}
+}
+
+// TestOthersYieldToTheFirstsHead: where the instance that reported first
+// is owed its head's units beyond its share, the others' targets say they
+// yield to it (they then keep no idle units short of their own heads: see
+// keep), and its own does not; within its share, none yields.
+func TestOthersYieldToTheFirstsHead(t *testing.T) {
+	for _, firstHead := range []int64{5, 3} {
+		for i := range 2 {
+			members := []fleet.Member{{Reports: true, Seq: 1, Head: firstHead, Entries: "x 1 100 0"}, {Reports: true, Seq: 2, Head: 1, Entries: "y 1 100 0"}}
+			members[i].Self = true
+			want := firstHead > 3 && i == 1
+			if got := targetIn(fleet.Table{Set: "s", Members: members}, 6, map[string]*keyOwed{}, time.Now()).yields; got != want {
+				t.Errorf("the first's head of %d units, shares of 3: instance %d yields %v, want %v", firstHead, i, got, want)
+			}
+		}
 	}
 }
 
@@ -66,10 +84,10 @@ func TestTargetsMoveByWhatAKeyWasOwed(t *testing.T) {
 		}
 		owed := map[string]*keyOwed{}
 		now := time.Now()
-		if got, _, _, _ := targetIn(table("10"), 6, owed, now); math.Abs(got-3) > 1e-9 {
+		if got := targetIn(table("10"), 6, owed, now).mine; math.Abs(got-3) > 1e-9 {
 			t.Fatalf("instance %d's first target %.3f, want 3 (nothing owed yet)", i, got)
 		}
-		got, _, _, _ := targetIn(table("34"), 6, owed, now.Add(4*time.Second))
+		got := targetIn(table("34"), 6, owed, now.Add(4*time.Second)).mine
 		if math.Abs(got-want) > 1e-9 {
 			t.Errorf("instance %d's target 4 s later: %.3f, want %.0f", i, got, want)
 		}
