@@ -327,7 +327,7 @@ func (z *Zone) nextCall() (*fleet.Call, *sent) {
 			counts = &idleUnits{left: maps.Clone(idle.left), held: idle.held}
 		}
 		want, a := z.wantOf(w.req, true, w.flow, counts, w.short)
-		if len(want.Sets) == 0 || len(c.Writes) == 0 && z.turnedDown(w.flow, a.sets, now) {
+		if len(want.Sets) == 0 || len(c.Writes) == 0 && z.turnedDown(w.flow, &want, a.sets, now) {
 			return
 		}
 		a.w = w
@@ -562,15 +562,18 @@ func (z *Zone) takeHeld(f *flow, idle *idleUnits) {
 	}
 }
 
-// turnedDown reports whether f's head still needs, in sets, the set the
-// fleet last refused it by, with no change announced since and within
-// fleetPoll: it is not asked for again yet, unless the call writes back
-// allowance of this instance's (room it may take). mu must be held.
-func (z *Zone) turnedDown(f *flow, sets []Set, now time.Time) bool {
+// turnedDown reports whether f's head still needs, in the sets of its
+// want, the set the fleet last refused it by, and no fewer units there
+// than it asked for then (a release here leaves it needing fewer), with
+// no change announced since and within fleetPoll: it is not asked for
+// again yet, unless the call writes back allowance of this instance's
+// (room it may take). mu must be held.
+func (z *Zone) turnedDown(f *flow, want *fleet.Want, sets []Set, now time.Time) bool {
 	if f.turned.IsZero() || z.asks.changed || now.Sub(f.turned) >= fleetPoll || f.fleetSet == nil {
 		return false
 	}
-	return slices.Contains(sets, *f.fleetSet)
+	k := slices.Index(sets, *f.fleetSet)
+	return k >= 0 && want.Units[k] >= f.turnedUnits
 }
 
 // othersWaitFor reports whether another instance waits for one of req's
@@ -647,7 +650,7 @@ func (z *Zone) answer(c *fleet.Call, st *sent, err error) {
 			f.asks = true
 			for k := range a.sets {
 				if a.sets[k].Dim == res.Dim {
-					f.fleetSet, f.turned = &a.sets[k], now
+					f.fleetSet, f.turned, f.turnedUnits = &a.sets[k], now, want.Units[k]
 				}
 			}
 			if z.fleetKeyFull(f) { // the total's room goes to those who can take it (see keysFit)
@@ -882,6 +885,9 @@ func (z *Zone) fileRefusal(f *flow, w *waiter, o Outcome, d int) {
 	if o == short && z.fleetKeyFull(f) {
 		z.fileFleetFull(f)
 		z.uncharge(w)
+		if z.unitsOf(f)-max(0, z.stateOf(*f.fleetSet).idle()) < f.turnedUnits {
+			z.startAsking() // a release here left it needing fewer of the fleet: see turnedDown
+		}
 		return
 	}
 	z.file(f, o, d)

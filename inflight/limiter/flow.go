@@ -39,11 +39,13 @@ type flow struct {
 	tried uint64
 	// asks says that its holder (see holder) needs the fleet (with a
 	// ledger): the fleet refused it; turned is when the fleet last refused
-	// one of its waiters (zero: none since one last went short): it is
-	// asked for again at the fleet's next change, or after fleetPoll (see
-	// asking.go).
-	asks   bool
-	turned time.Time
+	// one of its waiters (zero: none since one last went short), and
+	// turnedUnits the units it asked for in the set that refused it: it
+	// is asked for again at the fleet's next change, once it needs fewer
+	// there, or after fleetPoll (see asking.go).
+	asks        bool
+	turned      time.Time
+	turnedUnits int64
 	// refused lists the dimensions (TotalDim: the total) whose counts
 	// refused it since it started waiting, for a ledger's holds (see
 	// Want.Holds), and fleetSet the set the fleet last refused its head
