@@ -876,6 +876,12 @@ func (z *Zone) fileFleetFull(f *flow) {
 	f.asks = true
 }
 
+// fleetNeed is the units w lacks in set beyond the idle allowance here:
+// what it asks the fleet for there.
+func (z *Zone) fleetNeed(w *waiter, set Set) int64 {
+	return z.unitsOfWaiter(w) - max(0, z.stateOf(set).idle())
+}
+
 // fileRefusal files f under what refused w, its holder (see file) and,
 // with a ledger, notes whether it needs the fleet: short of allowance, w
 // is asked for in the asker's next call, and counts as admitted (see
@@ -885,7 +891,7 @@ func (z *Zone) fileRefusal(f *flow, w *waiter, o Outcome, d int) {
 	if o == short && z.fleetKeyFull(f) {
 		z.fileFleetFull(f)
 		z.uncharge(w)
-		if z.unitsOf(f)-max(0, z.stateOf(*f.fleetSet).idle()) < f.turnedUnits {
+		if z.fleetNeed(f.head, *f.fleetSet) < f.turnedUnits {
 			z.startAsking() // a release here left it needing fewer of the fleet: see turnedDown
 		}
 		return
@@ -903,7 +909,7 @@ func (z *Zone) fileRefusal(f *flow, w *waiter, o Outcome, d int) {
 		if d != TotalDim {
 			set = Set{Dim: d, Hash: f.hashes[d]}
 		}
-		f.fleetSet = &set
+		f.fleetSet, f.turnedUnits = &set, z.fleetNeed(w, set)
 		z.startAsking()
 	case short: // short of what this instance holds: asked for in the next call
 		if z.short == nil {
