@@ -53,19 +53,9 @@ func (z *Zone) dispatch() reservation {
 		switch o, d := z.tryAcquire(w.req, r.against(z, f, now)); {
 		case o == Admitted:
 			z.admit(w, now)
-		case o == short && f.head.short && z.pilesUp(w, &r): // it waits for its flow's short ones
-			f.tried = z.epoch
-			z.file(f, o, d)
-		case o == short: // its turn, but for this instance's allowance: its flow's next waiter is tried in its place
-			w.shortPlace = z.turn(f).tag          // where it stood at its turn, before its charge
-			if f.fair && w.req.slot.fair == nil { // charged at its turn, as admitted
-				z.chargeGrant(w, z.unitsOfWaiter(w))
-				z.vclock.turn(f.fairKey, 1)
-			}
-			if z.fileRefusal(f, w, o, d); !w.short {
+		case o == short: // its turn, but for this instance's allowance
+			if !z.shortAtTurn(f, w, d, &r, now) {
 				f.tried = z.epoch
-			} else if o, _ := z.tryAcquire(w.req, r.pendingFor(z, w, now)); o == Admitted {
-				z.admit(w, now) // short only of what the holds before it took, which the caps let it pass
 			}
 		default:
 			f.tried = z.epoch
@@ -84,6 +74,32 @@ func (z *Zone) dispatch() reservation {
 	z.unpark()
 	z.freed = z.freed[:0]
 	return r
+}
+
+// shortAtTurn deals with w, f's holder, short of allowance at its turn (r
+// readied for its try): it waits, as refused, for its flow's short
+// waiters if they pile up (see pilesUp); else it goes short, charged at
+// its turn as admitted, and its flow's next waiter is tried in its place;
+// it is admitted at once if short only of what the holds before it took,
+// which the caps let it pass. It reports whether w went short (or was
+// admitted). mu must be held.
+func (z *Zone) shortAtTurn(f *flow, w *waiter, d int, r *reservation, now time.Time) bool {
+	if f.head.short && z.pilesUp(w, r) {
+		z.file(f, short, d)
+		return false
+	}
+	w.shortPlace = z.turn(f).tag          // where it stood at its turn, before its charge
+	if f.fair && w.req.slot.fair == nil { // charged at its turn, as admitted
+		z.chargeGrant(w, z.unitsOfWaiter(w))
+		z.vclock.turn(f.fairKey, 1)
+	}
+	if z.fileRefusal(f, w, short, d); !w.short {
+		return false
+	}
+	if o, _ := z.tryAcquire(w.req, r.pendingFor(z, w, now)); o == Admitted {
+		z.admit(w, now)
+	}
+	return true
 }
 
 // admitShort admits the short waiters (see waiter.short) that this

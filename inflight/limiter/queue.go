@@ -301,8 +301,12 @@ func (z *Zone) acquire(ctx context.Context, req *Request, opt WaitOptions) Resul
 		return Result{Outcome: Timeout, Dim: d}
 	}
 	w := z.enqueue(req, opt, perKey)
-	if w.flow.holder() == w { // a flow is filed by its holder's refusals
-		z.fileRefusal(w.flow, w, o, d)
+	if f := w.flow; f.holder() == w && o == short { // its turn, as in the dispatch
+		now := z.clock.Now()
+		r := z.reserve(now)
+		z.shortAtTurn(f, w, d, r.against(z, f, now), now)
+	} else if f.holder() == w { // a flow is filed by its holder's refusals
+		z.fileRefusal(f, w, o, d)
 	}
 	z.dispatch() // it may be the head now, and fit in the room held for the old one
 	if w.granted {
