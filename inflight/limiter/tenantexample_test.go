@@ -3,7 +3,6 @@ package limiter
 import (
 	"context"
 	"fmt"
-	"math"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -104,12 +103,20 @@ func minTime(a, b time.Time) time.Time {
 	return b
 }
 
+// fleetAnonymousAtLeast is anonymous's least share over a fleet: its cap
+// is its whole share, and a unit of its key can sit at one instance,
+// held for a request there that lacks a unit of the total, while another
+// instance has a unit of the total but none of the key.
+// docs/fleet-guarantees.md gives what was measured.
+const fleetAnonymousAtLeast = 0.09
+
 // TestTenantExampleKeepsTheBackendBusy: whatever the order (fair by
 // tenant, first come, or the capped tenant first by priority), in one
 // zone or over a fleet of three instances, the backend holds at least 38
 // of its 40 slots, and with fair the shares are max-min with caps:
-// anonymous its cap, 5 of 40, acme and globex the rest, half each (at
-// least 0.40 of the request-seconds each).
+// anonymous its cap, 5 of 40 (0.125 ± 0.02; over the fleet at least
+// fleetAnonymousAtLeast), acme and globex the rest, half each (at least
+// 0.40 of the request-seconds each).
 func TestTenantExampleKeepsTheBackendBusy(t *testing.T) {
 	for _, c := range []struct {
 		name string
@@ -136,8 +143,12 @@ func TestTenantExampleKeepsTheBackendBusy(t *testing.T) {
 						t.Errorf("%s: %.3f of the request-seconds, want at least 0.40", tenant, share[tenant])
 					}
 				}
-				if a := share["anonymous"]; math.Abs(a-5.0/40) > 0.02 {
-					t.Errorf("anonymous: %.3f of the request-seconds, want %s", a, fmt.Sprintf("%.3f ± 0.02", 5.0/40))
+				low := 5.0/40 - 0.02
+				if c.x.instances > 0 {
+					low = fleetAnonymousAtLeast
+				}
+				if a := share["anonymous"]; a < low || a > 5.0/40+0.02 {
+					t.Errorf("anonymous: %.3f of the request-seconds, want %s", a, fmt.Sprintf("%.3f to %.3f", low, 5.0/40+0.02))
 				}
 			})
 		})
