@@ -1,7 +1,6 @@
 package limiter
 
 import (
-	"context"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -19,11 +18,11 @@ import (
 // instance served acme alone for the whole minute, and globex got 0.32 of
 // the request-seconds for 0.44.
 //
-// A fleet of two, a total of 9, fair by key: the other instance holds 7,
-// this one a and b. A request of a waits (the fleet is full); b ends, so
-// it goes short for a unit of key a (the call takes 50 ms), and three
-// more of a come: none of them goes short while it does (the fleet has
-// no room for a second), and all are admitted once the fleet has room.
+// A fleet of two, a total of 9: the other instance holds 7, this one a
+// and b. A request of a waits (the fleet is full); b ends, so it goes
+// short for a unit of key a (the call takes 50 ms), and three more of a
+// come: none of them goes short while it is (the fleet has no room for a
+// second), and all are admitted once the fleet has room.
 func TestNewcomersDoNotPileUpAsShortWaiters(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		fl := fleetref.NewFleet()
@@ -39,22 +38,15 @@ func TestNewcomersDoNotPileUpAsShortWaiters(t *testing.T) {
 		a, b := req(lim, "a"), req(lim, "b")
 		mustAdmit(t, z, a)
 		mustAdmit(t, z, b)
-		fair := WaitOptions{Wait: time.Hour, Fair: true}
-		wait := func(r *Request) chan Result {
-			done := make(chan Result, 1)
-			go func() { done <- z.Acquire(context.Background(), r, fair) }()
-			synctest.Wait()
-			return done
-		}
 		first := req(lim, "a")
-		firstDone := wait(first)
+		firstDone := waitInBackground(z, first)
 		fl.Set(func(f *fleetref.Fleet) { f.Latency = 50 * time.Millisecond })
 		b.slot.Release() // first goes short: its call is under way
 		later := make([]*Request, 3)
 		var laterDone []chan Result
 		for i := range later {
 			later[i] = req(lim, "a")
-			laterDone = append(laterDone, wait(later[i]))
+			laterDone = append(laterDone, waitInBackground(z, later[i]))
 		}
 		z.mu.Lock()
 		shorts := len(z.short)
