@@ -110,10 +110,14 @@ func TestFleetSpareStaysWithinTheReserve(t *testing.T) {
 // idle gives it back as soon as another instance's request waits for it:
 // a request of cost 8 at the second instance, refused while the first
 // keeps 3 of 10, is admitted at once, with no time passing (not at the
-// first instance's linger, nor at a poll).
+// first instance's linger, nor at a poll). It comes half a linger after
+// the first instance's last sweep, so that only the notice can make that
+// instance give back (a sweep due at the same moment let it pass now and
+// then without one).
 func TestFleetIdleGoesBackWhenAnotherWaits(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		_, zones, lim := spareAtOne(t)
+		time.Sleep(linger / 2)
 		big := costly(lim, 8, "k")
 		done := make(chan Result, 1)
 		go func() { done <- zones[1].Acquire(context.Background(), big, WaitOptions{Wait: time.Hour}) }()
