@@ -312,6 +312,7 @@ func TestFairTimeoutAbortReload(t *testing.T) {
 	mustAdmit(t, z, holder)
 	opt := WaitOptions{Wait: 10 * time.Second, Fair: true}
 	timed := enqueue(t, context.Background(), z, "timed", req(old, "k"), opt)
+	waitFor(t, func() bool { return clock.timersSet() == 1 })
 	clock.Advance(10 * time.Second)
 	if r := <-timed.res; r.Outcome != Timeout || r.Waited != 10*time.Second {
 		t.Fatalf("timed: %+v, want timeout after 10s", r)

@@ -17,6 +17,15 @@ type fakeTimer struct {
 	c  chan time.Time
 }
 
+// timers is how many timers c has set. A waiter sets its timeout only
+// after it is queued (see queue.await), so a test that advances c past a
+// waiter's wait first waits for its timer.
+func (c *fakeClock) timersSet() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.timers)
+}
+
 func newFakeClock() *fakeClock { return &fakeClock{now: time.Unix(1_700_000_000, 0)} }
 
 func (c *fakeClock) Now() time.Time {

@@ -153,6 +153,7 @@ func TestTimeout(t *testing.T) {
 	z, lim, clock := oneSlot()
 	mustAdmit(t, z, req(lim, "k"))
 	a := enqueue(t, context.Background(), z, "a", req(lim, "k"), WaitOptions{Wait: 10 * time.Second, Class: Normal})
+	waitFor(t, func() bool { return clock.timersSet() == 1 })
 	clock.Advance(9999 * time.Millisecond)
 	select {
 	case r := <-a.res:
