@@ -17,7 +17,7 @@ type fakeTimer struct {
 	c  chan time.Time
 }
 
-// timers is how many timers c has set. A waiter sets its timeout only
+// timersSet is how many timers c has set. A waiter sets its timeout only
 // after it is queued (see queue.await), so a test that advances c past a
 // waiter's wait first waits for its timer.
 func (c *fakeClock) timersSet() int {
