@@ -190,14 +190,16 @@ type keyOwed struct {
 // share, on average), within a unit either way. The move is proportional:
 // where the instances give a key more than its share by some bias (a
 // key's long requests granted where it comes now and then), it is left
-// with 1/(1+owedGain) of it: over 120 s in virtual time, a tenant of 1 s
-// requests among tenants of 100 ms had 0.511-0.518 where its weight's
-// share was 0.5. A slower integral term took most of that out but, within
-// a request's units, wound up now and then: a tenant of costs of 5 ended
-// 0.461 for 0.5, and one of cycling costs 0.05 off.
+// with 1/(1+owedGain) of it. The loop's speed is owedGain/keyOwedFade
+// (0.75 a second): at 3 over 4 s a tenant of 1 s requests among tenants
+// of 100 ms kept a quarter of its bias, 0.520-0.526 of the slot-seconds
+// through three Caddys where its weight's share was 0.5; at 9 over 12 s,
+// as fast, it keeps a tenth. A slower integral term took most of that out
+// but, within a request's units, wound up now and then: a tenant of costs
+// of 5 ended 0.461 for 0.5, and one of cycling costs 0.05 off.
 const (
-	keyOwedFade = 4 * time.Second
-	owedGain    = 3
+	keyOwedFade = 12 * time.Second
+	owedGain    = 9
 )
 
 // tableTarget is what a table tells an instance of its target.
