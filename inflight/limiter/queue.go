@@ -342,6 +342,10 @@ func (z *Zone) acquire(ctx context.Context, req *Request, opt WaitOptions) Resul
 	z.dequeue(w)
 	z.pending.Add(-1)
 	z.dispatch() // if it was the head, the room it held is free
+	// What was kept idle for it goes back, at once where another instance waits.
+	if z.ledger != nil {
+		z.trim(z.setsOf(req), false)
+	}
 	z.waiterLeft()
 	z.mu.Unlock()
 	return Result{Outcome: outcome, Dim: d, Waited: waited}
