@@ -226,6 +226,7 @@ for j = 1, wants do
 			local p = first + 7 * k
 			local i, cap, u, ask = tonumber(ARGV[p]), tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2]), tonumber(ARGV[p + 3])
 			local s = sets[i]
+			local was = held(s, me)
 			local a = s.allow[me]
 			if a == nil then
 				a = {units = 0, spare = 0}
@@ -243,6 +244,7 @@ for j = 1, wants do
 			granted[k + 1] = g
 			levels[k + 1] = level(s) - spares(s)
 			dirty[i] = true
+			if held(s, me) < was and othersReport(s) then notices[#notices + 1] = 'f ' .. string.sub(KEYS[i], cut) end
 		end
 	elseif waits then
 		local i = tonumber(ARGV[first + 7 * (refused - 1)])

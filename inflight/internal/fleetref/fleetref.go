@@ -42,7 +42,8 @@
 //     none for ReportLife), when it is new and again once half of ReportLife
 //     has passed since it last did; and
 //     a write that lowers an allowance, or a report that holds less
-//     room than it did (withdrawn, or needing less), where another
+//     room than it did (withdrawn, needing less, or its head beyond its
+//     target once a want of the call was granted), where another
 //     instance reports announces room ("f <set>": the reporters ask
 //     again).
 package fleetref
@@ -202,6 +203,7 @@ func (l *Ledger) Apply(now int64, who Caller, c *fleet.Call) (notices []string, 
 		if w.Refused == 0 {
 			for k, name := range w.Sets {
 				s := l.sets[name]
+				was := s.held(me)
 				a := s.allow[me]
 				if a == nil {
 					a = &Allowance{}
@@ -217,6 +219,9 @@ func (l *Ledger) Apply(now int64, who Caller, c *fleet.Call) (notices []string, 
 					w.Granted[k] = spare
 				}
 				w.Levels[k] = s.level() - s.spares()
+				if s.held(me) < was && s.othersReport(me) { // its own grant ended the room its report held
+					notices = append(notices, "f "+name)
+				}
 			}
 		} else if w.Waits {
 			name := w.Sets[w.Refused-1]
