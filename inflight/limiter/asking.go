@@ -655,7 +655,6 @@ func (z *Zone) answer(c *fleet.Call, st *sent, err error) {
 			}
 			if z.fleetKeyFull(f) { // the total's room goes to those who can take it (see keysFit)
 				z.unshort(f)
-				z.freed = append(z.freed, blocker{total: true})
 			}
 		}
 	}
@@ -856,13 +855,18 @@ func (z *Zone) refuseWaiter(w *waiter, o Outcome, d int) {
 
 // unshort takes f's short waiters back into the queue, uncharged: the
 // fleet refused one of them by a key whose cap this instance's allowance
-// cannot cover. mu must be held.
+// cannot cover. The shared room they held as admitted is free for the
+// waiters it refused: the total's, and a new key's of each key bound
+// (max_keys). f's own keys are not tried again: f waits for the fleet's
+// next change, and tried now it would only ask again, in the same
+// instant, for ever. mu must be held.
 func (z *Zone) unshort(f *flow) {
 	for w := f.head; w != nil && w.short; w = w.next {
 		delete(z.short, w)
 		w.short = false
 		z.uncharge(w)
 	}
+	z.freed = f.sharedBlockers(z.freed)
 	z.headLeft(f)
 }
 
