@@ -855,19 +855,20 @@ func (z *Zone) refuseWaiter(w *waiter, o Outcome, d int) {
 
 // unshort takes f's short waiters back into the queue, uncharged: the
 // fleet refused one of them by a key whose cap this instance's allowance
-// cannot cover. The shared room they held as admitted is free for the
-// waiters it refused: the total's, and a new key's of each key bound
-// (max_keys). f's own keys are not tried again: f waits for the fleet's
-// next change, and tried now it would only ask again, in the same
-// instant, for ever. mu must be held.
+// cannot cover. The room they held as admitted is free for the waiters
+// it refused: the total's, a new key's of each key bound (max_keys), and
+// f's own keys'. f is parked, as if tried: it waits for the fleet's next
+// change, and tried now it would only ask again, in the same instant, for
+// ever. mu must be held.
 func (z *Zone) unshort(f *flow) {
 	for w := f.head; w != nil && w.short; w = w.next {
 		delete(z.short, w)
 		w.short = false
 		z.uncharge(w)
 	}
-	z.freed = f.sharedBlockers(z.freed)
+	z.freed = f.sharedBlockers(f.keyBlockers(z.freed))
 	z.headLeft(f)
+	z.park(f)
 }
 
 // fileFleetFull files f, whose head the fleet refused by one of its keys

@@ -19,8 +19,9 @@ import (
 // shared one (the total, a key bound), under that and under each of its
 // own keys, which is where room comes back from (see file). A flow tried
 // and refused is parked until the dispatch ends: the room it was refused
-// by only shrinks as others are admitted. Only a change of holder gives
-// back held room; the flows are then tried again.
+// by only shrinks as others are admitted. So is a flow the fleet just
+// refused (see unshort). Only a change of holder gives back held room;
+// the flows are then tried again.
 //
 // The short waiters (see waiter.short) go first: they count as admitted
 // at their turns, and wait only for this instance's allowance.
@@ -33,6 +34,7 @@ func (z *Zone) dispatch() reservation {
 	now := z.clock.Now()
 	r := z.reserve(now)
 	if len(z.freed) == 0 {
+		z.unpark()
 		return r
 	}
 	z.epoch++
@@ -212,6 +214,18 @@ func (q *queue) firstUntried(fl *filing, now time.Time) *flow {
 		}
 	}
 	return best
+}
+
+// park takes f out of the lanes it is listed in until the dispatch ends,
+// as if tried.
+func (q *queue) park(f *flow) {
+	for _, e := range f.listed {
+		if !e.parked {
+			heap.Remove(e.lane, e.idx)
+			e.parked = true
+			q.parked = append(q.parked, e)
+		}
+	}
 }
 
 // unpark puts the parked listings back in their lanes, but those unlisted
