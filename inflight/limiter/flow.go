@@ -46,6 +46,9 @@ type flow struct {
 	asks        bool
 	turned      time.Time
 	turnedUnits int64
+	// rose is when a rise of this instance's target in fleetSet last
+	// ended its turn (see targetRose).
+	rose time.Time
 	// refused lists the dimensions (TotalDim: the total) whose counts
 	// refused it since it started waiting, for a ledger's holds (see
 	// Want.Holds), and fleetSet the set the fleet last refused its head

@@ -59,16 +59,56 @@ func (z *Zone) reportsFor(order []*waiter, now time.Time, anyway bool) []fleet.R
 	for set, r := range z.asks.reports {
 		if cur[set] == nil {
 			out = append(out, fleet.Report{Set: r.name})
+			endTurns(set, order)
 		}
 	}
 	for set, c := range cur {
 		old := z.asks.reports[set]
+		if old != nil && math.Floor(c.target) > math.Floor(old.target) {
+			z.targetRose(set, math.Floor(c.target), order)
+		}
 		c.sent = now
 		out = append(out, fleet.Report{Set: c.name, New: old != nil && old.head != c.head, Head: c.head.req.cost(), Need: c.need,
 			Target: c.target, Entries: z.entries(set, order)})
 	}
 	z.asks.reports = cur
 	return out
+}
+
+// endTurns ends the turn of the waiting flows the fleet turned down by
+// set (see turnedDown), which is reported no more: each is asked for
+// again when it next needs the fleet. A turned-down flow waits for the
+// ledger's notice that room came back there, and with no report none
+// comes: it waited for the poll with that room free (a cap here had
+// refused its flow meanwhile, which stops it reporting). mu must be held.
+func endTurns(set Set, order []*waiter) {
+	for _, w := range order {
+		if f := w.flow; f.fleetSet != nil && *f.fleetSet == set {
+			f.turned = time.Time{}
+		}
+	}
+}
+
+// targetRose asks again, in the asker's next call, for the flows the
+// fleet turned down by set whose heads now fit in this instance's target
+// there, t (whole units): a want within its instance's target counts only
+// the holds of the instances that reported before it (see the Holds rule
+// in internal/fleetref), so the refusal may no longer hold, and no notice
+// says so. Targets can swing up and down as tables come in, even within
+// an instant, so a flow is asked for again this way once per fleetPoll at
+// most: else it could be asked for, refused and asked for again at every
+// call, with the clock standing still. mu must be held.
+func (z *Zone) targetRose(set Set, t float64, order []*waiter) {
+	now := z.clock.Now()
+	for _, w := range order {
+		f := w.flow
+		if w != f.holder() || f.turned.IsZero() || f.fleetSet == nil || *f.fleetSet != set || now.Sub(f.rose) < fleetPoll {
+			continue
+		}
+		if t >= float64(z.stateOf(set).inFlight+z.unitsOf(f)) {
+			f.turned, f.rose = f.turned.Add(-fleetPoll), now // due now (see turnedDown)
+		}
+	}
 }
 
 // reportsMoved wakes the asker, if the zone reports, after a waiter
