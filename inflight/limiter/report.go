@@ -65,7 +65,7 @@ func (z *Zone) reportsFor(order []*waiter, now time.Time, anyway bool) []fleet.R
 	for set, c := range cur {
 		old := z.asks.reports[set]
 		if old != nil && math.Floor(c.target) > math.Floor(old.target) {
-			z.targetRose(set, math.Floor(c.target), order)
+			z.targetRose(set, math.Floor(c.target), order, now)
 		}
 		c.sent = now
 		out = append(out, fleet.Report{Set: c.name, New: old != nil && old.head != c.head, Head: c.head.req.cost(), Need: c.need,
@@ -98,8 +98,7 @@ func endTurns(set Set, order []*waiter) {
 // an instant, so a flow is asked for again this way once per fleetPoll at
 // most: else it could be asked for, refused and asked for again at every
 // call, with the clock standing still. mu must be held.
-func (z *Zone) targetRose(set Set, t float64, order []*waiter) {
-	now := z.clock.Now()
+func (z *Zone) targetRose(set Set, t float64, order []*waiter, now time.Time) {
 	for _, w := range order {
 		f := w.flow
 		if w != f.holder() || f.turned.IsZero() || f.fleetSet == nil || *f.fleetSet != set || now.Sub(f.rose) < fleetPoll {
