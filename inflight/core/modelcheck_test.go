@@ -52,7 +52,11 @@ type mScenario struct {
 	Ledger bool `json:",omitempty"`
 	// Instances: a fleet's (modelfleet_test.go); 0: one.
 	Instances int `json:",omitempty"`
-	Events    []mEvent
+	// Plays: how many times a fleet's found case is played, where its
+	// promise breaks in too few interleavings for foundReplays to catch
+	// it surely (0: foundReplays).
+	Plays  int `json:",omitempty"`
+	Events []mEvent
 }
 
 // mEvent is one event. Pick chooses among the requests it applies to

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -347,13 +348,14 @@ func checkFleet(t *testing.T, what string, sc *mScenario) {
 // promise in some of them, as few as one play in four.
 const foundReplays = 10
 
-// checkFound plays a found case, already shrunk, foundReplays times, and
-// fails at the first broken promise.
+// checkFound plays a found case, already shrunk, foundReplays times (or
+// its Plays), and fails at the first broken promise.
 func checkFound(t *testing.T, what string, sc *mScenario) {
 	t.Helper()
-	for i := range foundReplays {
+	plays := cmp.Or(sc.Plays, foundReplays)
+	for i := range plays {
 		if p := playFleet(t, sc); p != "" {
-			t.Fatalf("%s, play %d of %d: on a fleet of %d, %s", what, i+1, foundReplays, fleetInstances(sc), p)
+			t.Fatalf("%s, play %d of %d: on a fleet of %d, %s", what, i+1, plays, fleetInstances(sc), p)
 		}
 	}
 }

@@ -2,6 +2,7 @@ package fleetref
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"time"
@@ -36,7 +37,15 @@ type Member struct {
 	changed chan struct{}
 	tight   fleet.Tightness
 	calls   int
+	// instant is when m last called, and inInstant its calls then.
+	instant   time.Time
+	inInstant int
 }
+
+// spinCalls is more calls than one member makes in one instant unless it
+// asks again and again for ever, the clock standing still (a found case
+// made 30 to 50 in one).
+const spinCalls = 10000
 
 // Join returns a new member's ledger.
 func (f *Fleet) Join() *Member {
@@ -107,6 +116,7 @@ func (m *Member) Calls() int {
 // answers after the other half.
 func (m *Member) Ask(c *fleet.Call) error {
 	f := m.fleet
+	m.countInstant()
 	time.Sleep(f.Latency / 2)
 	defer time.Sleep(f.Latency / 2)
 	f.mu.Lock()
@@ -139,6 +149,21 @@ func (m *Member) Ask(c *fleet.Call) error {
 		}
 	}
 	return nil
+}
+
+// countInstant counts m's call in its instant, and panics at
+// spinCalls: the member asks again and again for ever, and a test would
+// otherwise hang with nothing to say why.
+func (m *Member) countInstant() {
+	f := m.fleet
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if now := time.Now(); !now.Equal(m.instant) {
+		m.instant, m.inInstant = now, 0
+	}
+	if m.inInstant++; m.inInstant >= spinCalls {
+		panic(fmt.Sprintf("fleetref: instance %s called the ledger %d times in one instant: it asks again and again for ever", m.id, m.inInstant))
+	}
 }
 
 // Changed receives when another member's call announced something.
