@@ -30,8 +30,8 @@ import (
 //     admits within, at every moment, but for a fallback's admissions
 //     until they are written.
 //   - Idle allowance (units not in flight) is at most what keep allows
-//     once a release has written back the excess, but while a grant waits
-//     for its waiter's turn in the queue order.
+//     once a release, or a call's answer, has written back the excess,
+//     but while a grant waits for its waiter's turn in the queue order.
 
 // linger bounds how long units to write back wait for a call (one made
 // anyway carries them), and is how often an idle asker sweeps.

@@ -662,30 +662,41 @@ func (z *Zone) answer(c *fleet.Call, st *sent, err error) {
 		z.readTables(c.Tables, st.named, now)
 	}
 	z.dispatch()
-	z.trimTables(c, st)
+	z.trimAnswered(c, st)
 }
 
-// trimTables writes back, after a call's tables moved the zone's
-// targets, the idle allowance beyond what it keeps now in the sets the
-// tables named, but for those a want of the call was granted in (a grant
-// waits for its waiter's turn): a target that fell, or another instance
-// now owed units, lets go of units that no release would. mu must be
-// held.
-func (z *Zone) trimTables(c *fleet.Call, st *sent) {
-	if len(c.Tables) == 0 {
-		return
-	}
-	granted := map[Set]bool{}
+// trimAnswered writes back, after a call's answer, the idle allowance
+// beyond what the zone keeps now: in the sets the tables named (a target
+// that fell, or another instance now owed units, lets go of units that no
+// release would), and in those of the waiters its grants let in, or that
+// left (what was kept while they were filed there is idle now, and no
+// release gives it back); but for the sets of a grant whose waiter still
+// waits for its turn in the queue order. mu must be held.
+func (z *Zone) trimAnswered(c *fleet.Call, st *sent) {
+	var sets []Set
+	var waiting map[Set]bool
 	for i, want := range c.Wants {
-		if want.Refused == 0 {
-			for _, set := range st.asked[i].sets {
-				granted[set] = true
+		switch a := st.asked[i]; {
+		case want.Refused != 0 || a.w == nil: // a newcomer takes what it was granted
+		case a.w.left:
+			sets = append(sets, z.setsOf(a.w.req)...)
+		default: // the idle units it counts on too
+			if waiting == nil {
+				waiting = map[Set]bool{}
+			}
+			for _, set := range z.setsOf(a.w.req) {
+				waiting[set] = true
 			}
 		}
 	}
 	for _, t := range c.Tables {
-		if n, ok := st.named[t.Set]; ok && !granted[n.set] {
-			z.trim([]Set{n.set}, false)
+		if n, ok := st.named[t.Set]; ok {
+			sets = append(sets, n.set)
+		}
+	}
+	for _, set := range sets {
+		if !waiting[set] {
+			z.trim([]Set{set}, false)
 		}
 	}
 }
