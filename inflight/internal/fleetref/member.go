@@ -43,8 +43,8 @@ type Member struct {
 }
 
 // spinCalls is more calls than one member makes in one instant unless it
-// asks again and again for ever, the clock standing still (a found case
-// made 30 to 50 in one).
+// asks again and again for ever, the clock standing still (the fleet
+// model's scenarios make fewer than 50).
 const spinCalls = 10000
 
 // Join returns a new member's ledger.
