@@ -626,6 +626,7 @@ func (z *Zone) answer(c *fleet.Call, st *sent, err error) {
 			z.asks.unsure[w.Set] = st.writes[i]
 		}
 	}
+	var grants []grant
 	for i := range c.Wants {
 		want, a := &c.Wants[i], st.asked[i]
 		res := z.verdict(want, a, err, now.UnixNano(), st.gen == z.asks.capsGen)
@@ -637,9 +638,11 @@ func (z *Zone) answer(c *fleet.Call, st *sent, err error) {
 			a.w.levels, a.w.alone = res.Levels, res.Alone
 			// No longer turned down: refused here, it waits here (see fleetKeyFull).
 			a.w.flow.turned = time.Time{}
-			for _, set := range z.setsOf(a.w.req) { // tried again, even if idle units covered it
+			sets := z.setsOf(a.w.req)
+			for _, set := range sets { // tried again, even if idle units covered it
 				z.freed = append(z.freed, set.blocker())
 			}
+			grants = append(grants, grant{a.w, sets})
 		case res.Outcome == Unavailable:
 			z.refuseWaiter(a.w, Unavailable, res.Dim)
 		default: // full in the fleet, or in its share alone: it holds that room in the next calls
@@ -662,32 +665,37 @@ func (z *Zone) answer(c *fleet.Call, st *sent, err error) {
 		z.readTables(c.Tables, st.named, now)
 	}
 	z.dispatch()
-	z.trimAnswered(c, st)
+	z.trimAnswered(c, st, grants)
+}
+
+// grant is a waiter a call's grant went to, and the sets of its request,
+// read while it waited: once let in, the request is its handler's.
+type grant struct {
+	w    *waiter
+	sets []Set
 }
 
 // trimAnswered writes back, after a call's answer, the idle allowance
 // beyond what the zone keeps now: in the sets the tables named (a target
 // that fell, or another instance now owed units, lets go of units that no
-// release would), and in those of the waiters its grants let in, or that
-// left (what was kept while they were filed there is idle now, and no
-// release gives it back); but for the sets of a grant whose waiter still
-// waits for its turn in the queue order. mu must be held.
-func (z *Zone) trimAnswered(c *fleet.Call, st *sent) {
+// release would), and in those of the waiters its grants let in (what was
+// kept while they were filed there is idle now, and no release gives it
+// back); but for the sets of a granted waiter that still waits for its
+// turn in the queue order. mu must be held.
+func (z *Zone) trimAnswered(c *fleet.Call, st *sent, grants []grant) {
 	var sets []Set
 	var waiting map[Set]bool
-	for i, want := range c.Wants {
-		switch a := st.asked[i]; {
-		case want.Refused != 0 || a.w == nil: // a newcomer takes what it was granted
-		case a.w.left:
-			sets = append(sets, z.setsOf(a.w.req)...)
-		default: // the idle units it counts on too
+	for _, g := range grants {
+		if !g.w.left { // the idle units it counts on too
 			if waiting == nil {
 				waiting = map[Set]bool{}
 			}
-			for _, set := range z.setsOf(a.w.req) {
+			for _, set := range g.sets {
 				waiting[set] = true
 			}
+			continue
 		}
+		sets = append(sets, g.sets...)
 	}
 	for _, t := range c.Tables {
 		if n, ok := st.named[t.Set]; ok {
