@@ -79,9 +79,9 @@ func (l *ledger) send(c *fleet.Call) error {
 	if err != nil {
 		return err
 	}
-	keys, args := l.encode(c, deadline)
+	keys, args := l.encode(c, callHeader{deadline, l.book.lease.Milliseconds(), fleet.ReportLife.Milliseconds(), versions.Add(1)})
 	sentAt := localMicros()
-	reply, err := callScript.Run(ctx, l.book.client, keys, args...).Slice()
+	reply, err := callScript.Run(ctx, l.book.client, keys, args).Slice()
 	l.book.learnClock(l.tag, replyInts(reply), err, sentAt)
 	if err != nil {
 		return asLate(err)
@@ -89,44 +89,64 @@ func (l *ledger) send(c *fleet.Call) error {
 	return l.decode(c, keys, reply)
 }
 
-// encode returns the keys and arguments of c's script (see callScript).
-func (l *ledger) encode(c *fleet.Call, deadline int64) ([]string, []any) {
+// callHeader is what a call's script is told besides the call: its
+// deadline (Redis time, µs), the lease and a report's life (ms), and the
+// call's version.
+type callHeader struct {
+	deadline, lease, reportLife, version int64
+}
+
+// encode returns the keys and the argument of c's script (see callScript).
+func (l *ledger) encode(c *fleet.Call, h callHeader) ([]string, string) {
 	keys := []string{l.tag + ":~seq"}
 	index := map[string]int{}
-	key := func(set string) int {
+	key := func(set string) int64 {
 		i, ok := index[set]
 		if !ok {
 			keys = append(keys, l.tag+":"+set)
 			i = len(keys)
 			index[set] = i
 		}
-		return i
+		return int64(i)
 	}
-	args := make([]any, 0, 10+3*len(c.Writes)+6*len(c.Reports)+len(c.Wants)*10)
-	args = append(args, deadline, l.book.lease.Milliseconds(), fleet.ReportLife.Milliseconds(), l.book.instance,
-		versions.Add(1), len(l.tag)+2, flag(c.Again), len(c.Writes))
+	a := newScriptArgs(64 + 12*len(c.Writes) + 48*len(c.Reports) + 40*len(c.Wants))
+	a.int(h.deadline)
+	a.int(h.lease)
+	a.int(h.reportLife)
+	a.str(l.book.instance)
+	a.int(h.version)
+	a.int(int64(len(l.tag) + 2))
+	a.flag(c.Again)
+	a.int(int64(len(c.Writes)))
 	for _, w := range c.Writes {
-		args = append(args, key(w.Set), w.Units, w.Spare)
+		a.int(key(w.Set))
+		a.int(w.Units)
+		a.int(w.Spare)
 	}
-	args = append(args, len(c.Reports))
+	a.int(int64(len(c.Reports)))
 	for _, r := range c.Reports {
-		args = append(args, key(r.Set), flag(r.New), r.Head, r.Need, strconv.FormatFloat(r.Target, 'g', -1, 64), r.Entries)
+		a.int(key(r.Set))
+		a.flag(r.New)
+		a.int(r.Head)
+		a.int(r.Need)
+		a.str(strconv.FormatFloat(r.Target, 'g', -1, 64))
+		a.str(r.Entries)
 	}
-	args = append(args, len(c.Wants))
+	a.int(int64(len(c.Wants)))
 	for _, w := range c.Wants {
-		args = append(args, len(w.Sets), flag(w.Waits))
+		a.int(int64(len(w.Sets)))
+		a.flag(w.Waits)
 		for k, set := range w.Sets {
-			args = append(args, key(set), w.Caps[k], w.Units[k], w.Spares[k], flag(w.Holds[k]), w.Allowance[k], w.AllowanceSpare[k])
+			a.int(key(set))
+			a.int(w.Caps[k])
+			a.int(w.Units[k])
+			a.int(w.Spares[k])
+			a.flag(w.Holds[k])
+			a.int(w.Allowance[k])
+			a.int(w.AllowanceSpare[k])
 		}
 	}
-	return keys, args
-}
-
-func flag(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
+	return keys, a.packed()
 }
 
 // decode sets c's answers from the script's reply.

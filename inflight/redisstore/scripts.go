@@ -21,16 +21,16 @@ import (
 // (Redis time, µs; see clock.go): past it, it writes nothing and answers
 // an error "LATE <seconds> <microseconds>".
 //
-// KEYS: the counter, then the sets, each once. ARGV: the deadline (µs),
-// the lease and a report's life (ms), the instance, the version, the tag's
-// length plus two (a notice names a set by its key less the tag and the
-// colon), 1 if the call is sent again; then the number of writes and per
-// write its set's index in KEYS, units and spare; the number of reports
-// and per report its set's index, 1 if new, head, need, target and
-// entries;
-// the number of wants and per want its number of sets, 1 if it waits,
-// then per set its index, cap, units, spare asked, 1 if it holds the
-// set, and the allowance and spare the instance held there.
+// KEYS: the counter, then the sets, each once. ARGV[1]: one msgpack
+// array (scriptArgs), A: the deadline (µs), the lease and a report's life
+// (ms), the instance, the version, the tag's length plus two (a notice
+// names a set by its key less the tag and the colon), 1 if the call is
+// sent again; then the number of writes and per write its set's index in
+// KEYS, units and spare; the number of reports and per report its set's
+// index, 1 if new, head, need, target (a string) and entries; the number
+// of wants and per want its number of sets, 1 if it waits, then per set
+// its index, cap, units, spare asked, 1 if it holds the set, and the
+// allowance and spare the instance held there.
 //
 // The reply: Redis's TIME (seconds, microseconds), 1 if the call was
 // stale (and nothing more), then per want 0 or the position of the set
@@ -39,42 +39,47 @@ import (
 // granted; then the number of tables and per table its set's index, its
 // number of fields and the fields and values.
 var callScript = redis.NewScript(`
-local call, tonumber, floor = redis.call, tonumber, math.floor
+local call, tonumber, floor, byte, match, sub = redis.call, tonumber, math.floor, string.byte, string.match, string.sub
+local A = cmsgpack.unpack(ARGV[1])
 local t = call('TIME')
-if tonumber(t[1]) * 1000000 + tonumber(t[2]) > tonumber(ARGV[1]) then
+if tonumber(t[1]) * 1000000 + tonumber(t[2]) > A[1] then
 	return redis.error_reply('LATE ' .. t[1] .. ' ' .. t[2])
 end
 local now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
-local lease, reportLife, me, version, cut, again = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7] == '1'
-local channel = string.sub(KEYS[1], 1, cut - 1) .. 'n'
+local lease, reportLife, me, version, cut, again = A[2], A[3], A[4], A[5], A[6], A[7] == 1
+local channel = sub(KEYS[1], 1, cut - 1) .. 'n'
 
 -- sets[i]: KEYS[i]'s allowances and reports, once read; dirty[i]: the
--- allowances of me to write back.
-local sets, dirty = {}, {}
+-- allowances of me to write back. A set with no report shares none (a
+-- key used once costs a table less), which nothing writes to.
+local sets, dirty, none = {}, {}, {}
 local function load(i)
 	local s = sets[i]
 	if s then return s end
-	s = {allow = {}, reports = {}}
+	local allow, reports = {}, none
 	local all = call('HGETALL', KEYS[i])
 	for j = 1, #all, 2 do
 		local f, v = all[j], all[j + 1]
-		if string.sub(f, 1, 3) == '~r:' then
-			local seq, head, need, target, expiry, notified, entries = string.match(v, '^(%S+) (%S+) (%S+) (%S+) (%S+) (%S+) ?(.*)$')
+		if byte(f) == 126 then -- '~r:<instance>'
+			local seq, head, need, target, expiry, notified, entries = match(v, '^(%S+) (%S+) (%S+) (%S+) (%S+) (%S+) ?(.*)$')
 			if tonumber(expiry) <= now then
 				call('HDEL', KEYS[i], f)
 			else
-				s.reports[string.sub(f, 4)] = {seq = tonumber(seq), head = tonumber(head), need = tonumber(need), target = target,
+				if reports == none then reports = {} end
+				reports[sub(f, 4)] = {seq = tonumber(seq), head = tonumber(head), need = tonumber(need), target = target,
 					expiry = tonumber(expiry), notified = tonumber(notified), entries = entries}
 			end
 		else
-			local units, spare, expiry, v2 = string.match(v, '^(%S+) (%S+) (%S+) (%S+)$')
-			if tonumber(expiry) <= now then
+			local units, spare, expiry, v2 = match(v, '^(%S+) (%S+) (%S+) (%S+)$')
+			expiry = tonumber(expiry)
+			if expiry <= now then
 				call('HDEL', KEYS[i], f)
 			else
-				s.allow[f] = {units = tonumber(units), spare = tonumber(spare), expiry = tonumber(expiry), version = tonumber(v2)}
+				allow[f] = {units = tonumber(units), spare = tonumber(spare), expiry = expiry, version = tonumber(v2)}
 			end
 		end
 	end
+	s = {allow = allow, reports = reports}
 	sets[i] = s
 	return s
 end
@@ -82,15 +87,11 @@ local function units(s, inst)
 	local a = s.allow[inst]
 	return a and a.units or 0
 end
-local function level(s)
-	local n = 0
-	for _, a in pairs(s.allow) do n = n + a.units end
-	return n
-end
-local function spares(s)
-	local n = 0
-	for _, a in pairs(s.allow) do n = n + a.spare end
-	return n
+-- tally: the set's level (its allowances) and its spares.
+local function tally(s)
+	local n, sp = 0, 0
+	for _, a in pairs(s.allow) do n, sp = n + a.units, sp + a.spare end
+	return n, sp
 end
 local function othersReport(s)
 	for inst in pairs(s.reports) do
@@ -113,29 +114,35 @@ local function holds(s, want)
 	return n
 end
 
+-- Where the call's parts start in A: its writes (per write its set,
+-- units and spare), its reports (6 each) and its wants (per want its
+-- number of sets and 1 if it waits, then 7 per set).
+local writes = A[8]
+local wpos = 9
+local reports = A[wpos + 3 * writes]
+local rpos = wpos + 3 * writes + 1
+local wants = A[rpos + 6 * reports]
+local qpos = rpos + 6 * reports + 1
+
 -- The version: a call older than a write of me in a set it touches is
 -- stale. The sets are read in the order the call names them.
-local pos = 8
-local writes = tonumber(ARGV[pos])
-local wpos = pos + 1
-pos = wpos + 3 * writes
-local reports = tonumber(ARGV[pos])
-local rpos = pos + 1
-pos = rpos + 6 * reports
-local wants = tonumber(ARGV[pos])
-local qpos = pos + 1
-local touched = {}
-for j = 0, writes - 1 do touched[#touched + 1] = tonumber(ARGV[wpos + 3 * j]) end
-for j = 0, reports - 1 do touched[#touched + 1] = tonumber(ARGV[rpos + 6 * j]) end
-pos = qpos
-for j = 1, wants do
-	local n = tonumber(ARGV[pos])
-	for k = 0, n - 1 do touched[#touched + 1] = tonumber(ARGV[pos + 2 + 7 * k]) end
-	pos = pos + 2 + 7 * n
-end
-for _, i in ipairs(touched) do
+local function stale(i)
 	local a = load(i).allow[me]
-	if a and a.version > version then return {tonumber(t[1]), tonumber(t[2]), 1} end
+	return a ~= nil and a.version > version
+end
+for p = wpos, rpos - 2, 3 do
+	if stale(A[p]) then return {tonumber(t[1]), tonumber(t[2]), 1} end
+end
+for p = rpos, qpos - 2, 6 do
+	if stale(A[p]) then return {tonumber(t[1]), tonumber(t[2]), 1} end
+end
+local pos = qpos
+for j = 1, wants do
+	local n = A[pos]
+	for p = pos + 2, pos + 7 * n, 7 do
+		if stale(A[p]) then return {tonumber(t[1]), tonumber(t[2]), 1} end
+	end
+	pos = pos + 2 + 7 * n
 end
 
 local function put(i, u, sp)
@@ -149,22 +156,19 @@ end
 if again then
 	pos = qpos
 	for j = 1, wants do
-		local n = tonumber(ARGV[pos])
-		for k = 0, n - 1 do
-			local p = pos + 2 + 7 * k
-			put(tonumber(ARGV[p]), tonumber(ARGV[p + 5]), tonumber(ARGV[p + 6]))
-		end
+		local n = A[pos]
+		for p = pos + 2, pos + 7 * n, 7 do put(A[p], A[p + 5], A[p + 6]) end
 		pos = pos + 2 + 7 * n
 	end
 end
 
 local notices = {}
-for j = 0, writes - 1 do
-	local i, u, sp = tonumber(ARGV[wpos + 3 * j]), tonumber(ARGV[wpos + 3 * j + 1]), tonumber(ARGV[wpos + 3 * j + 2])
+for p = wpos, rpos - 2, 3 do
+	local i, u, sp = A[p], A[p + 1], A[p + 2]
 	local s = sets[i]
 	local old = units(s, me)
 	put(i, u, sp)
-	if u < old and othersReport(s) then notices[#notices + 1] = 'f ' .. string.sub(KEYS[i], cut) end
+	if u < old and othersReport(s) then notices[#notices + 1] = 'f ' .. sub(KEYS[i], cut) end
 end
 
 local tables, listed = {}, {}
@@ -176,57 +180,61 @@ local function table1(i)
 end
 for j = 0, reports - 1 do
 	local p = rpos + 6 * j
-	local i, new, head, need, target, entries = tonumber(ARGV[p]), ARGV[p + 1] == '1', tonumber(ARGV[p + 2]), tonumber(ARGV[p + 3]), ARGV[p + 4], ARGV[p + 5]
+	local i, new, head, need, target, entries = A[p], A[p + 1] == 1, A[p + 2], A[p + 3], A[p + 4], A[p + 5]
 	local s = sets[i]
 	local old, was = s.reports[me], held(s, me)
 	if head <= 0 then
-		s.reports[me] = nil
+		if old then s.reports[me] = nil end
 		call('HDEL', KEYS[i], '~r:' .. me)
-		if was > 0 and othersReport(s) then notices[#notices + 1] = 'f ' .. string.sub(KEYS[i], cut) end
+		if was > 0 and othersReport(s) then notices[#notices + 1] = 'f ' .. sub(KEYS[i], cut) end
 	else
 		local notified = old and old.notified or 0
 		if old == nil or now - notified >= floor(reportLife / 2) then
-			notices[#notices + 1] = 'w ' .. string.sub(KEYS[i], cut)
+			notices[#notices + 1] = 'w ' .. sub(KEYS[i], cut)
 			notified = now
 		end
 		local seq
 		if old and not new then seq = old.seq else seq = call('INCR', KEYS[1]) end
+		if s.reports == none then s.reports = {} end
 		s.reports[me] = {seq = seq, head = head, need = need, target = target, expiry = now + reportLife, notified = notified, entries = entries}
 		call('HSET', KEYS[i], '~r:' .. me, seq .. ' ' .. head .. ' ' .. need .. ' ' .. target .. ' ' .. (now + reportLife) .. ' ' .. notified .. ' ' .. entries)
 		call('PEXPIRE', KEYS[i], 2 * lease)
-		if held(s, me) < was and othersReport(s) then notices[#notices + 1] = 'f ' .. string.sub(KEYS[i], cut) end
+		if held(s, me) < was and othersReport(s) then notices[#notices + 1] = 'f ' .. sub(KEYS[i], cut) end
 		table1(i)
 	end
 end
 
+-- Per want, out gets its verdict at o, then per set its level and the
+-- spare granted.
 local out = {tonumber(t[1]), tonumber(t[2]), 0}
 local reserved = {}
 pos = qpos
 for j = 1, wants do
-	local n, waits = tonumber(ARGV[pos]), ARGV[pos + 1] == '1'
-	local first = pos + 2
+	local n = A[pos]
+	local first, o = pos + 2, #out + 1
 	pos = first + 7 * n
-	local levels, refused = {}, 0
-	for k = 0, n - 1 do
-		local p = first + 7 * k
-		local i, cap, u = tonumber(ARGV[p]), tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2])
+	out[o] = 0
+	local refused = 0
+	for k = 1, n do
+		local p = first + 7 * (k - 1)
+		local i, cap, u = A[p], A[p + 1], A[p + 2]
 		local s = sets[i]
-		local l = level(s)
-		levels[k + 1] = l - spares(s)
+		local l, sp = tally(s)
+		out[o + 2 * k - 1], out[o + 2 * k] = l - sp, 0
 		if reserved[i] or l + u + holds(s, u) > cap then
-			refused = k + 1
-			for m = k + 2, n do levels[m] = -1 end
+			refused = k
+			for r = k + 1, n do out[o + 2 * r - 1], out[o + 2 * r] = -1, 0 end
 			break
 		end
 	end
-	out[#out + 1] = refused
-	local granted = {}
+	out[o] = refused
 	if refused == 0 then
-		for k = 0, n - 1 do
-			local p = first + 7 * k
-			local i, cap, u, ask = tonumber(ARGV[p]), tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2]), tonumber(ARGV[p + 3])
+		for k = 1, n do
+			local p = first + 7 * (k - 1)
+			local i, cap, u, ask = A[p], A[p + 1], A[p + 2], A[p + 3]
 			local s = sets[i]
-			local was = held(s, me)
+			local was, l, sp = held(s, me), tally(s)
+			l = l + u
 			local a = s.allow[me]
 			if a == nil then
 				a = {units = 0, spare = 0}
@@ -237,33 +245,28 @@ for j = 1, wants do
 			local g = 0
 			if ask > 0 and not othersReport(s) then
 				local reserve = floor(cap / 10)
-				g = math.max(0, math.min(ask, reserve - spares(s), cap - reserve - level(s)))
+				g = math.max(0, math.min(ask, reserve - sp, cap - reserve - l))
 				a.units = a.units + g
 				a.spare = a.spare + g
 			end
-			granted[k + 1] = g
-			levels[k + 1] = level(s) - spares(s)
+			out[o + 2 * k - 1], out[o + 2 * k] = l - sp, g
 			dirty[i] = true
-			if held(s, me) < was and othersReport(s) then notices[#notices + 1] = 'f ' .. string.sub(KEYS[i], cut) end
+			if held(s, me) < was and othersReport(s) then notices[#notices + 1] = 'f ' .. sub(KEYS[i], cut) end
 		end
-	elseif waits then
-		local i = tonumber(ARGV[first + 7 * (refused - 1)])
+	elseif A[first - 1] == 1 then
+		local i = A[first + 7 * (refused - 1)]
 		reserved[i] = true
-		for k = 0, n - 1 do
-			if ARGV[first + 7 * k + 4] == '1' then reserved[tonumber(ARGV[first + 7 * k])] = true end
+		for p = first, pos - 7, 7 do
+			if A[p + 4] == 1 then reserved[A[p]] = true end
 		end
 		table1(i)
-	end
-	for k = 1, n do
-		out[#out + 1] = levels[k]
-		out[#out + 1] = granted[k] or 0
 	end
 end
 
 -- What a call writes expires at now + lease, at this version. A set left
 -- with no field goes with the others of the call in one DEL: a key used
 -- once costs a call less.
-local tail, ttl, gone = ' ' .. (now + lease) .. ' ' .. ARGV[5], tostring(2 * lease), {}
+local tail, ttl, gone = ' ' .. (now + lease) .. ' ' .. A[5], tostring(2 * lease), {}
 for i in pairs(dirty) do
 	local s = sets[i]
 	local a = s.allow[me]

@@ -48,9 +48,8 @@ func TestCallScriptMatchesReference(t *testing.T) {
 			c := randomCall(rng, sets)
 			twin := cloneCall(c)
 			l := &ledger{book: &book{lease: time.Duration(lease) * time.Millisecond, instance: inst}, tag: tag}
-			keys, args := l.encode(c, 1<<62)
-			args[1], args[2], args[4] = lease, reportLife, version // the test's lease, report life and version
-			reply, err := callScript.Run(ctx, cli, keys, args...).Slice()
+			keys, args := l.encode(c, callHeader{1 << 62, lease, reportLife, version})
+			reply, err := callScript.Run(ctx, cli, keys, args).Slice()
 			if err != nil {
 				t.Fatalf("seed %d step %d: %v", seed, step, err)
 			}
