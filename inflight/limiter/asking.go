@@ -301,6 +301,7 @@ func (z *Zone) nextCall() (*fleet.Call, *sent) {
 	st := &sent{named: map[string]namedSet{}, gen: z.asks.capsGen}
 	st.writes = z.writes(c, now)
 	order := z.order(now)
+	c.Wants = make([]fleet.Want, 0, len(z.asks.newcomers))
 	if len(z.asks.rewrite) > 0 { // what it holds is written first, alone
 		st.writes = z.dirtyWrites(c, now, true, st.writes)
 		return c, st
@@ -516,9 +517,16 @@ func (z *Zone) take(idle *idleUnits, set Set, units int64, admitted bool) int64 
 func (z *Zone) wantOf(req *Request, waits bool, f *flow, idle *idleUnits, admitted bool) (fleet.Want, asked) {
 	lim := z.limitsFor(req)
 	units := lim.units(req, z.hasTotal, true)
-	want := fleet.Want{Waits: waits}
-	var a asked
-	for _, set := range z.setsOf(req) {
+	sets := z.setsOf(req)
+	// One array backs the want's numbers, and one its sets: a call per
+	// admission makes a want per request.
+	n := len(sets)
+	ints := make([]int64, 6*n)
+	want := fleet.Want{Waits: waits, Sets: make([]string, 0, n), Holds: make([]bool, 0, n),
+		Units: ints[0:0:n], Caps: ints[n : n : 2*n], Spares: ints[2*n : 2*n : 3*n],
+		Allowance: ints[3*n : 3*n : 4*n], AllowanceSpare: ints[4*n : 4*n : 5*n]}
+	a := asked{sets: make([]Set, 0, n), shares: ints[5*n : 5*n : 6*n]}
+	for _, set := range sets {
 		st := z.stateOf(set)
 		left := z.take(idle, set, units, admitted)
 		if left >= units {

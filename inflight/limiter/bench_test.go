@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/caddy-inflight/caddy-inflight/inflight/fleet"
 )
 
 func benchKeys(n int) []string {
@@ -153,4 +155,47 @@ func BenchmarkAdaptiveObserve(b *testing.B) {
 		admitted := time.Now()
 		a.Observe(time.Now(), admitted, http.StatusOK, 2)
 	}
+}
+
+// grantAll is a ledger that grants every want at once, with no round
+// trip: what the zone itself costs a request that needs the fleet.
+type grantAll struct{ changed chan struct{} }
+
+func (g grantAll) Ask(c *fleet.Call) error {
+	for i := range c.Wants {
+		w := &c.Wants[i]
+		w.Levels, w.Granted = make([]int64, len(w.Sets)), make([]int64, len(w.Sets))
+	}
+	return nil
+}
+func (g grantAll) Changed() <-chan struct{} { return g.changed }
+func (grantAll) Tight(string) bool          { return false }
+func (grantAll) Lease() time.Duration       { return 30 * time.Second }
+func (grantAll) Epoch() uint64              { return 0 }
+func (grantAll) FailOpen() bool             { return true }
+
+// BenchmarkFleetColdKeys is admit + release of requests each of a key of
+// its own, from every CPU, in a zone on a ledger that grants at once:
+// each admission asks the fleet (a key with no allowance), each release
+// writes it back. It measures the zone's side of the million-key run
+// (docs/performance.md) without Redis or the network.
+func BenchmarkFleetColdKeys(b *testing.B) {
+	z := NewZone(1, false, nil)
+	z.SetLedger(grantAll{make(chan struct{})})
+	b.Cleanup(z.Close)
+	lim := &Limits{Max: []int64{1 << 30}}
+	var next atomic.Int64
+	b.ReportAllocs()
+	b.SetParallelism(8)
+	b.RunParallel(func(pb *testing.PB) {
+		r := &Request{Keys: []string{""}, Max: []int64{0}, Limits: lim}
+		ctx := context.Background()
+		for pb.Next() {
+			r.Keys[0] = "k" + strconv.FormatInt(next.Add(1), 10)
+			if res := z.Acquire(ctx, r, WaitOptions{}); res.Outcome != Admitted {
+				b.Fatalf("refused: %+v", res)
+			}
+			r.slot.Release()
+		}
+	})
 }

@@ -98,8 +98,13 @@ type callHeader struct {
 
 // encode returns the keys and the argument of c's script (see callScript).
 func (l *ledger) encode(c *fleet.Call, h callHeader) ([]string, string) {
-	keys := []string{l.tag + ":~seq"}
-	index := map[string]int{}
+	n := 1 + len(c.Writes) + len(c.Reports)
+	for _, w := range c.Wants {
+		n += len(w.Sets)
+	}
+	keys := make([]string, 1, n)
+	keys[0] = l.tag + ":~seq"
+	index := make(map[string]int, n)
 	key := func(set string) int64 {
 		i, ok := index[set]
 		if !ok {
