@@ -110,13 +110,20 @@ func minTime(a, b time.Time) time.Time {
 // docs/fleet-guarantees.md gives what was measured.
 const fleetAnonymousAtLeast = 0.09
 
+// fleetSharedAtLeast is acme's and globex's least share over a fleet
+// (their max-min share is 0.4375): globex's cap, 20, leaves it little
+// room beyond its share, so it loses some of it as anonymous does. One
+// run of 501 went below 0.40 (globex 0.398, inside the whole suite);
+// docs/fleet-guarantees.md gives what was measured.
+const fleetSharedAtLeast = 0.39
+
 // TestTenantExampleKeepsTheBackendBusy: whatever the order (fair by
 // tenant, first come, or the capped tenant first by priority), in one
 // zone or over a fleet of three instances, the backend holds at least 38
 // of its 40 slots, and with fair the shares are max-min with caps:
 // anonymous its cap, 5 of 40 (0.125 ± 0.02; over the fleet at least
 // fleetAnonymousAtLeast), acme and globex the rest, half each (at least
-// 0.40 of the request-seconds each).
+// 0.40 of the request-seconds each; over the fleet fleetSharedAtLeast).
 func TestTenantExampleKeepsTheBackendBusy(t *testing.T) {
 	for _, c := range []struct {
 		name string
@@ -138,9 +145,13 @@ func TestTenantExampleKeepsTheBackendBusy(t *testing.T) {
 				if !c.x.fair {
 					return
 				}
+				least := 0.40
+				if c.x.instances > 0 {
+					least = fleetSharedAtLeast
+				}
 				for _, tenant := range []string{"acme", "globex"} {
-					if share[tenant] < 0.40 {
-						t.Errorf("%s: %.3f of the request-seconds, want at least 0.40", tenant, share[tenant])
+					if share[tenant] < least {
+						t.Errorf("%s: %.3f of the request-seconds, want at least %.2f", tenant, share[tenant], least)
 					}
 				}
 				low := 5.0/40 - 0.02
