@@ -4,9 +4,10 @@ import "encoding/binary"
 
 // scriptArgs is a script's arguments written as one msgpack array, its
 // only ARGV. Redis hands a script each argument as a string: under a
-// million keys, turning them into numbers one by one was a tenth of the
-// call script's time. The cmsgpack library Redis bundles with its Lua
-// decodes the array, in C, into numbers and strings.
+// million keys, turning them into numbers one by one, and copying them,
+// was about a seventh of the call script's time. The cmsgpack library
+// Redis bundles with its Lua decodes the array, in C, into numbers and
+// strings.
 type scriptArgs struct {
 	b []byte
 	n uint32 // elements so far
@@ -18,7 +19,7 @@ func newScriptArgs(capacity int) *scriptArgs {
 	return &scriptArgs{b: append(make([]byte, 0, capacity), 0xdd, 0, 0, 0, 0)}
 }
 
-// int appends v, in the fewest bytes msgpack allows up to 32 bits.
+// int appends v as a fixint (one byte), an int 32 or an int 64.
 func (a *scriptArgs) int(v int64) {
 	a.n++
 	switch {
