@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -166,6 +167,37 @@ func TestKeyUsedLatelyAsksAhead(t *testing.T) {
 		time.Sleep(keepUnused + 2*linger)
 		if n := f.Level(setName(0, "k")); n != 0 {
 			t.Errorf("once the key is unused the fleet counts %d units of it, want 0", n)
+		}
+	})
+}
+
+// TestColdKeyGoesBackInTheNextCall: a key used once holds no allowance
+// beyond its request (docs/performance.md, the million keys): the call
+// that admits the next request gives its unit back, so the fleet counts
+// the keys in flight, not those of the last second; and the last one
+// goes back with no request to carry it.
+func TestColdKeyGoesBackInTheNextCall(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := fleetref.NewFleet()
+		z := NewZone(1, false, nil)
+		z.SetLedger(f.Join())
+		t.Cleanup(func() { closeZone(t, z) })
+		lim := &Limits{Max: []int64{1000}}
+		key := func(i int) string { return "k" + strconv.Itoa(i) }
+		for i := range 200 {
+			r := req(lim, key(i))
+			mustAdmit(t, z, r)
+			if i > 0 {
+				if n := f.Level(setName(0, key(i-1))); n != 0 {
+					t.Fatalf("request %d admitted: the fleet counts %d units of the key used once before it, want 0", i, n)
+				}
+			}
+			time.Sleep(time.Millisecond)
+			r.slot.Release()
+		}
+		time.Sleep(linger)
+		if n := f.Level(setName(0, key(199))); n != 0 {
+			t.Errorf("%v after the last key's request ended the fleet counts %d units of it, want 0", linger, n)
 		}
 	})
 }

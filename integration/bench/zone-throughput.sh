@@ -85,7 +85,7 @@ CADDY
 	done
 	for ((i = 0; i < n; i++)); do
 		until curl -fs "http://127.0.0.1:$((http_port + i))/" >/dev/null; do sleep 0.1; done
-		"${on_caddy[@]}" wrk -t2 -c16 -d1s "${script[@]}" "http://127.0.0.1:$((http_port + i))/" >/dev/null # warm-up
+		WARMUP=1 "${on_caddy[@]}" wrk -t2 -c16 -d1s "${script[@]}" "http://127.0.0.1:$((http_port + i))/" >/dev/null # warm-up
 	done
 	redis-cli -p "$redis_port" config resetstat >/dev/null
 	local rps=0 requests=0 p50 p90 cpu0 cpu1 each=$((conns / n)) threads=2 wrks=()
