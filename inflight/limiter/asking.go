@@ -321,14 +321,31 @@ func (z *Zone) nextCall() (*fleet.Call, *sent) {
 	// without taking them, as it cannot take them here (see keysFit):
 	// taken, they stood idle while another instance's head, first in that
 	// key, waited for them in the call's other sets, the fleet idle.
+	//
+	// A short waiter counts as admitted at its turn, so the waiters after
+	// it take nothing of a set it is short of until it is admitted. Once
+	// it is turned down (not asked for), they are not asked for in those
+	// sets either: asked for alone, one was granted a unit it could not
+	// take, gave it back, and was asked for again, for ever, in one
+	// instant.
 	idle := idleUnits{left: map[Set]int64{}, held: map[Set]int64{}}
+	behind := map[Set]bool{} // sets of short waiters not asked for
 	ask := func(w *waiter) {
 		counts := &idle
 		if z.fleetKeyFull(w.flow) {
 			counts = &idleUnits{left: maps.Clone(idle.left), held: idle.held}
 		}
 		want, a := z.wantOf(w.req, true, w.flow, counts, w.short)
-		if len(want.Sets) == 0 || len(c.Writes) == 0 && z.turnedDown(w.flow, &want, a.sets, now) {
+		if len(want.Sets) == 0 {
+			return
+		}
+		if slices.ContainsFunc(a.sets, func(s Set) bool { return behind[s] }) ||
+			len(c.Writes) == 0 && z.turnedDown(w.flow, &want, a.sets, now) {
+			if w.short {
+				for _, s := range a.sets {
+					behind[s] = true
+				}
+			}
 			return
 		}
 		a.w = w

@@ -23,7 +23,11 @@ type Fleet struct {
 	Latency time.Duration
 	Fail    bool
 	Closed  bool
-	epoch   uint64
+	// Spun, if set, is told of a member that asks again and again for
+	// ever (see spinCalls), whose calls then fail, in place of the panic:
+	// a test that reports it can shrink the scenario.
+	Spun  func(spin string)
+	epoch uint64
 }
 
 // NewFleet returns a fleet with an empty ledger and leases of 30 s.
@@ -116,7 +120,9 @@ func (m *Member) Calls() int {
 // answers after the other half.
 func (m *Member) Ask(c *fleet.Call) error {
 	f := m.fleet
-	m.countInstant()
+	if m.countInstant() {
+		return errSpun
+	}
 	time.Sleep(f.Latency / 2)
 	defer time.Sleep(f.Latency / 2)
 	f.mu.Lock()
@@ -151,19 +157,29 @@ func (m *Member) Ask(c *fleet.Call) error {
 	return nil
 }
 
-// countInstant counts m's call in its instant, and panics at
-// spinCalls: the member asks again and again for ever, and a test would
-// otherwise hang with nothing to say why.
-func (m *Member) countInstant() {
+// errSpun fails the calls of a member that spun (see Fleet.Spun).
+var errSpun = errors.New("fleetref: the member asks again and again for ever")
+
+// countInstant counts m's call in its instant, and at spinCalls reports
+// that the member asks again and again for ever: to f.Spun if set (and
+// the call fails), else by a panic, as a test would otherwise hang with
+// nothing to say why.
+func (m *Member) countInstant() (spun bool) {
 	f := m.fleet
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if now := time.Now(); !now.Equal(m.instant) {
 		m.instant, m.inInstant = now, 0
 	}
-	if m.inInstant++; m.inInstant >= spinCalls {
-		panic(fmt.Sprintf("fleetref: instance %s called the ledger %d times in one instant: it asks again and again for ever", m.id, m.inInstant))
+	if m.inInstant++; m.inInstant < spinCalls {
+		return false
 	}
+	spin := fmt.Sprintf("instance %s called the ledger %d times in one instant: it asks again and again for ever", m.id, m.inInstant)
+	if f.Spun == nil {
+		panic("fleetref: " + spin)
+	}
+	f.Spun(spin)
+	return true
 }
 
 // Changed receives when another member's call announced something.
