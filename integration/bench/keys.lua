@@ -2,9 +2,9 @@
 -- zone-throughput.sh. Thread t of THREADS (default 2) sends keys t,
 -- t+THREADS, t+2*THREADS, ...: the threads share no key, so with more
 -- keys than requests each key is used once. With WARMUP=1 a thread starts
--- half-way through the keys: a warm-up uses the same keys as the run that
--- follows it when there are few, and none of them when there are more
--- than the two send.
+-- half-way through the keys: with few keys the warm-up sends the same
+-- keys as the run after it, and with more keys than the two runs send
+-- together (a million), none of the run's.
 local keys = tonumber(os.getenv("KEYS") or "64")
 local threads = tonumber(os.getenv("THREADS") or "2")
 local made = 0
