@@ -39,16 +39,30 @@ type reported struct {
 	// holds room for.
 	target float64
 	sent   time.Time
+	moved  bool // its target had moved when it was sent
 }
+
+// targetResend is how soon after a report that moved its target another
+// move alone makes it due again (see reportsFor).
+const targetResend = fleetPoll / 16
 
 // reportsFor returns the reports of the next call, by the queue order:
 // those due (the sets reported changed, or fleetPoll passed), or all if
-// the call is made anyway. mu must be held.
+// the call is made anyway. A move of a target alone makes them due at
+// once, unless the report sent last moved it too, within targetResend: a
+// target is read from the calls' tables, and where a key's requests
+// carry different caps, a table read under one waiter's cap in a call and
+// another's in the next moved the target across a unit each time, and
+// each move made a call (a report, or the wants and write backs the new
+// target made) that moved it back, a call per round trip for ever. mu
+// must be held.
 func (z *Zone) reportsFor(order []*waiter, now time.Time, anyway bool) []fleet.Report {
 	cur := z.reportedSets(order)
 	due := anyway || len(cur) != len(z.asks.reports)
 	for set, r := range z.asks.reports {
-		if c := cur[set]; c == nil || c.head != r.head || c.need != r.need || math.Floor(c.target) != math.Floor(r.target) || now.Sub(r.sent) >= fleetPoll {
+		c := cur[set]
+		if c == nil || c.head != r.head || c.need != r.need || now.Sub(r.sent) >= fleetPoll ||
+			math.Floor(c.target) != math.Floor(r.target) && !(r.moved && now.Sub(r.sent) < targetResend) {
 			due = true
 		}
 	}
@@ -67,7 +81,7 @@ func (z *Zone) reportsFor(order []*waiter, now time.Time, anyway bool) []fleet.R
 		if old != nil && math.Floor(c.target) > math.Floor(old.target) {
 			z.targetRose(set, math.Floor(c.target), order, now)
 		}
-		c.sent = now
+		c.sent, c.moved = now, old != nil && math.Floor(c.target) != math.Floor(old.target)
 		out = append(out, fleet.Report{Set: c.name, New: old != nil && old.head != c.head, Head: c.head.req.cost(), Need: c.need,
 			Target: c.target, Entries: z.entries(set, order)})
 	}

@@ -64,6 +64,10 @@ type Ledger struct {
 type set struct {
 	allow   map[string]*Allowance
 	reports map[string]*Report
+	// grantedUnder is the highest cap a want was granted under since the
+	// set last counted nothing: what the fleet holds the set to where its
+	// requests carry different caps. It is for tests; no rule reads it.
+	grantedUnder int64
 }
 
 // Allowance is an instance's allowance in a set.
@@ -111,7 +115,15 @@ func (l *Ledger) load(name string, now int64) *set {
 			delete(s.reports, inst)
 		}
 	}
+	s.forgetCapsIfEmpty()
 	return s
+}
+
+// forgetCapsIfEmpty starts grantedUnder again once the set counts nothing.
+func (s *set) forgetCapsIfEmpty() {
+	if s.level() == 0 {
+		s.grantedUnder = 0
+	}
 }
 
 // Apply runs c, made by who, at now (ms), and sets its answers. It
@@ -211,6 +223,7 @@ func (l *Ledger) Apply(now int64, who Caller, c *fleet.Call) (notices []string, 
 				}
 				a.Units += w.Units[k]
 				a.Expiry, a.Version = now+who.Lease, who.Version
+				s.grantedUnder = max(s.grantedUnder, w.Caps[k])
 				if w.Spares[k] > 0 && !s.othersReport(me) {
 					reserve := w.Caps[k] / 10
 					spare := max(0, min(w.Spares[k], reserve-s.spares(), w.Caps[k]-reserve-s.level()))
@@ -233,6 +246,9 @@ func (l *Ledger) Apply(now int64, who Caller, c *fleet.Call) (notices []string, 
 			}
 			tables = appendOnce(tables, name)
 		}
+	}
+	for _, name := range touched {
+		l.sets[name].forgetCapsIfEmpty()
 	}
 	c.Tables = c.Tables[:0]
 	for _, name := range tables {

@@ -97,6 +97,26 @@ func (f *Fleet) Level(name string) int64 {
 	return f.ledger.load(name, time.Now().UnixMilli()).level()
 }
 
+// GrantedUnder returns the highest cap the fleet granted a want of set
+// name under since the set last counted nothing: where a key's requests
+// carry different caps, the fleet holds it to this one (see
+// docs/fleet-guarantees.md); 0 if it counts nothing now.
+func (f *Fleet) GrantedUnder(name string) int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.ledger.load(name, time.Now().UnixMilli()).grantedUnder
+}
+
+// ForgetCaps starts every set's GrantedUnder again, as a reload does:
+// the engine gives back what it holds under caps that no longer apply.
+func (f *Fleet) ForgetCaps() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, s := range f.ledger.sets {
+		s.grantedUnder = 0
+	}
+}
+
 // Held returns the units the fleet counts now, over every set.
 func (f *Fleet) Held() int64 {
 	f.mu.Lock()
