@@ -89,10 +89,11 @@ type Member struct {
 	Self  bool // this instance
 	Units int64
 	// Reports says it reports on the set: at place Seq, with its Head,
-	// Target and Entries.
+	// Need, Target and Entries.
 	Reports bool
 	Seq     int64
 	Head    int64
+	Need    int64
 	Target  float64
 	Entries string
 }

@@ -67,8 +67,12 @@ type target struct {
 	owed  float64
 	at    time.Time // when owed was last brought up to date
 	// others says that another instance was below its target in the
-	// table: only then do this instance's waiters go without units
-	// beyond its own target, so units move only to where they are owed.
+	// table, or waited short of its first waiter's units: only then do
+	// this instance's waiters go without units beyond its own target, so
+	// units move only to where they are owed or lacking. Two instances
+	// each at its target, one with a unit in flight and a first waiter
+	// of 3 (target 3.2), the other with a unit idle for its first waiter
+	// of 2 (target 0.8), each kept what it held, with room for either.
 	others bool
 	// yields says that another instance, the first to report, is owed
 	// its head's units beyond its share (see keep).
@@ -230,7 +234,7 @@ func targetIn(t fleet.Table, c int64, owedKeys map[string]*keyOwed, now time.Tim
 		reach = max(reach, float64(m.Head))
 		if !m.Self {
 			tt.shared = true
-			tt.owed = tt.owed || m.Units < int64(math.Floor(m.Target+1e-9))
+			tt.owed = tt.owed || m.Units < int64(math.Floor(m.Target+1e-9)) || m.Need > 0
 		}
 		if first < 0 || m.Seq < t.Members[first].Seq {
 			first = i

@@ -207,6 +207,7 @@ func tableOf(set string, fields [][2]string, me string) fleet.Table {
 			m.Reports = true
 			m.Seq, _ = strconv.ParseInt(p[0], 10, 64)
 			m.Head, _ = strconv.ParseInt(p[1], 10, 64)
+			m.Need, _ = strconv.ParseInt(p[2], 10, 64)
 			m.Target, _ = strconv.ParseFloat(p[3], 64)
 			if len(p) == 7 {
 				m.Entries = p[6]

@@ -345,7 +345,7 @@ func (s *set) table(name, me string) fleet.Table {
 	for _, inst := range insts {
 		m := fleet.Member{Self: inst == me, Units: s.units(inst)}
 		if r := s.reports[inst]; r != nil {
-			m.Reports, m.Seq, m.Head, m.Target, m.Entries = true, r.Seq, r.Head, r.Target, r.Entries
+			m.Reports, m.Seq, m.Head, m.Need, m.Target, m.Entries = true, r.Seq, r.Head, r.Need, r.Target, r.Entries
 		}
 		t.Members = append(t.Members, m)
 	}
