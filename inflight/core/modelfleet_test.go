@@ -2,8 +2,6 @@ package core
 
 import (
 	"cmp"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -201,16 +199,14 @@ func fleetSet(d int, key string) string {
 	return fmt.Sprintf("%d/%s", d, key)
 }
 
-// ledgerName is set's name in the ledger: a key by its dimension and the
-// first 12 bytes of its SHA-256, the total "t" (the names the fleet's
-// calls carry).
+// ledgerName is set (see fleetSet) as the ledger names it.
 func ledgerName(set string) string {
 	d, key, ok := strings.Cut(set, "/")
 	if !ok {
-		return "t"
+		return limiter.LedgerName(limiter.TotalDim, "")
 	}
-	sum := sha256.Sum256([]byte(key))
-	return d + ":" + hex.EncodeToString(sum[:12])
+	dim, _ := strconv.Atoi(d)
+	return limiter.LedgerName(dim, key)
 }
 
 // units returns the fleet's units in flight, by set: the sum over its

@@ -89,7 +89,8 @@ type Member struct {
 	Self  bool // this instance
 	Units int64
 	// Reports says it reports on the set: at place Seq, with its Head,
-	// Need, Target and Entries.
+	// Need (the units its head lacks beyond its idle units there), Target
+	// and Entries.
 	Reports bool
 	Seq     int64
 	Head    int64

@@ -93,6 +93,15 @@ type totalAllowance struct {
 // totalSet names the total in a ledger.
 const totalSet = "t"
 
+// LedgerName is the name a ledger knows dimension d's key by, or the
+// total by for TotalDim.
+func LedgerName(d int, key string) string {
+	if d == TotalDim {
+		return totalSet
+	}
+	return setName(d, key)
+}
+
 // setName names dimension d's key in a ledger: the same on every instance
 // (the fleet's zones share their shape), and no raw key leaves the
 // process.
