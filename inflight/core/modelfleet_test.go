@@ -385,7 +385,8 @@ func checkFound(t *testing.T, what string, sc *mScenario) {
 // broken promise random scenarios found once, shrunk and named for it;
 // INFLIGHT_FLEET_CASES=<n> plays n random ones besides (each 2–3
 // instances, every arrival at one of them), from the seed
-// INFLIGHT_FLEET_FROM (default 0). Random scenarios are not
+// INFLIGHT_FLEET_FROM (default 0), each a subtest of its own (seed<n>),
+// so that a sweep goes on past a failure. Random scenarios are not
 // played by default: some still break a promise (see docs/testing.md).
 func TestFleetKeepsItsPromises(t *testing.T) {
 	if c := os.Getenv("INFLIGHT_FLEET_CASE"); c != "" {
@@ -406,6 +407,6 @@ func TestFleetKeepsItsPromises(t *testing.T) {
 		for i := range sc.Events {
 			sc.Events[i].At = src.intn(sc.Instances)
 		}
-		checkFleet(t, fmt.Sprint("seed ", seed), sc)
+		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) { checkFleet(t, fmt.Sprint("seed ", seed), sc) })
 	}
 }
