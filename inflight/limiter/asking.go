@@ -621,10 +621,11 @@ func (z *Zone) othersWaitFor(req *Request) bool {
 
 // nameOf names req's set of dimension d in the ledger.
 func (z *Zone) nameOf(req *Request, d int) string {
-	if d == TotalDim {
-		return totalSet
+	key := ""
+	if d != TotalDim {
+		key = req.Keys[d]
 	}
-	return setName(d, req.Keys[d])
+	return LedgerName(d, key)
 }
 
 // answer applies a call's answer: each want's verdict, then the tables
