@@ -49,6 +49,9 @@ type flow struct {
 	// rose is when a rise of this instance's target in fleetSet last
 	// ended its turn (see targetRose).
 	rose time.Time
+	// roseShown is when a rise last asked for it again, past that once a
+	// poll, because the ledger's latest table showed it granted.
+	roseShown time.Time
 	// refused lists the dimensions (TotalDim: the total) whose counts
 	// refused it since it started waiting, for a ledger's holds (see
 	// Want.Holds), and fleetSet the set the fleet last refused its head

@@ -79,7 +79,7 @@ func (z *Zone) reportsFor(order []*waiter, now time.Time, anyway bool) []fleet.R
 	for set, c := range cur {
 		old := z.asks.reports[set]
 		if old != nil && math.Floor(c.target) > math.Floor(old.target) {
-			z.targetRose(set, math.Floor(c.target), order, now)
+			z.targetRose(set, c, old.head != c.head, order, now)
 		}
 		c.sent, c.moved = now, old != nil && math.Floor(c.target) != math.Floor(old.target)
 		out = append(out, fleet.Report{Set: c.name, New: old != nil && old.head != c.head, Head: c.head.req.cost(), Need: c.need,
@@ -105,23 +105,51 @@ func endTurns(set Set, order []*waiter) {
 
 // targetRose asks again, in the asker's next call, for the flows the
 // fleet turned down by set whose heads now fit in this instance's target
-// there, t (whole units): a want within its instance's target counts only
-// the holds of the instances that reported before it (see the Holds rule
-// in internal/fleetref), so the refusal may no longer hold, and no notice
-// says so. Targets can swing up and down as tables come in, even within
-// an instant, so a flow is asked for again this way once per fleetPoll at
-// most: else it could be asked for, refused and asked for again at every
-// call, with the clock standing still. mu must be held.
-func (z *Zone) targetRose(set Set, t float64, order []*waiter, now time.Time) {
+// there, as c reports it (placedLast: at a new place): a want within its
+// instance's target counts only the holds of the instances that reported
+// before it (see the Holds rule in internal/fleetref), so the refusal
+// may no longer hold, and no notice says so. Targets can swing up and
+// down as tables come in, even within an instant, so a flow is asked for
+// again this way once per fleetPoll at most, and once more where the
+// ledger's latest table shows it granted now (grantsIn): else it could
+// be asked for, refused and asked for again at every call, with the
+// clock standing still (a table read under one waiter's cap shows a
+// grant, and the call that asks carries the target read under the
+// other's); and, asked once a poll alone, a head whose target rose again
+// within the poll, granted by the ledger had it asked, waited for the
+// poll with the fleet's room free. mu must be held.
+func (z *Zone) targetRose(set Set, c *reported, placedLast bool, order []*waiter, now time.Time) {
+	t := math.Floor(c.target)
 	for _, w := range order {
 		f := w.flow
-		if w != f.holder() || f.turned.IsZero() || f.fleetSet == nil || *f.fleetSet != set || now.Sub(f.rose) < fleetPoll {
+		if w != f.holder() || f.turned.IsZero() || f.fleetSet == nil || *f.fleetSet != set {
 			continue
 		}
-		if t >= float64(z.stateOf(set).inFlight+z.unitsOf(f)) {
-			f.turned, f.rose = f.turned.Add(-fleetPoll), now // due now (see turnedDown)
+		if t < float64(z.stateOf(set).inFlight+z.unitsOf(f)) {
+			continue
 		}
+		switch {
+		case now.Sub(f.rose) >= fleetPoll:
+			f.rose = now
+		case now.Sub(f.roseShown) >= fleetPoll && z.grantedNow(set, w, c.target, placedLast):
+			f.roseShown = now
+		default:
+			continue
+		}
+		f.turned = f.turned.Add(-fleetPoll) // due now (see turnedDown)
 	}
+}
+
+// grantedNow reports whether the ledger's latest table of set shows w's
+// want there granted now, under w's own cap (a key's requests may carry
+// different caps) and this instance's target reported there.
+func (z *Zone) grantedNow(set Set, w *waiter, target float64, placedLast bool) bool {
+	tg := z.asks.targets[set]
+	if tg == nil || len(tg.table.Members) == 0 {
+		return false
+	}
+	c := z.limitsFor(w.req).capOf(w.req, set.Dim, true)
+	return grantsIn(tg.table, c, z.fleetNeed(w, set), target, placedLast)
 }
 
 // reportsMoved wakes the asker, if the zone reports, after a waiter

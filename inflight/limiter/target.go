@@ -77,6 +77,8 @@ type target struct {
 	// yields says that another instance, the first to report, is owed
 	// its head's units beyond its share (see keep).
 	yields bool
+	// table is the set as the ledger showed it last (see targetRose).
+	table fleet.Table
 }
 
 // owedFade is how long the unit-seconds a zone is owed (or owes) count.
@@ -132,13 +134,14 @@ func (z *Zone) readTables(tables []fleet.Table, named map[string]namedSet, now t
 			delete(z.asks.targets, n.set)
 			continue
 		}
+		table := t
 		t := z.asks.targets[n.set]
 		if t == nil {
 			t = &target{}
 			z.asks.targets[n.set] = t
 		}
 		t.account(now, z.stateOf(n.set).inFlight)
-		t.units, t.read, t.others, t.yields = tt.mine, now, tt.owed, tt.yields
+		t.units, t.read, t.others, t.yields, t.table = tt.mine, now, tt.owed, tt.yields, table
 		for _, f := range z.byID {
 			for ; f != nil; f = f.collide {
 				if p, ok := tt.parts[f.fleetKey]; ok && f.fleetKey != "" {
