@@ -103,6 +103,10 @@ type virtualClock struct {
 	// holds is charged, by which the fleet's targets weigh it (see
 	// Zone.entries). Kept, as holdTimes, only for keys with a tag.
 	rates map[uint64]float64
+	// shares is each key's part of its demand in the fleet, as the
+	// ledger's latest table said, which scales its weight here (see
+	// reshare); kept, as holdTimes, only for keys with a tag.
+	shares map[uint64]float64
 	// waiting are the keys with fair flows waiting, and active their
 	// weight, by which a grant's charge moves vtime on.
 	waiting map[uint64]*keyFlows
@@ -237,15 +241,15 @@ func (c *virtualClock) charge(key uint64, units int64, w, est float64) (added [2
 	return added, c.base
 }
 
-// uncharge takes back a charge to key that added added (see charge) when
-// the rebases were at base: virtual time goes back too, unless a rebase
-// moved it since.
-func (c *virtualClock) uncharge(key uint64, added [2]float64, base float64) {
-	if tag, ok := c.tags[key]; ok {
-		c.tags[key] = tag - added[0]
+// uncharge takes back a charge to key that added tag to its tag and vtime
+// to virtual time (see charge) when the rebases were at base: virtual
+// time goes back too, unless a rebase moved it since.
+func (c *virtualClock) uncharge(key uint64, tag, vtime, base float64) {
+	if t, ok := c.tags[key]; ok {
+		c.tags[key] = t - tag
 	}
 	if c.base == base {
-		c.vtime = max(0, c.vtime-added[1])
+		c.vtime = max(0, c.vtime-vtime)
 	}
 }
 
@@ -293,6 +297,46 @@ func (c *virtualClock) rate(key uint64) float64 {
 	return 1
 }
 
+// share returns the factor of key's weight on this clock: its part of its
+// demand in the fleet, if known, else 1.
+func (c *virtualClock) share(key uint64) float64 {
+	if c.of != nil {
+		c = c.of
+	}
+	if s, ok := c.shares[key]; ok {
+		return s
+	}
+	return 1
+}
+
+// reshare makes s key's part of its demand in the fleet (within the
+// bounds of a weight; a part of 0, a key the fleet moved all its share
+// from, leaves the part as it was), and moves its tag's lead on virtual
+// time by the change: the lead is the work it was granted over its weight,
+// and its weight changed. Charged at a part of 0.01, a grant of 3 units for
+// 0.2 s leads by 60, which at the part of 1 the key's next table gives it
+// is worth 0.6: left at 60, the key waits here for a minute while what the
+// fleet owes it grows. It reports whether the tag fell, so that its
+// listings move back.
+func (c *virtualClock) reshare(key uint64, s float64) (fell bool) {
+	if !(s > 0) {
+		return false
+	}
+	was, s := c.share(key), min(max(s, MinWeight), MaxWeight)
+	if s == was {
+		return false
+	}
+	if c.shares == nil {
+		c.shares = map[uint64]float64{}
+	}
+	c.shares[key] = s
+	if tag, ok := c.tags[key]; ok && tag > c.vtime {
+		c.tags[key] = c.vtime + (tag-c.vtime)*was/s
+		return s > was
+	}
+	return false
+}
+
 // simulate returns a clock on which grants can be simulated without
 // moving c.
 func (c *virtualClock) simulate() *virtualClock {
@@ -316,6 +360,11 @@ func (c *virtualClock) rebase() {
 			delete(c.rates, k)
 		}
 	}
+	for k := range c.shares {
+		if _, ok := c.tags[k]; !ok {
+			delete(c.shares, k)
+		}
+	}
 	c.base += c.vtime
 	c.vtime = 0
 }
@@ -329,9 +378,10 @@ func (c *virtualClock) rebase() {
 func (q *queue) chargeGrant(w *waiter, units int64) {
 	f := w.flow
 	est := q.vclock.estimate(f.fairKey)
-	wt := f.weight * f.fleetShare()
+	share := q.vclock.share(f.fairKey)
+	wt := clampWeight(f.weight * share)
 	added, base := q.vclock.charge(f.fairKey, units, wt, est)
-	q.charged(w.req, &fairCharge{key: f.fairKey, weight: wt, est: est, added: added, base: base})
+	q.charged(w.req, &fairCharge{key: f.fairKey, weight: wt, share: share, est: est, added: added, base: base})
 }
 
 // uncharge takes back the charge of w, a waiter charged at its turn whose
@@ -340,7 +390,7 @@ func (q *queue) uncharge(w *waiter) {
 	if c := w.req.slot.fair; c != nil {
 		q.vclock.turn(c.key, -1)
 		w.req.slot.fair = nil
-		q.vclock.uncharge(c.key, c.added, c.base)
+		q.vclock.uncharge(c.key, c.rescaled(c.added[0]), c.added[1], c.base)
 		q.moveBack(c.key) // its tag fell
 	}
 }
@@ -357,6 +407,7 @@ type fairCharge struct {
 	q      *queue
 	key    uint64
 	weight float64
+	share  float64 // the key's part in the fleet then (see reshare)
 	est    float64 // seconds
 	at     time.Time
 	// added and base are what it added to its key's tag and virtual
@@ -368,7 +419,13 @@ type fairCharge struct {
 // delta is how far a charge for units moves its key's tag once corrected
 // to charged seconds.
 func (c *fairCharge) delta(units int64, charged float64) float64 {
-	return float64(units) * (charged - c.est) / c.weight
+	return c.rescaled(float64(units) * (charged - c.est) / c.weight)
+}
+
+// rescaled is lead, a move of the key's tag at its part in the fleet when
+// it was charged, at its part now: as reshare moved the rest of its lead.
+func (c *fairCharge) rescaled(lead float64) float64 {
+	return lead * c.share / c.q.vclock.share(c.key)
 }
 
 // settle corrects the charge of req's grant to what it was found to use,
@@ -383,9 +440,8 @@ func (q *queue) settle(req *Request) {
 	req.slot.fair = nil
 	rate := float64(req.slot.UsedUnits()) / float64(req.slot.taken)
 	charged := min(max(q.clock.Now().Sub(c.at).Seconds()*rate, minHold), maxHold)
-	delta := c.delta(req.slot.taken, charged)
 	q.mu.Lock()
-	if q.vclock.correct(c.key, delta, charged, rate) {
+	if q.vclock.correct(c.key, c.delta(req.slot.taken, charged), charged, rate) {
 		q.moveBack(c.key)
 	}
 	q.mu.Unlock()

@@ -59,20 +59,8 @@ type flow struct {
 	refused  []int
 	fleetSet *Set
 	// fleetKey names its fair key in the ledger's tables (made when first
-	// reported), and share is its part of that key's demand in the fleet,
-	// as the latest table said (0: not known), which scales its weight on
-	// this instance's clock (see target.go).
+	// reported).
 	fleetKey string
-	share    float64
-}
-
-// fleetShare is the factor of f's weight on this instance's clock: its
-// part of its key's demand in the fleet, if known, else 1.
-func (f *flow) fleetShare() float64 {
-	if f.share > 0 {
-		return f.share
-	}
-	return 1
 }
 
 // holder returns f's first waiter that is not short (see waiter.short):

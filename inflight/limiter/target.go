@@ -144,8 +144,8 @@ func (z *Zone) readTables(tables []fleet.Table, named map[string]namedSet, now t
 		t.units, t.read, t.others, t.yields, t.table = tt.mine, now, tt.owed, tt.yields, table
 		for _, f := range z.byID {
 			for ; f != nil; f = f.collide {
-				if p, ok := tt.parts[f.fleetKey]; ok && f.fleetKey != "" {
-					f.share = p
+				if p, ok := tt.parts[f.fleetKey]; ok && f.fleetKey != "" && z.vclock.reshare(f.fairKey, p) {
+					z.moveBack(f.fairKey)
 				}
 			}
 		}
